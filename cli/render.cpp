@@ -1,0 +1,61 @@
+// cli/render.cpp - text and JSON rendering of diagnostics.
+#include "cli/render.h"
+
+#include <fmt/format.h>
+
+namespace spmd {
+
+namespace {
+
+std::string where(const std::string& file, Loc l) {
+  if (l.line == 0) return file;
+  return fmt::format("{}:{}:{}", file, l.line, l.col);
+}
+
+std::string_view severity_name(Severity s) {
+  switch (s) {
+    case Severity::Error: return "error";
+    case Severity::Warning: return "warning";
+    case Severity::Note: return "note";
+  }
+  return "error";
+}
+
+}  // namespace
+
+std::string render_text(const std::string& file, const std::vector<Diagnostic>& diags) {
+  std::string s;
+  for (const auto& d : diags) {
+    s += fmt::format("{}: {}[{}]: {}\n", where(file, d.loc), severity_name(d.severity), check_name(d.id), d.message);
+    for (const auto& n : d.notes) s += fmt::format("{}: note: {}\n", where(file, n.loc.line ? n.loc : d.loc), n.message);
+  }
+  return s;
+}
+
+std::string render_load_error(const std::string& file, const LoadError& e) {
+  return fmt::format("{}: error: {}\n", where(file, e.loc), e.what());
+}
+
+nlohmann::json render_json(const std::string& file, const std::vector<Diagnostic>& diags) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const auto& d : diags) {
+    nlohmann::json notes = nlohmann::json::array();
+    for (const auto& n : d.notes) {
+      Loc l = n.loc.line ? n.loc : d.loc;
+      notes.push_back({{"file", file}, {"line", l.line}, {"column", l.col}, {"message", n.message}});
+    }
+    arr.push_back({{"id", std::string(check_name(d.id))},
+                   {"severity", std::string(severity_name(d.severity))},
+                   {"file", file},
+                   {"line", d.loc.line},
+                   {"column", d.loc.col},
+                   {"message", d.message},
+                   {"op", d.op >= 0 ? nlohmann::json(d.op) : nlohmann::json(nullptr)},
+                   {"tensor", d.tensor.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.tensor)},
+                   {"ranks", nlohmann::json::array()},
+                   {"notes", notes}});
+  }
+  return arr;
+}
+
+}  // namespace spmd

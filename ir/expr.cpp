@@ -1,0 +1,258 @@
+// ir/expr.cpp - hash-consed size expressions, folding and parsing.
+#include "ir/expr.h"
+
+#include <algorithm>
+#include <cctype>
+
+namespace spmd {
+
+namespace {
+
+bool checked_add(std::int64_t a, std::int64_t b, std::int64_t& r) {
+  return !__builtin_add_overflow(a, b, &r) && r <= kMaxValue && r >= -kMaxValue;
+}
+bool checked_sub(std::int64_t a, std::int64_t b, std::int64_t& r) {
+  return !__builtin_sub_overflow(a, b, &r) && r <= kMaxValue && r >= -kMaxValue;
+}
+bool checked_mul(std::int64_t a, std::int64_t b, std::int64_t& r) {
+  return !__builtin_mul_overflow(a, b, &r) && r <= kMaxValue && r >= -kMaxValue;
+}
+
+std::uint64_t hash_node(const ENode& n) {
+  std::uint64_t h = static_cast<std::uint64_t>(n.op) * 0x9E3779B97F4A7C15ull;
+  h ^= (static_cast<std::uint64_t>(static_cast<std::uint32_t>(n.a)) + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull;
+  h ^= (static_cast<std::uint64_t>(static_cast<std::uint32_t>(n.b)) + 0x94D049BB133111EBull) * 0x94D049BB133111EBull;
+  h ^= static_cast<std::uint64_t>(n.c) * 0xD6E8FEB86659FD93ull;
+  return h ^ (h >> 31);
+}
+
+}  // namespace
+
+ExprId ExprPool::intern(ENode n) {
+  std::uint64_t h = hash_node(n);
+  auto& bucket = index_[h];
+  for (ExprId id : bucket) {
+    const ENode& m = nodes_[static_cast<std::size_t>(id)];
+    if (m.op == n.op && m.a == n.a && m.b == n.b && m.c == n.c) return id;
+  }
+  auto id = static_cast<ExprId>(nodes_.size());
+  nodes_.push_back(n);
+  bucket.push_back(id);
+  return id;
+}
+
+ExprId ExprPool::constant(std::int64_t v) { return intern({EOp::Const, -1, -1, v}); }
+ExprId ExprPool::var(int index) { return intern({EOp::Var, index, -1, 0}); }
+
+ExprId ExprPool::add(ExprId a, ExprId b) {
+  if (is_const(a) && is_const(b)) {
+    std::int64_t r;
+    if (!checked_add(value(a), value(b), r)) throw ExprError(0, "size expression overflows");
+    return constant(r);
+  }
+  if (is_const(a) && value(a) == 0) return b;
+  if (is_const(b) && value(b) == 0) return a;
+  if (a > b) std::swap(a, b);
+  return intern({EOp::Add, a, b, 0});
+}
+
+ExprId ExprPool::sub(ExprId a, ExprId b) {
+  if (is_const(a) && is_const(b)) {
+    std::int64_t r;
+    if (!checked_sub(value(a), value(b), r)) throw ExprError(0, "size expression overflows");
+    return constant(r);
+  }
+  if (is_const(b) && value(b) == 0) return a;
+  if (a == b) return constant(0);
+  return intern({EOp::Sub, a, b, 0});
+}
+
+ExprId ExprPool::mul(ExprId a, ExprId b) {
+  if (is_const(a) && is_const(b)) {
+    std::int64_t r;
+    if (!checked_mul(value(a), value(b), r)) throw ExprError(0, "size expression overflows");
+    return constant(r);
+  }
+  if (is_const(a) && value(a) == 1) return b;
+  if (is_const(b) && value(b) == 1) return a;
+  if (a > b) std::swap(a, b);
+  return intern({EOp::Mul, a, b, 0});
+}
+
+ExprId ExprPool::div(ExprId a, ExprId b) {
+  // Inexact constant divisions are kept as nodes so that an exactness obligation reports them.
+  if (is_const(a) && is_const(b) && value(b) != 0 && value(a) % value(b) == 0) return constant(value(a) / value(b));
+  if (is_const(b) && value(b) == 1) return a;
+  return intern({EOp::Div, a, b, 0});
+}
+
+std::optional<std::int64_t> ExprPool::eval(ExprId id, const std::vector<std::int64_t>& vars) const {
+  const ENode& n = node(id);
+  switch (n.op) {
+    case EOp::Const: return n.c;
+    case EOp::Var:
+      if (static_cast<std::size_t>(n.a) >= vars.size()) return std::nullopt;
+      return vars[static_cast<std::size_t>(n.a)];
+    case EOp::Add:
+    case EOp::Sub:
+    case EOp::Mul:
+    case EOp::Div: {
+      auto x = eval(n.a, vars), y = eval(n.b, vars);
+      if (!x || !y) return std::nullopt;
+      std::int64_t r = 0;
+      if (n.op == EOp::Add) return checked_add(*x, *y, r) ? std::optional(r) : std::nullopt;
+      if (n.op == EOp::Sub) return checked_sub(*x, *y, r) ? std::optional(r) : std::nullopt;
+      if (n.op == EOp::Mul) return checked_mul(*x, *y, r) ? std::optional(r) : std::nullopt;
+      if (*y == 0 || *x % *y != 0) return std::nullopt;
+      return *x / *y;
+    }
+  }
+  return std::nullopt;
+}
+
+void ExprPool::collect_vars(ExprId id, std::vector<int>& out) const {
+  const ENode& n = node(id);
+  if (n.op == EOp::Var) {
+    if (std::find(out.begin(), out.end(), n.a) == out.end()) out.push_back(n.a);
+  } else if (n.op != EOp::Const) {
+    collect_vars(n.a, out);
+    collect_vars(n.b, out);
+  }
+}
+
+void ExprPool::visit(ExprId id, const std::function<void(ExprId)>& fn) const {
+  const ENode& n = node(id);
+  if (n.op == EOp::Const || n.op == EOp::Var) return;
+  visit(n.a, fn);
+  visit(n.b, fn);
+  fn(id);
+}
+
+std::string ExprPool::str(ExprId id, const std::vector<SizeVar>& vars) const {
+  const ENode& n = node(id);
+  auto wrap = [&](ExprId sub, bool tight) {
+    EOp o = node(sub).op;
+    std::string s = str(sub, vars);
+    if (tight && (o == EOp::Add || o == EOp::Sub)) return "(" + s + ")";
+    return s;
+  };
+  switch (n.op) {
+    case EOp::Const: return std::to_string(n.c);
+    case EOp::Var:
+      return static_cast<std::size_t>(n.a) < vars.size() ? vars[static_cast<std::size_t>(n.a)].name : "?";
+    case EOp::Add: return str(n.a, vars) + " + " + str(n.b, vars);
+    case EOp::Sub: return str(n.a, vars) + " - " + wrap(n.b, true);
+    case EOp::Mul: return wrap(n.a, true) + "*" + wrap(n.b, true);
+    case EOp::Div: {
+      std::string rhs = str(n.b, vars);
+      if (node(n.b).op != EOp::Const && node(n.b).op != EOp::Var) rhs = "(" + rhs + ")";
+      return wrap(n.a, true) + "/" + rhs;
+    }
+  }
+  return "?";
+}
+
+void ExprPool::monomial(ExprId id, std::int64_t& coef, std::vector<ExprId>& factors) const {
+  const ENode& n = node(id);
+  if (n.op == EOp::Const) {
+    std::int64_t r;
+    coef = checked_mul(coef, n.c, r) ? r : coef;
+  } else if (n.op == EOp::Mul) {
+    monomial(n.a, coef, factors);
+    monomial(n.b, coef, factors);
+  } else {
+    factors.insert(std::upper_bound(factors.begin(), factors.end(), id), id);
+  }
+}
+
+namespace {
+
+class Parser {
+ public:
+  Parser(ExprPool& pool, std::string_view text, const std::function<std::optional<ExprId>(std::string_view)>& lookup)
+      : pool_(pool), s_(text), lookup_(lookup) {}
+
+  ExprId parse_all() {
+    ExprId e = expr(0);
+    skip();
+    if (pos_ != s_.size()) throw ExprError(pos_, "unexpected '" + std::string(1, s_[pos_]) + "' in size expression");
+    return e;
+  }
+
+ private:
+  void skip() {
+    while (pos_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+  }
+  ExprId expr(int depth) {
+    ExprId e = term(depth);
+    for (;;) {
+      skip();
+      if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) {
+        char c = s_[pos_++];
+        ExprId r = term(depth);
+        e = c == '+' ? pool_.add(e, r) : pool_.sub(e, r);
+      } else {
+        return e;
+      }
+    }
+  }
+  ExprId term(int depth) {
+    ExprId e = atom(depth);
+    for (;;) {
+      skip();
+      if (pos_ < s_.size() && (s_[pos_] == '*' || s_[pos_] == '/')) {
+        char c = s_[pos_++];
+        ExprId r = atom(depth);
+        e = c == '*' ? pool_.mul(e, r) : pool_.div(e, r);
+      } else {
+        return e;
+      }
+    }
+  }
+  ExprId atom(int depth) {
+    if (depth > 64) throw ExprError(pos_, "size expression nested too deeply");
+    skip();
+    if (pos_ >= s_.size()) throw ExprError(pos_, "size expression ends early");
+    char c = s_[pos_];
+    if (c == '(') {
+      ++pos_;
+      ExprId e = expr(depth + 1);
+      skip();
+      if (pos_ >= s_.size() || s_[pos_] != ')') throw ExprError(pos_, "missing ')' in size expression");
+      ++pos_;
+      return e;
+    }
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      std::size_t start = pos_;
+      std::int64_t v = 0;
+      while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) {
+        v = v * 10 + (s_[pos_] - '0');
+        if (v > kMaxSize) throw ExprError(start, "size " + std::string(s_.substr(start, 20)) + " is too large (the limit is 2^40)");
+        ++pos_;
+      }
+      return pool_.constant(v);
+    }
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      std::size_t start = pos_;
+      while (pos_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '_')) ++pos_;
+      std::string_view name = s_.substr(start, pos_ - start);
+      auto e = lookup_(name);
+      if (!e) throw ExprError(start, "");  // the caller words the unknown-name error
+      return *e;
+    }
+    throw ExprError(pos_, "unexpected '" + std::string(1, c) + "' in size expression");
+  }
+
+  ExprPool& pool_;
+  std::string_view s_;
+  const std::function<std::optional<ExprId>(std::string_view)>& lookup_;
+  std::size_t pos_ = 0;
+};
+
+}  // namespace
+
+ExprId ExprPool::parse(std::string_view text, const std::function<std::optional<ExprId>(std::string_view)>& lookup) {
+  return Parser(*this, text, lookup).parse_all();
+}
+
+}  // namespace spmd

@@ -1,0 +1,600 @@
+// ir/loader.cpp - YAML -> Program with source positions (yaml-cpp).
+#include "ir/loader.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <unordered_set>
+
+namespace spmd {
+
+namespace {
+
+Loc loc_of(const YAML::Node& n) {
+  YAML::Mark m = n.Mark();
+  if (m.line < 0 || m.column < 0) return {};
+  return {static_cast<std::uint32_t>(m.line + 1), static_cast<std::uint32_t>(m.column + 1)};
+}
+
+[[noreturn]] void fail(const YAML::Node& n, const std::string& msg) { throw LoadError(loc_of(n), msg); }
+[[noreturn]] void fail_at(Loc l, const std::string& msg) { throw LoadError(l, msg); }
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+std::string suggestion(const std::string& word, const std::vector<std::string>& cands) {
+  auto best = did_you_mean(word, cands);
+  return best ? "; did you mean '" + *best + "'?" : "";
+}
+
+std::string kind_of(const YAML::Node& n) {
+  if (n.IsMap()) return "a mapping";
+  if (n.IsSequence()) return "a list";
+  if (n.IsNull()) return "nothing";
+  return "'" + n.Scalar() + "'";
+}
+
+// Iterates a mapping, rejecting duplicate and unknown keys. `fn(key, value)`.
+template <class Fn>
+void for_each_key(const YAML::Node& map, const std::vector<std::string>& allowed, const std::string& where, Fn fn) {
+  std::unordered_set<std::string> seen;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const YAML::Node& k = it->first;
+    if (!k.IsScalar()) fail(k, "a key in " + where + " must be a plain name");
+    const std::string& key = k.Scalar();
+    if (!seen.insert(key).second) fail(k, "duplicate key '" + key + "' in " + where);
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      fail(k, "unknown key '" + key + "' in " + where + suggestion(key, allowed) + " (allowed: " + join(allowed) + ")");
+    fn(k, it->second);
+  }
+}
+
+bool parse_int(const std::string& s, std::int64_t& v) {
+  if (s.empty()) return false;
+  const char* b = s.data();
+  const char* e = s.data() + s.size();
+  if (*b == '+') ++b;
+  auto r = std::from_chars(b, e, v);
+  return r.ec == std::errc() && r.ptr == e;
+}
+
+bool parse_bool(const std::string& s, bool& v) {
+  if (s == "true" || s == "True" || s == "yes") return v = true, true;
+  if (s == "false" || s == "False" || s == "no") return v = false, true;
+  return false;
+}
+
+class Loader {
+ public:
+  explicit Loader(Program& p) : p_(p) {}
+
+  void load(const YAML::Node& root) {
+    if (!root.IsDefined() || root.IsNull()) fail_at({1, 1}, "empty program: expected a mapping with at least `mesh` and `ops`");
+    if (!root.IsMap()) fail(root, "a program must be a mapping (name, mesh, sizes, tensors, ops, outputs), got " + kind_of(root));
+    static const std::vector<std::string> top = {"name", "description", "mesh", "sizes", "tensors", "ops", "outputs",
+                                                 "expect", "programs", "schedule", "train", "backward", "p2p_model"};
+    for_each_key(root, top, "the program", [&](const YAML::Node& k, const YAML::Node&) {
+      const std::string& key = k.Scalar();
+      if (key == "programs" || key == "schedule" || key == "train" || key == "backward" || key == "p2p_model")
+        fail(k, "`" + key + "` is not supported yet: this version checks SPMD `ops` programs (per-rank programs, "
+                "schedules and training arrive with the temporal, schedule and autograd analyzers)");
+    });
+    if (auto n = root["name"]; n.IsDefined()) {
+      if (!n.IsScalar()) fail(n, "`name` must be a string");
+      p_.title = n.Scalar();
+    }
+    if (auto n = root["sizes"]; n.IsDefined() && !n.IsNull()) load_sizes(n);
+    auto mesh = root["mesh"];
+    if (!mesh.IsDefined()) fail(root, "missing key `mesh` (e.g. mesh: {dp: 2, tp: 4})");
+    load_mesh(mesh);
+    if (auto n = root["tensors"]; n.IsDefined() && !n.IsNull()) load_tensors(n);
+    auto ops = root["ops"];
+    if (!ops.IsDefined()) fail(root, "missing key `ops`: the list of ops every rank runs");
+    load_ops(ops);
+    if (auto n = root["outputs"]; n.IsDefined() && !n.IsNull()) load_outputs(n);
+    if (auto n = root["expect"]; n.IsDefined()) load_expect(n);
+  }
+
+ private:
+  // ---- sizes and expressions ----------------------------------------------------------------
+  ExprId parse_expr(const YAML::Node& n, const std::string& what) {
+    if (!n.IsScalar()) fail(n, what + " must be an int or a size expression, got " + kind_of(n));
+    const std::string& text = n.Scalar();
+    std::vector<std::string> known;
+    try {
+      return p_.exprs.parse(text, [&](std::string_view name) -> std::optional<ExprId> {
+        auto it = p_.sizes.find(std::string(name));
+        if (it != p_.sizes.end()) return it->second;
+        for (const auto& [k, v] : p_.sizes) known.push_back(k);
+        std::sort(known.begin(), known.end());
+        fail(n, "unknown size '" + std::string(name) + "' in " + what + suggestion(std::string(name), known) +
+                    (known.empty() ? " (declare it under `sizes`)" : " (known sizes: " + join(known) + ")"));
+      });
+    } catch (const ExprError& e) {
+      fail(n, "bad " + what + " '" + text + "': " + e.what());
+    }
+  }
+
+  std::int64_t size_int(const YAML::Node& n, const std::string& what) {
+    std::int64_t v = 0;
+    if (!n.IsScalar() || !parse_int(n.Scalar(), v)) fail(n, what + " must be an integer, got " + kind_of(n));
+    if (v < 1) fail(n, what + " must be positive, got " + std::to_string(v));
+    if (v > kMaxSize) fail(n, what + " " + n.Scalar() + " is too large (the limit is 2^40)");
+    return v;
+  }
+
+  void load_sizes(const YAML::Node& n) {
+    if (!n.IsMap()) fail(n, "`sizes` must be a mapping of name -> size");
+    for_each_key(n, {}, "`sizes`", [&](const YAML::Node& k, const YAML::Node& v) {
+      const std::string& name = k.Scalar();
+      if (name.empty() || !(std::isalpha(static_cast<unsigned char>(name[0])) || name[0] == '_'))
+        fail(k, "size name '" + name + "' must start with a letter");
+      ExprId e;
+      if (v.IsMap()) {
+        e = load_symbolic(name, v);
+      } else {
+        e = parse_expr(v, "size '" + name + "'");
+        if (p_.exprs.is_const(e) && p_.exprs.value(e) < 1)
+          fail(v, "size '" + name + "' must be positive, got " + std::to_string(p_.exprs.value(e)));
+      }
+      p_.sizes[name] = e;
+      p_.size_locs[name] = loc_of(k);
+    });
+  }
+
+  ExprId load_symbolic(const std::string& name, const YAML::Node& v) {
+    SizeVar var;
+    var.name = name;
+    bool has_min = false, has_max = false;
+    for_each_key(v, {"min", "max", "multiple_of", "in"}, "size '" + name + "'", [&](const YAML::Node& k, const YAML::Node& x) {
+      const std::string& key = k.Scalar();
+      if (key == "min") var.min = size_int(x, "`min` of " + name), has_min = true;
+      if (key == "max") var.max = size_int(x, "`max` of " + name), has_max = true;
+      if (key == "multiple_of") var.multiple_of = size_int(x, "`multiple_of` of " + name);
+      if (key == "in") {
+        if (!x.IsSequence() || x.size() == 0) fail(x, "`in` of " + name + " must be a non-empty list of sizes");
+        for (const auto& item : x) var.in.push_back(size_int(item, "a value in `in` of " + name));
+        std::sort(var.in.begin(), var.in.end());
+        var.in.erase(std::unique(var.in.begin(), var.in.end()), var.in.end());
+      }
+    });
+    if (var.min > var.max) fail(v, "size " + name + " has min " + std::to_string(var.min) + " above max " + std::to_string(var.max));
+    // The allowed set must not be empty.
+    bool any = false;
+    if (!var.in.empty()) {
+      for (auto x : var.in) any |= x >= var.min && x <= var.max && x % var.multiple_of == 0;
+    } else {
+      std::int64_t first = (var.min + var.multiple_of - 1) / var.multiple_of * var.multiple_of;
+      any = first <= var.max;
+    }
+    if (!any) fail(v, "no value of size " + name + " satisfies its constraints");
+    (void)has_min;
+    (void)has_max;
+    p_.vars.push_back(std::move(var));
+    return p_.exprs.var(static_cast<int>(p_.vars.size() - 1));
+  }
+
+  void load_mesh(const YAML::Node& n) {
+    if (!n.IsMap() || n.size() == 0) fail(n, "`mesh` must be a non-empty mapping of axis name -> size, e.g. {dp: 2, tp: 4}");
+    for_each_key(n, {}, "`mesh`", [&](const YAML::Node& k, const YAML::Node& v) {
+      if (p_.mesh.size() == static_cast<std::size_t>(kMaxAxes)) fail(k, "a mesh has at most 8 axes");
+      ExprId e = parse_expr(v, "the size of mesh axis '" + k.Scalar() + "'");
+      if (p_.exprs.is_const(e)) {
+        std::int64_t s = p_.exprs.value(e);
+        if (s < 1) fail(v, "mesh axis '" + k.Scalar() + "' must have a positive size, got " + std::to_string(s));
+        if (s > (1 << 20)) fail(v, "mesh axis '" + k.Scalar() + "' has " + std::to_string(s) + " ranks; the limit is 2^20");
+      }
+      p_.mesh.push_back({k.Scalar(), e, loc_of(k)});
+    });
+  }
+
+  // ---- placements ---------------------------------------------------------------------------
+  int axis_index(const YAML::Node& k) {
+    const std::string& name = k.Scalar();
+    for (std::size_t i = 0; i < p_.mesh.size(); ++i)
+      if (p_.mesh[i].name == name) return static_cast<int>(i);
+    fail(k, "placement names axis '" + name + "', which the mesh lacks" + suggestion(name, p_.axis_names()) +
+                " (mesh axes: " + join(p_.axis_names()) + ")");
+  }
+
+  Placement one_placement(const YAML::Node& v) {
+    if (!v.IsScalar()) fail(v, "a placement must be R, I, V, P, P(sum|avg|max|min) or S(d), got " + kind_of(v));
+    std::string err;
+    auto pl = parse_placement(v.Scalar(), &err);
+    if (!pl) fail(v, err);
+    return *pl;
+  }
+
+  // A placement map {axis: P} or a list in mesh order. `rank` < 0: S(d) range checked later.
+  Placements load_placements(const YAML::Node& n, int rank, const std::string& what) {
+    Placements out{};
+    std::vector<Loc> locs(p_.mesh.size());
+    auto normalize = [&](Placement& pl, const YAML::Node& at) {
+      if (!pl.is_s() || rank < 0) return;
+      if (pl.dim < -rank || pl.dim >= rank)
+        fail(at, "S(" + std::to_string(pl.dim) + ") is out of range for " + what + " of rank " + std::to_string(rank) +
+                     " (dims are 0.." + std::to_string(rank - 1) + " or -" + std::to_string(rank) + "..-1)");
+      if (pl.dim < 0) pl.dim = static_cast<std::int16_t>(pl.dim + rank);
+    };
+    if (n.IsMap()) {
+      for_each_key(n, {}, "the placement of " + what, [&](const YAML::Node& k, const YAML::Node& v) {
+        int a = axis_index(k);
+        out[static_cast<std::size_t>(a)] = one_placement(v);
+        normalize(out[static_cast<std::size_t>(a)], v);
+      });
+    } else if (n.IsSequence()) {
+      if (n.size() != p_.mesh.size())
+        fail(n, "the placement list of " + what + " has " + std::to_string(n.size()) + " entries but the mesh has " +
+                    std::to_string(p_.mesh.size()) + " axes (" + join(p_.axis_names()) + ")");
+      for (std::size_t i = 0; i < n.size(); ++i) {
+        out[i] = one_placement(n[i]);
+        normalize(out[i], n[i]);
+      }
+    } else if (n.IsScalar() && p_.mesh.size() == 1) {
+      out[0] = one_placement(n);
+      normalize(out[0], n);
+    } else {
+      fail(n, "the placement of " + what + " must be a mapping {axis: placement} or a list in mesh order");
+    }
+    return out;
+  }
+
+  std::vector<ExprId> load_shape(const YAML::Node& n, const std::string& what, std::vector<Loc>* locs) {
+    if (!n.IsSequence()) fail(n, "the shape of " + what + " must be a list of sizes, e.g. [B, 128, H]");
+    if (n.size() > static_cast<std::size_t>(kMaxRank)) fail(n, what + " has rank " + std::to_string(n.size()) + "; the limit is 8");
+    std::vector<ExprId> shape;
+    std::int64_t elems = 1;
+    for (const auto& d : n) {
+      ExprId e = parse_expr(d, "a dim of " + what);
+      if (p_.exprs.is_const(e)) {
+        std::int64_t v = p_.exprs.value(e);
+        if (v < 1) fail(d, "dims of " + what + " must be positive, got " + std::to_string(v));
+        if (__builtin_mul_overflow(elems, v, &elems) || elems > kMaxValue)
+          fail(d, what + " has too many elements (more than 2^62)");
+      }
+      shape.push_back(e);
+      if (locs) locs->push_back(loc_of(d));
+    }
+    return shape;
+  }
+
+  // ---- tensors ------------------------------------------------------------------------------
+  void load_tensors(const YAML::Node& n) {
+    if (!n.IsMap()) fail(n, "`tensors` must be a mapping of name -> {shape, placement, ...}");
+    for_each_key(n, {}, "`tensors`", [&](const YAML::Node& k, const YAML::Node& v) {
+      TensorDecl t;
+      const std::string& name = k.Scalar();
+      t.name = p_.intern(name);
+      t.loc = loc_of(k);
+      if (!v.IsMap()) fail(v, "tensor '" + name + "' must be a mapping like {shape: [B, H], placement: {tp: S(1)}}");
+      static const std::vector<std::string> keys = {"shape", "placement", "dtype", "param", "uneven"};
+      for_each_key(v, keys, "tensor '" + name + "'", [](const YAML::Node&, const YAML::Node&) {});
+      auto shape = v["shape"];
+      if (!shape.IsDefined()) fail(v, "tensor '" + name + "' needs a `shape`");
+      t.shape_loc = loc_of(shape);
+      t.shape = load_shape(shape, "tensor '" + name + "'", &t.dim_locs);
+      if (auto pl = v["placement"]; pl.IsDefined() && !pl.IsNull()) {
+        t.placement_loc = loc_of(pl);
+        t.placement = load_placements(pl, static_cast<int>(t.shape.size()), "tensor '" + name + "'");
+      } else {
+        t.placement_loc = t.loc;
+      }
+      if (auto d = v["dtype"]; d.IsDefined()) t.dtype = load_dtype(d);
+      if (auto b = v["param"]; b.IsDefined()) t.param = load_bool(b, "`param`");
+      if (auto b = v["uneven"]; b.IsDefined()) t.uneven = load_bool(b, "`uneven`");
+      p_.tensors.push_back(std::move(t));
+    });
+  }
+
+  DType load_dtype(const YAML::Node& d) {
+    DType out;
+    if (!d.IsScalar() || !parse_dtype(d.Scalar(), out))
+      fail(d, "unknown dtype " + kind_of(d) + (d.IsScalar() ? suggestion(d.Scalar(), dtype_names()) : "") +
+                  " (known: " + join(dtype_names()) + ")");
+    return out;
+  }
+
+  bool load_bool(const YAML::Node& b, const std::string& what) {
+    bool v = false;
+    if (!b.IsScalar() || !parse_bool(b.Scalar(), v)) fail(b, what + " must be true or false, got " + kind_of(b));
+    return v;
+  }
+
+  // ---- ops ----------------------------------------------------------------------------------
+  std::vector<NameId> load_names(const YAML::Node& n, const std::string& what, bool allow_scalar) {
+    std::vector<NameId> out;
+    if (!n.IsDefined() || n.IsNull()) return out;
+    if (n.IsScalar() && allow_scalar) {
+      out.push_back(p_.intern(n.Scalar()));
+      return out;
+    }
+    if (!n.IsSequence()) fail(n, what + " must be a list of tensor names");
+    for (const auto& x : n) {
+      if (!x.IsScalar() || x.Scalar().empty()) fail(x, what + " must hold tensor names, got " + kind_of(x));
+      out.push_back(p_.intern(x.Scalar()));
+    }
+    return out;
+  }
+
+  void load_ops(const YAML::Node& n) {
+    if (n.IsNull()) return;
+    if (!n.IsSequence()) fail(n, "`ops` must be a list of ops like {op: MatMul, in: [x, w], out: y}");
+    if (n.size() > kMaxOps) fail(n, "the program has " + std::to_string(n.size()) + " ops; the limit is 10,000,000");
+    p_.ops.reserve(n.size());
+    for (const auto& item : n) load_op(item);
+  }
+
+  void load_op(const YAML::Node& item) {
+    if (!item.IsMap()) fail(item, "an op must be a mapping like {op: MatMul, in: [x, w], out: y}, got " + kind_of(item));
+    auto opn = item["op"];
+    if (!opn.IsDefined()) fail(item, "an op needs `op: <name>`");
+    if (!opn.IsScalar()) fail(opn, "`op` must be an op name");
+    auto kind = op_by_name(opn.Scalar());
+    if (!kind) {
+      std::vector<std::string> names;
+      for (const auto& i : all_ops()) names.emplace_back(i.name);
+      fail(opn, "unknown op '" + opn.Scalar() + "'" + suggestion(opn.Scalar(), names) + " (`spmdcheck ops` lists them)");
+    }
+    const OpInfo& info = op_info(*kind);
+    if (info.category == OpCategory::later)
+      fail(opn, std::string(info.name) + " is not supported yet (" + std::string(info.meaning) +
+                    "); its placement rules arrive in a later version, and it is never passed unchecked");
+    Op op;
+    op.kind = *kind;
+    op.loc = loc_of(item);
+    std::vector<std::string> allowed = {"op", "in", "out"};
+    for (const auto& a : info.attrs) allowed.push_back(a.name);
+    std::string where = std::string(info.name);
+    std::unordered_set<std::string> given;
+    for_each_key(item, {}, where, [&](const YAML::Node& k, const YAML::Node& v) {
+      const std::string& key = k.Scalar();
+      if (key == "op" || key == "in" || key == "out") return;
+      const AttrSpec* spec = info.find_attr(key);
+      if (!spec) {
+        std::vector<std::string> attrs;
+        for (const auto& a : info.attrs) attrs.push_back(a.name);
+        fail(k, "unknown attribute '" + key + "' for " + where + suggestion(key, allowed) + " (" + where + " takes: " +
+                    join(attrs) + ")");
+      }
+      given.insert(key);
+      load_attr(op, *spec, v, where);
+    });
+    for (const auto& a : info.attrs)
+      if (a.required && !given.count(a.name))
+        fail(item, where + " needs attribute `" + a.name + "` (" + attr_type_name(a) + ")");
+    auto ins = load_names(item["in"], "`in` of " + where, true);
+    auto outs = load_names(item["out"], "`out` of " + where, true);
+    auto count = [&](std::size_t got, int lo, int hi, const char* what, const char* key) {
+      if (got < static_cast<std::size_t>(lo) || got > static_cast<std::size_t>(hi)) {
+        std::string want = lo == hi ? std::to_string(lo) : std::to_string(lo) + " to " + std::to_string(hi);
+        auto at = item[key].IsDefined() ? item[key] : item;
+        fail(at, where + " takes " + want + " " + what + (hi == 1 && lo == 1 ? "" : "s") + " (" + std::string(info.operands) +
+                     "), got " + std::to_string(got));
+      }
+    };
+    count(ins.size(), info.min_in, info.max_in, "input", "in");
+    count(outs.size(), info.min_out, info.max_out, "output", "out");
+    for (std::size_t i = 0; i < outs.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (outs[i] == outs[j]) fail(item["out"], where + " writes '" + p_.name(outs[i]) + "' twice");
+    op.first = static_cast<std::uint32_t>(p_.operands.size());
+    op.n_in = static_cast<std::uint8_t>(ins.size());
+    op.n_out = static_cast<std::uint8_t>(outs.size());
+    p_.operands.insert(p_.operands.end(), ins.begin(), ins.end());
+    p_.operands.insert(p_.operands.end(), outs.begin(), outs.end());
+    p_.ops.push_back(op);
+  }
+
+  std::int64_t attr_int(const YAML::Node& v, const std::string& what, std::int64_t lo, std::int64_t hi) {
+    std::int64_t x = 0;
+    if (!v.IsScalar() || !parse_int(v.Scalar(), x)) fail(v, what + " must be an integer, got " + kind_of(v));
+    if (x < lo || x > hi) fail(v, what + " must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " + std::to_string(x));
+    return x;
+  }
+
+  void load_attr(Op& op, const AttrSpec& spec, const YAML::Node& v, const std::string& where) {
+    const std::string what = "attribute `" + spec.name + "` of " + where;
+    OpAttrs& a = op.attrs;
+    const std::string& n = spec.name;
+    switch (spec.type) {
+      case AttrType::Axes: {
+        std::vector<YAML::Node> items;
+        if (v.IsScalar()) items.push_back(v);
+        else if (v.IsSequence() && v.size() > 0) for (const auto& x : v) items.push_back(x);
+        else fail(v, what + " must be a mesh axis name or a list of them");
+        for (const auto& x : items) {
+          if (!x.IsScalar()) fail(x, what + " must name mesh axes");
+          int idx = -1;
+          for (std::size_t i = 0; i < p_.mesh.size(); ++i)
+            if (p_.mesh[i].name == x.Scalar()) idx = static_cast<int>(i);
+          if (idx < 0)
+            fail(x, where + " over axis '" + x.Scalar() + "', which the mesh lacks" + suggestion(x.Scalar(), p_.axis_names()) +
+                        " (mesh axes: " + join(p_.axis_names()) + ")");
+          if (a.axes & (1u << idx)) fail(x, what + " names axis '" + x.Scalar() + "' twice");
+          a.axes |= 1u << idx;
+        }
+        return;
+      }
+      case AttrType::Int:
+        if (n == "src" || n == "dst") a.rank = static_cast<std::int32_t>(attr_int(v, what, 0, 1 << 20));
+        else if (n == "k") a.k = static_cast<std::int32_t>(attr_int(v, what, 1, 1 << 20));
+        else if (n == "concat_dim") a.dim2 = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
+        else a.dim = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
+        return;
+      case AttrType::Ints: {
+        std::vector<int> list;
+        if (v.IsScalar()) list.push_back(static_cast<int>(attr_int(v, what, -kMaxRank, kMaxRank - 1)));
+        else if (v.IsSequence() && v.size() > 0 && v.size() <= static_cast<std::size_t>(kMaxRank))
+          for (const auto& x : v) list.push_back(static_cast<int>(attr_int(x, what, -kMaxRank, kMaxRank - 1)));
+        else fail(v, what + " must be a dim or a non-empty list of at most 8 dims");
+        a.dims = static_cast<std::uint32_t>(p_.int_lists.size());
+        p_.int_lists.push_back(std::move(list));
+        return;
+      }
+      case AttrType::Number: {
+        if (!v.IsScalar()) fail(v, what + " must be a number");
+        const std::string& s = v.Scalar();
+        char* end = nullptr;
+        double d = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(d)) fail(v, what + " must be a finite number, got " + kind_of(v));
+        if (n == "p" && (d < 0 || d >= 1)) fail(v, what + " must be in [0, 1)");
+        a.number = d;
+        a.has_number = true;
+        return;
+      }
+      case AttrType::Bool: {
+        bool b = load_bool(v, what);
+        if (n == "keepdim") a.keepdim = b;
+        else if (n == "causal") a.causal = b;
+        else if (n == "vocab_parallel") a.vocab_parallel = b;
+        return;
+      }
+      case AttrType::Placement: {
+        Placement pl = one_placement(v);
+        if (n == "to") a.to = pl, a.has_to = true;
+        else a.from = pl, a.has_from = true;
+        return;
+      }
+      case AttrType::Placements:
+        a.placements = static_cast<std::uint32_t>(p_.placement_maps.size());
+        p_.placement_maps.push_back(load_placements(v, -1, where));
+        return;
+      case AttrType::Reduce: {
+        auto r = v.IsScalar() ? parse_reduce(v.Scalar()) : std::nullopt;
+        if (!r) fail(v, what + " must be sum, avg, max or min, got " + kind_of(v));
+        a.rop = *r;
+        return;
+      }
+      case AttrType::DType:
+        a.dtype = load_dtype(v);
+        a.has_dtype = true;
+        return;
+      case AttrType::Shape:
+        a.shape = static_cast<std::uint32_t>(p_.shapes.size());
+        p_.shapes.push_back(load_shape(v, "`" + n + "` of " + where, nullptr));
+        return;
+      case AttrType::Name:
+        if (!v.IsScalar() || v.Scalar().empty()) fail(v, what + " must be a name");
+        (n == "handle" ? a.handle : a.stream) = p_.intern(v.Scalar());
+        return;
+      case AttrType::Names:
+        a.handles = static_cast<std::uint32_t>(p_.name_lists.size());
+        p_.name_lists.push_back(load_names(v, what, false));
+        return;
+      case AttrType::Coords: {
+        if (!v.IsMap()) fail(v, what + " must be a mapping of mesh coordinates, e.g. {pp: 1}");
+        std::vector<std::pair<int, std::int64_t>> c;
+        for_each_key(v, {}, what, [&](const YAML::Node& k, const YAML::Node& x) {
+          c.emplace_back(axis_index(k), attr_int(x, "a coordinate", 0, 1 << 20));
+        });
+        a.coords = static_cast<std::uint32_t>(p_.coords.size());
+        p_.coords.push_back(std::move(c));
+        return;
+      }
+      case AttrType::Enum: {
+        if (!v.IsScalar() || std::find(spec.choices.begin(), spec.choices.end(), v.Scalar()) == spec.choices.end())
+          fail(v, what + " must be one of " + attr_type_name(spec) + ", got " + kind_of(v) +
+                      (v.IsScalar() ? suggestion(v.Scalar(), spec.choices) : ""));
+        const std::string& s = v.Scalar();
+        if (n == "dst") a.dst_invariant = s == "I";
+        else if (n == "rng") a.rng_per_rank = s == "per_rank";
+        else if (n == "reduction") a.reduction = s == "sum" ? Reduction::Sum : s == "none" ? Reduction::None : Reduction::Mean;
+        else if (n == "layout") a.layout = s == "bshd" ? AttnLayout::BSHD : s == "sbhd" ? AttnLayout::SBHD : AttnLayout::BHSD;
+        return;
+      }
+    }
+  }
+
+  // ---- outputs and expectations -------------------------------------------------------------
+  void load_outputs(const YAML::Node& n) {
+    if (!n.IsMap()) fail(n, "`outputs` must be a mapping of name -> {placement: ...}");
+    std::unordered_set<NameId> defined;
+    for (const auto& t : p_.tensors) defined.insert(t.name);
+    for (const auto& op : p_.ops)
+      for (NameId o : p_.outs(op)) defined.insert(o);
+    for_each_key(n, {}, "`outputs`", [&](const YAML::Node& k, const YAML::Node& v) {
+      OutputDecl o;
+      const std::string& name = k.Scalar();
+      auto it = p_.name_ids.find(name);
+      if (it == p_.name_ids.end() || !defined.count(it->second)) {
+        std::vector<std::string> cands;
+        for (NameId id : defined) cands.push_back(p_.name(id));
+        std::sort(cands.begin(), cands.end());
+        fail(k, "output '" + name + "' is neither a declared tensor nor written by any op" + suggestion(name, cands));
+      }
+      o.name = it->second;
+      o.loc = loc_of(k);
+      if (!v.IsNull()) {
+        if (!v.IsMap()) fail(v, "output '" + name + "' must be a mapping like {placement: {dp: S(0)}}");
+        for_each_key(v, {"placement", "shape"}, "output '" + name + "'", [&](const YAML::Node& key, const YAML::Node& x) {
+          if (key.Scalar() == "placement") {
+            o.has_placement = true;
+            o.placement = load_placements(x, -1, "output '" + name + "'");
+          } else {
+            o.has_shape = true;
+            o.shape = load_shape(x, "output '" + name + "'", nullptr);
+          }
+        });
+      }
+      p_.outputs.push_back(std::move(o));
+    });
+  }
+
+  void load_expect(const YAML::Node& n) {
+    p_.has_expect = true;
+    p_.expect_loc = loc_of(n);
+    if (n.IsNull()) return;
+    if (!n.IsSequence()) fail(n, "`expect` must be a list of check IDs, e.g. [partial-misuse] or []");
+    std::vector<std::string> ids;
+    for (auto id : all_check_names()) ids.emplace_back(id);
+    for (const auto& x : n) {
+      if (!x.IsScalar() || !check_by_name(x.Scalar()))
+        fail(x, "unknown check ID " + kind_of(x) + (x.IsScalar() ? suggestion(x.Scalar(), ids) : "") + " in `expect`");
+      p_.expect.push_back(x.Scalar());
+    }
+  }
+
+  Program& p_;
+};
+
+Program load(const std::string& text, const std::string& filename) {
+  Program p;
+  p.file = filename;
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    Loc l{static_cast<std::uint32_t>(std::max(0, e.mark.line) + 1), static_cast<std::uint32_t>(std::max(0, e.mark.column) + 1)};
+    throw LoadError(l, "invalid YAML: " + e.msg);
+  }
+  try {
+    Loader(p).load(root);
+  } catch (const YAML::Exception& e) {
+    Loc l{static_cast<std::uint32_t>(std::max(0, e.mark.line) + 1), static_cast<std::uint32_t>(std::max(0, e.mark.column) + 1)};
+    throw LoadError(l, "malformed program: " + e.msg);
+  }
+  return p;
+}
+
+}  // namespace
+
+Program load_program_string(const std::string& text, const std::string& filename) { return load(text, filename); }
+
+Program load_program_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw LoadError({}, "cannot open file");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  if (text.size() > (std::size_t{1} << 30)) throw LoadError({}, "file is larger than 1 GiB");
+  return load(text, path);
+}
+
+}  // namespace spmd

@@ -1,0 +1,56 @@
+// ir/program.cpp - small Program helpers and dtypes.
+#include "ir/program.h"
+
+namespace spmd {
+
+namespace {
+constexpr std::pair<DType, std::string_view> kDTypes[] = {
+    {DType::F32, "f32"},          {DType::F64, "f64"},          {DType::BF16, "bf16"}, {DType::F16, "f16"},
+    {DType::FP8E4M3, "fp8_e4m3"}, {DType::FP8E5M2, "fp8_e5m2"}, {DType::I64, "i64"},   {DType::I32, "i32"},
+    {DType::I8, "i8"},            {DType::Bool, "bool"},
+};
+}  // namespace
+
+std::string_view dtype_name(DType d) {
+  for (auto& [k, n] : kDTypes)
+    if (k == d) return n;
+  return "?";
+}
+
+bool parse_dtype(std::string_view s, DType& out) {
+  static const std::pair<std::string_view, DType> aliases[] = {
+      {"float32", DType::F32}, {"fp32", DType::F32},   {"float64", DType::F64}, {"bfloat16", DType::BF16},
+      {"float16", DType::F16}, {"fp16", DType::F16},   {"int64", DType::I64},   {"int32", DType::I32},
+      {"int8", DType::I8},     {"fp8", DType::FP8E4M3}};
+  for (auto& [k, n] : kDTypes)
+    if (n == s) return out = k, true;
+  for (auto& [n, k] : aliases)
+    if (n == s) return out = k, true;
+  return false;
+}
+
+std::vector<std::string> dtype_names() {
+  std::vector<std::string> v;
+  for (auto& [k, n] : kDTypes) v.emplace_back(n);
+  return v;
+}
+
+NameId Program::intern(const std::string& n) {
+  auto [it, fresh] = name_ids.emplace(n, static_cast<NameId>(names.size()));
+  if (fresh) names.push_back(n);
+  return it->second;
+}
+
+std::vector<std::string> Program::axis_names() const {
+  std::vector<std::string> v;
+  for (const auto& a : mesh) v.push_back(a.name);
+  return v;
+}
+
+std::string Program::shape_str(std::span<const ExprId> shape) const {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + expr_str(shape[i]);
+  return s + "]";
+}
+
+}  // namespace spmd

@@ -1,0 +1,136 @@
+// ir/program.h - a parsed SPMD program: mesh, sizes, tensor declarations, ops and outputs.
+//
+// Names are interned (NameId); op operands live in one flat array; attributes sit inline in each
+// op, with list-valued ones in side tables. This keeps a million-op program compact.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/diagnostic.h"
+#include "ir/expr.h"
+#include "ir/op_table.h"
+#include "ir/placement.h"
+
+namespace spmd {
+
+inline constexpr int kMaxAxes = 8;     // mesh axes
+inline constexpr int kMaxRank = 8;     // tensor dims
+inline constexpr std::size_t kMaxOps = 10'000'000;
+
+using NameId = std::int32_t;
+inline constexpr std::uint32_t kNoIndex = std::numeric_limits<std::uint32_t>::max();
+inline constexpr std::int16_t kUnset = std::numeric_limits<std::int16_t>::min();
+
+enum class DType : std::uint8_t { F32, F64, BF16, F16, FP8E4M3, FP8E5M2, I64, I32, I8, Bool };
+std::string_view dtype_name(DType d);
+bool parse_dtype(std::string_view s, DType& out);
+std::vector<std::string> dtype_names();
+
+using Placements = std::array<Placement, kMaxAxes>;
+
+struct MeshAxis {
+  std::string name;
+  ExprId size;
+  Loc loc;
+};
+
+struct TensorDecl {
+  NameId name;
+  Loc loc, shape_loc, placement_loc;
+  std::vector<ExprId> shape;
+  std::vector<Loc> dim_locs;
+  DType dtype = DType::F32;
+  Placements placement{};
+  bool param = false;
+  bool uneven = false;
+};
+
+struct OutputDecl {
+  NameId name;
+  Loc loc;
+  bool has_placement = false;  // absent: R on every axis
+  Placements placement{};
+  std::vector<ExprId> shape;   // empty with has_shape false: not checked
+  bool has_shape = false;
+};
+
+enum class Reduction : std::uint8_t { Mean, Sum, None };
+enum class AttnLayout : std::uint8_t { BHSD, BSHD, SBHD };
+
+struct OpAttrs {
+  std::uint32_t axes = 0;              // `axis`: bitmask over mesh axes (0 = not given)
+  std::int16_t dim = kUnset;           // dim | split_dim | src/dst-free int attributes
+  std::int16_t dim2 = kUnset;          // concat_dim
+  std::int32_t rank = -1;              // src / dst rank index along the axis
+  std::int32_t k = 0;                  // TopKGate k
+  std::uint32_t dims = kNoIndex;       // `dims`: index into Program::int_lists
+  std::uint32_t shape = kNoIndex;      // `shape`: index into Program::shapes
+  std::uint32_t placements = kNoIndex; // `placement` map: index into Program::placement_maps
+  std::uint32_t coords = kNoIndex;     // `peer`: index into Program::coords
+  std::uint32_t handles = kNoIndex;    // `handles`: index into Program::name_lists
+  NameId handle = -1, stream = -1;
+  double number = 0;                   // scalar / scale / p / eps
+  Placement to{}, from{};
+  ReduceOp rop = ReduceOp::Sum;
+  DType dtype = DType::F32;
+  Reduction reduction = Reduction::Mean;
+  AttnLayout layout = AttnLayout::BHSD;
+  bool has_number : 1 = false;
+  bool has_to : 1 = false;
+  bool has_from : 1 = false;
+  bool has_dtype : 1 = false;
+  bool keepdim : 1 = false;
+  bool causal : 1 = false;
+  bool vocab_parallel : 1 = false;
+  bool rng_per_rank : 1 = false;
+  bool dst_invariant : 1 = false;     // AllReduce/AllGather `dst: I`
+};
+
+struct Op {
+  OpKind kind;
+  std::uint8_t n_in = 0, n_out = 0;
+  std::uint32_t first = 0;  // operands: ins then outs, in Program::operands
+  Loc loc;
+  OpAttrs attrs;
+};
+
+struct Program {
+  std::string file;
+  std::string title;  // `name:` of the program
+  std::vector<MeshAxis> mesh;
+  std::vector<SizeVar> vars;               // symbolic sizes
+  std::unordered_map<std::string, ExprId> sizes;  // every named size (concrete ones are constants)
+  std::unordered_map<std::string, Loc> size_locs;
+  ExprPool exprs;
+  std::vector<std::string> names;          // NameId -> text
+  std::unordered_map<std::string, NameId> name_ids;
+  std::vector<TensorDecl> tensors;
+  std::vector<Op> ops;
+  std::vector<NameId> operands;
+  std::vector<OutputDecl> outputs;
+  std::vector<std::vector<int>> int_lists;
+  std::vector<std::vector<ExprId>> shapes;
+  std::vector<Placements> placement_maps;
+  std::vector<std::vector<std::pair<int, std::int64_t>>> coords;
+  std::vector<std::vector<NameId>> name_lists;
+  bool has_expect = false;
+  std::vector<std::string> expect;         // check IDs, as written
+  Loc expect_loc;
+
+  NameId intern(const std::string& n);
+  std::span<const NameId> ins(const Op& op) const { return {operands.data() + op.first, op.n_in}; }
+  std::span<const NameId> outs(const Op& op) const { return {operands.data() + op.first + op.n_in, op.n_out}; }
+  const std::string& name(NameId id) const { return names[static_cast<std::size_t>(id)]; }
+  int axis_count() const { return static_cast<int>(mesh.size()); }
+  std::vector<std::string> axis_names() const;
+  // Human text of a size expression / a shape.
+  std::string expr_str(ExprId e) const { return exprs.str(e, vars); }
+  std::string shape_str(std::span<const ExprId> shape) const;
+};
+
+}  // namespace spmd

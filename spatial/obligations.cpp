@@ -1,0 +1,252 @@
+// spatial/obligations.cpp - concrete decisions and the Z3 discharge of symbolic obligations.
+#include "spatial/obligations.h"
+
+#include <fmt/format.h>
+#include <z3++.h>
+
+#include <map>
+
+namespace spmd {
+
+namespace {
+
+bool holds(OblKind k, std::int64_t a, std::int64_t b) {
+  switch (k) {
+    case OblKind::Divisible: return b != 0 && a % b == 0;
+    case OblKind::Equal: return a == b;
+    case OblKind::Positive: return a >= 1;
+    case OblKind::ExactDiv: return true;  // evaluated on the Div's operands by the caller
+  }
+  return false;
+}
+
+// Sides of an obligation as values under `vals`; ExactDiv evaluates the Div's operands.
+bool sides(const ExprPool& pool, const Obligation& o, const std::vector<std::int64_t>& vals, std::int64_t& a, std::int64_t& b) {
+  if (o.kind == OblKind::ExactDiv) {
+    const ENode& n = pool.node(o.a);
+    auto x = pool.eval(n.a, vals), y = pool.eval(n.b, vals);
+    if (!x || !y) return false;
+    a = *x, b = *y;
+    return true;
+  }
+  auto x = pool.eval(o.a, vals);
+  if (!x) return false;
+  a = *x;
+  if (o.kind == OblKind::Positive) return true;
+  auto y = pool.eval(o.b, vals);
+  if (!y) return false;
+  b = *y;
+  return true;
+}
+
+bool holds_on(const Obligation& o, std::int64_t a, std::int64_t b) {
+  if (o.kind == OblKind::ExactDiv) return b != 0 && a % b == 0;
+  return holds(o.kind, a, b);
+}
+
+}  // namespace
+
+std::string failure_words(OblKind k, std::int64_t a, std::int64_t b) {
+  switch (k) {
+    case OblKind::Divisible: return fmt::format("{} is not divisible by {}", a, b);
+    case OblKind::Equal: return fmt::format("{} != {}", a, b);
+    case OblKind::Positive: return fmt::format("it is {}", a);
+    case OblKind::ExactDiv: return fmt::format("{} / {} is not exact", a, b);
+  }
+  return "";
+}
+
+std::optional<std::int64_t> Obligations::concrete(ExprId e) const {
+  if (pool_.is_const(e)) return pool_.value(e);
+  std::vector<int> vs;
+  pool_.collect_vars(e, vs);
+  if (!vs.empty()) return std::nullopt;
+  return pool_.eval(e, {});
+}
+
+Decision Obligations::decide(OblKind k, ExprId a, ExprId b) const {
+  if (k == OblKind::Equal && a == b) return Decision::Holds;
+  if (k == OblKind::Divisible && pool_.is_const(b) && pool_.value(b) == 1) return Decision::Holds;
+  if (pool_.is_const(a) && (k == OblKind::Positive || pool_.is_const(b)) && k != OblKind::ExactDiv)
+    return holds(k, pool_.value(a), k == OblKind::Positive ? 0 : pool_.value(b)) ? Decision::Holds : Decision::Fails;
+  std::vector<int> vs;
+  pool_.collect_vars(a, vs);
+  if (k != OblKind::Positive && k != OblKind::ExactDiv) pool_.collect_vars(b, vs);
+  if (!vs.empty()) return Decision::Deferred;
+  Obligation o{k, a, b, CheckId::ShapeMismatch, {}, -1, {}, {}, {}};
+  std::int64_t x = 0, y = 0;
+  if (!sides(pool_, o, {}, x, y)) return Decision::Fails;  // an inexact or overflowing sub-expression
+  return holds_on(o, x, y) ? Decision::Holds : Decision::Fails;
+}
+
+bool Obligations::first_time(OblKind k, ExprId a, ExprId b) {
+  return seen_.insert({static_cast<int>(k), a, b}).second;
+}
+
+namespace {
+
+class Prover {
+ public:
+  Prover(const ExprPool& pool, const std::vector<SizeVar>& vars, unsigned timeout_ms)
+      : pool_(pool), vars_(vars), solver_(ctx_) {
+    z3::params p(ctx_);
+    p.set("timeout", timeout_ms);
+    solver_.set(p);
+    for (std::size_t i = 0; i < vars_.size(); ++i) {
+      const SizeVar& v = vars_[i];
+      z3::expr x = ctx_.int_const(v.name.c_str());
+      zvars_.push_back(x);
+      solver_.add(x >= ctx_.int_val(v.min));
+      solver_.add(x <= ctx_.int_val(v.max));
+      if (v.multiple_of > 1) solver_.add(z3::mod(x, ctx_.int_val(v.multiple_of)) == 0);
+      if (!v.in.empty()) {
+        z3::expr_vector alts(ctx_);
+        for (auto val : v.in) alts.push_back(x == ctx_.int_val(val));
+        solver_.add(z3::mk_or(alts));
+      }
+    }
+  }
+
+  z3::expr tr(ExprId id) {
+    auto it = memo_.find(id);
+    if (it != memo_.end()) return it->second;
+    const ENode& n = pool_.node(id);
+    z3::expr e(ctx_);
+    switch (n.op) {
+      case EOp::Const: e = ctx_.int_val(n.c); break;
+      case EOp::Var: e = zvars_[static_cast<std::size_t>(n.a)]; break;
+      case EOp::Add: e = tr(n.a) + tr(n.b); break;
+      case EOp::Sub: e = tr(n.a) - tr(n.b); break;
+      case EOp::Mul: e = tr(n.a) * tr(n.b); break;
+      case EOp::Div: e = tr(n.a) / tr(n.b); break;
+    }
+    memo_.emplace(id, e);
+    return e;
+  }
+
+  z3::expr claim(const Obligation& o) {
+    switch (o.kind) {
+      case OblKind::Divisible: return z3::mod(tr(o.a), tr(o.b)) == 0;
+      case OblKind::Equal: return tr(o.a) == tr(o.b);
+      case OblKind::Positive: return tr(o.a) >= 1;
+      case OblKind::ExactDiv: {
+        const ENode& n = pool_.node(o.a);
+        return tr(n.b) != 0 && z3::mod(tr(n.a), tr(n.b)) == 0;
+      }
+    }
+    return ctx_.bool_val(true);
+  }
+
+  // Refutes `o` with the variables in `fixed` pinned. Returns sat/unsat/unknown; on sat fills `model`.
+  z3::check_result refute(const Obligation& o, const std::map<int, std::int64_t>& fixed, std::vector<std::int64_t>& model,
+                          const std::vector<int>& vs) {
+    solver_.push();
+    for (auto [i, val] : fixed) solver_.add(zvars_[static_cast<std::size_t>(i)] == ctx_.int_val(val));
+    solver_.add(!claim(o));
+    z3::check_result r = solver_.check();
+    if (r == z3::sat) {
+      z3::model m = solver_.get_model();
+      for (int i : vs) {
+        auto it = fixed.find(i);
+        if (it != fixed.end()) {
+          model[static_cast<std::size_t>(i)] = it->second;
+          continue;
+        }
+        z3::expr val = m.eval(zvars_[static_cast<std::size_t>(i)], true);
+        std::int64_t x = 0;
+        if (val.is_numeral_i64(x)) model[static_cast<std::size_t>(i)] = x;
+      }
+    }
+    solver_.pop();
+    return r;
+  }
+
+  std::string reason() { return solver_.reason_unknown(); }
+
+ private:
+  const ExprPool& pool_;
+  const std::vector<SizeVar>& vars_;
+  z3::context ctx_;
+  z3::solver solver_;
+  std::vector<z3::expr> zvars_;
+  std::map<ExprId, z3::expr> memo_;
+};
+
+}  // namespace
+
+void Obligations::solve(std::vector<Diagnostic>& out) {
+  if (pending_.empty()) return;
+  Prover prover(pool_, vars_, timeout_ms_);
+  for (const Obligation& o : pending_) {
+    std::vector<int> vs;
+    pool_.collect_vars(o.a, vs);
+    if (o.kind != OblKind::Positive && o.kind != OblKind::ExactDiv) pool_.collect_vars(o.b, vs);
+    std::sort(vs.begin(), vs.end());
+    // Enumerate the finite-domain variables (when few), leaving the rest to the solver.
+    std::vector<int> finite, open;
+    std::size_t combos = 1;
+    for (int i : vs) {
+      const auto& in = vars_[static_cast<std::size_t>(i)].in;
+      if (!in.empty() && combos * in.size() <= 4096) {
+        finite.push_back(i);
+        combos *= in.size();
+      } else {
+        open.push_back(i);
+      }
+    }
+    std::vector<std::int64_t> model(vars_.size(), 0);
+    bool failed = false, unknown = false;
+    std::string why_unknown;
+    std::vector<std::size_t> idx(finite.size(), 0);
+    for (std::size_t c = 0; c < combos && !failed; ++c) {
+      std::map<int, std::int64_t> fixed;
+      bool allowed = true;
+      for (std::size_t j = 0; j < finite.size(); ++j) {
+        const SizeVar& v = vars_[static_cast<std::size_t>(finite[j])];
+        std::int64_t val = v.in[idx[j]];
+        allowed &= val >= v.min && val <= v.max && val % v.multiple_of == 0;
+        fixed[finite[j]] = val;
+      }
+      // Next combination (odometer).
+      for (std::size_t j = 0; j < finite.size(); ++j) {
+        if (++idx[j] < vars_[static_cast<std::size_t>(finite[j])].in.size()) break;
+        idx[j] = 0;
+      }
+      if (!allowed) continue;
+      if (open.empty()) {
+        std::vector<std::int64_t> vals(vars_.size(), 0);
+        for (auto [i, val] : fixed) vals[static_cast<std::size_t>(i)] = val;
+        std::int64_t a = 0, b = 0;
+        if (!sides(pool_, o, vals, a, b) || !holds_on(o, a, b)) {
+          failed = true;
+          model = vals;
+        }
+        continue;
+      }
+      auto r = prover.refute(o, fixed, model, vs);
+      if (r == z3::sat) failed = true;
+      else if (r == z3::unknown) unknown = true, why_unknown = prover.reason();
+    }
+    if (!failed && !unknown) continue;
+    Diagnostic d;
+    d.id = o.id;
+    d.loc = o.loc;
+    d.op = o.op;
+    d.tensor = o.tensor;
+    d.notes = o.notes;
+    if (failed) {
+      std::string assign;
+      for (int i : vs) assign += (assign.empty() ? "" : ", ") + fmt::format("{} = {}", vars_[static_cast<std::size_t>(i)].name, model[static_cast<std::size_t>(i)]);
+      std::int64_t a = 0, b = 0;
+      std::string words = sides(pool_, o, model, a, b) ? failure_words(o.kind, a, b) : "a sub-expression is not an exact division";
+      d.message = fmt::format("{} for every allowed size, but it fails when {}: {}", o.what, assign, words);
+    } else {
+      d.message = fmt::format("{} for every allowed size, and the solver could not decide it ({}); this is not a pass: "
+                              "narrow the sizes or raise --z3-timeout",
+                              o.what, why_unknown.empty() ? "unknown" : why_unknown);
+    }
+    out.push_back(std::move(d));
+  }
+}
+
+}  // namespace spmd

@@ -1,0 +1,63 @@
+// spatial/obligations.h - shape obligations over size expressions, decided directly when concrete
+// and by Z3 (proof by refutation) when symbolic.
+//
+// A concrete obligation is decided on the spot and never reaches the solver. A symbolic one is
+// queued (deduplicated) and discharged by solve(): each is negated and handed to Z3 under the size
+// constraints; sat gives a counterexample, unsat a proof, unknown (e.g. a timeout) an error that
+// says the obligation could not be proved. Variables with a finite `in` set are enumerated.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <optional>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "ir/diagnostic.h"
+#include "ir/expr.h"
+
+namespace spmd {
+
+enum class OblKind : std::uint8_t { Divisible, Equal, Positive, ExactDiv };
+
+struct Obligation {
+  OblKind kind;
+  ExprId a, b;          // Divisible: a % b == 0; Equal: a == b; Positive: a >= 1; ExactDiv: a is a Div node
+  CheckId id;
+  Loc loc;
+  int op = -1;
+  std::string tensor;
+  std::string what;     // what must hold, in words, e.g. "dim 1 of w1 (4*H) must be divisible by tp (T)"
+  std::vector<Note> notes;
+};
+
+enum class Decision : std::uint8_t { Holds, Fails, Deferred };
+
+class Obligations {
+ public:
+  Obligations(ExprPool& pool, const std::vector<SizeVar>& vars, unsigned timeout_ms)
+      : pool_(pool), vars_(vars), timeout_ms_(timeout_ms) {}
+
+  // Decides a claim now when both sides are concrete; Deferred when it mentions symbolic sizes.
+  Decision decide(OblKind k, ExprId a, ExprId b) const;
+  // True the first time a (symbolic) claim is seen; then push() its description for solve().
+  bool first_time(OblKind k, ExprId a, ExprId b);
+  void push(Obligation o) { pending_.push_back(std::move(o)); }
+  // Discharges the queued obligations, appending a diagnostic for each that fails or is unknown.
+  void solve(std::vector<Diagnostic>& out);
+  // The value of a concrete expression for messages (nullopt when symbolic).
+  std::optional<std::int64_t> concrete(ExprId e) const;
+  std::size_t queued() const { return pending_.size(); }
+
+ private:
+  ExprPool& pool_;
+  const std::vector<SizeVar>& vars_;
+  unsigned timeout_ms_;
+  std::vector<Obligation> pending_;
+  std::set<std::tuple<int, ExprId, ExprId>> seen_;
+};
+
+// The words for a failing obligation given the values of its sides, e.g. "4100 is not divisible by 8".
+std::string failure_words(OblKind k, std::int64_t a, std::int64_t b);
+
+}  // namespace spmd

@@ -1,0 +1,3 @@
+// tests/main.cpp - doctest runner.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
