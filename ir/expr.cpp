@@ -142,7 +142,9 @@ std::string ExprPool::str(ExprId id, const std::vector<SizeVar>& vars) const {
       return static_cast<std::size_t>(n.a) < vars.size() ? vars[static_cast<std::size_t>(n.a)].name : "?";
     case EOp::Add: return str(n.a, vars) + " + " + str(n.b, vars);
     case EOp::Sub: return str(n.a, vars) + " - " + wrap(n.b, true);
-    case EOp::Mul: return wrap(n.a, true) + "*" + wrap(n.b, true);
+    case EOp::Mul:  // constants first: 4*H, not H*4
+      if (node(n.b).op == EOp::Const && node(n.a).op != EOp::Const) return wrap(n.b, true) + "*" + wrap(n.a, true);
+      return wrap(n.a, true) + "*" + wrap(n.b, true);
     case EOp::Div: {
       std::string rhs = str(n.b, vars);
       if (node(n.b).op != EOp::Const && node(n.b).op != EOp::Var) rhs = "(" + rhs + ")";

@@ -66,9 +66,9 @@ const std::vector<OpInfo>& table() {
 }
 
 constexpr std::string_view kCheckNames[] = {
-#define CHECK(Enum, Id, Phase, Meaning) Id,
+#define CHECK_ID(Enum, Id, Phase, Meaning) Id,
 #include "ir/checks.def"
-#undef CHECK
+#undef CHECK_ID
 };
 
 std::string arity(int lo, int hi) {
@@ -158,18 +158,18 @@ std::optional<std::string> did_you_mean(std::string_view word, const std::vector
   std::optional<std::string> best;
   std::size_t best_d = std::string::npos;
   for (const auto& cand : candidates) {
-    // Levenshtein distance, case-insensitive.
-    std::vector<std::size_t> prev(cand.size() + 1), cur(cand.size() + 1);
-    for (std::size_t j = 0; j <= cand.size(); ++j) prev[j] = j;
-    for (std::size_t i = 1; i <= word.size(); ++i) {
-      cur[0] = i;
+    // Optimal-string-alignment distance (a swap of two neighbours counts once), case-insensitive.
+    std::vector<std::vector<std::size_t>> t(word.size() + 1, std::vector<std::size_t>(cand.size() + 1));
+    for (std::size_t i = 0; i <= word.size(); ++i) t[i][0] = i;
+    for (std::size_t j = 0; j <= cand.size(); ++j) t[0][j] = j;
+    for (std::size_t i = 1; i <= word.size(); ++i)
       for (std::size_t j = 1; j <= cand.size(); ++j) {
-        std::size_t subst = prev[j - 1] + (lower(word[i - 1]) == lower(cand[j - 1]) ? 0 : 1);
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, subst});
+        std::size_t cost = lower(word[i - 1]) == lower(cand[j - 1]) ? 0 : 1;
+        t[i][j] = std::min({t[i - 1][j] + 1, t[i][j - 1] + 1, t[i - 1][j - 1] + cost});
+        if (i > 1 && j > 1 && lower(word[i - 1]) == lower(cand[j - 2]) && lower(word[i - 2]) == lower(cand[j - 1]))
+          t[i][j] = std::min(t[i][j], t[i - 2][j - 2] + 1);
       }
-      std::swap(prev, cur);
-    }
-    std::size_t d = prev[cand.size()];
+    std::size_t d = t[word.size()][cand.size()];
     if (d < best_d) {
       best_d = d;
       best = cand;
@@ -206,9 +206,9 @@ std::string ops_markdown() {
       << arity(info.min_out, info.max_out) << " | " << (attrs.empty() ? "-" : attrs) << " | " << info.meaning << " |\n";
   }
   o << "\n## Check IDs\n\n| id | meaning |\n| --- | --- |\n";
-#define CHECK(Enum, Id, Phase, Meaning) o << "| " << Id << " | " << Meaning << " |\n";
+#define CHECK_ID(Enum, Id, Phase, Meaning) o << "| " << Id << " | " << Meaning << " |\n";
 #include "ir/checks.def"
-#undef CHECK
+#undef CHECK_ID
   return o.str();
 }
 

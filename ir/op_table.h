@@ -53,9 +53,9 @@ std::string attr_type_name(const AttrSpec& a);
 
 // Check IDs (ir/checks.def).
 enum class CheckId : std::uint8_t {
-#define CHECK(Enum, Id, Phase, Meaning) Enum,
+#define CHECK_ID(Enum, Id, Phase, Meaning) Enum,
 #include "ir/checks.def"
-#undef CHECK
+#undef CHECK_ID
 };
 std::string_view check_name(CheckId id);
 std::optional<CheckId> check_by_name(std::string_view name);

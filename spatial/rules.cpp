@@ -34,8 +34,6 @@ struct Origin {
   std::string why;
 };
 
-std::string quote(const std::string& s) { return s; }
-
 class Checker {
  public:
   Checker(const Program& p, const SpatialOptions& o) : p_(p), pool_(p.exprs), obl_(pool_, p.vars, o.z3_timeout_ms) {}
@@ -456,6 +454,12 @@ class Checker {
     Value& o = out() = in(0);
     if (at().has_dtype) o.dtype = at().dtype;
     else if (op_->kind == OpKind::FP8Dequantize) o.dtype = DType::F32;
+    bool integral = o.dtype == DType::I64 || o.dtype == DType::I32 || o.dtype == DType::I8 || o.dtype == DType::Bool;
+    for (int a = 0; a < axes() && integral; ++a)
+      if (pin(0, a).linear_partial())
+        return partial_misuse(0, a, fmt::format("rounding to {} does not commute with the pending sum (the rounded summands need not add up "
+                                                "to the rounded total)",
+                                                dtype_name(o.dtype)));
   }
 
   void loss_scale() {
@@ -694,8 +698,7 @@ class Checker {
   }
 
   void softmax() {
-    Value& o = out() = in(0);
-    (void)o;
+    out() = in(0);
     int d = norm_dim(at().dim == kUnset ? -1 : at().dim, in(0).rank, "dim", iname(0));
     if (d < 0) return;
     for (int a = 0; a < axes(); ++a) {
@@ -781,6 +784,11 @@ class Checker {
       if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) {
         set_from(o, a, q, 0);
       } else if (q.is_s(s) && k.is_r() && v.is_r()) {
+        if (at().causal)
+          return layout_conflict(fmt::format("causal FlashAttention with q sharded on the sequence (S({}) over {}) and whole k, v: a causal kernel aligns "
+                                             "the mask to the local q block, not to its global position, so every rank but one masks the wrong keys",
+                                             s, axn(a)),
+                                 iname(0), 0, a, fmt::format("use RingAttention over {} (it offsets the mask per rank), or gather q first", axn(a)));
         set_from(o, a, q, 0);
       } else if (q.is_r() && k.is_r() && v.is_s(dd)) {
         set_from(o, a, v, 2);

@@ -1,1 +1,93 @@
+// tests/test_cli.cpp - exit codes, JSON output, `spmdcheck test`, and the generated docs/ops.md.
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "cli/driver.h"
+#include "ir/op_table.h"
+
+using namespace spmd;
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out, err;
+};
+
+Run run(const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  int code = run_cli(args, out, err);
+  return {code, out.str(), err.str()};
+}
+
+std::string src(const std::string& rel) { return std::string(SPMD_SOURCE_DIR) + "/" + rel; }
+
+std::string write_tmp(const std::string& name, const std::string& text) {
+  std::string path = std::string(SPMD_BINARY_DIR) + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("exit codes: 0 clean, 1 findings, 2 bad input") {
+  CHECK(run({"check", src("examples/tp/mlp.yaml")}).code == 0);
+  Run bad = run({"check", src("examples/tp/mlp_bias_before_allreduce.yaml")});
+  CHECK(bad.code == 1);
+  CHECK(bad.out.find("error[partial-misuse]") != std::string::npos);
+  CHECK(bad.out.find("note: fix:") != std::string::npos);
+  Run unreadable = run({"check", src("no/such/file.yaml")});
+  CHECK(unreadable.code == 2);
+  CHECK(unreadable.out.find("cannot open file") != std::string::npos);
+  std::string broken = write_tmp("broken.yaml", "mesh: {tp: 2}\nops:\n  - {op: Matmul}\n");
+  Run b = run({"check", broken});
+  CHECK(b.code == 2);
+  CHECK(b.out.find("broken.yaml:3:10: error: unknown op 'Matmul'; did you mean 'MatMul'?") != std::string::npos);
+  CHECK(run({"frobnicate"}).code == 2);
+  CHECK(run({"check"}).code == 2);
+}
+
+TEST_CASE("JSON output follows the contract") {
+  Run r = run({"check", "--format", "json", src("examples/tp/mlp_bias_before_allreduce.yaml"), src("examples/tp/mlp.yaml")});
+  CHECK(r.code == 1);
+  auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["files"].size() == 2);
+  CHECK(j["files"][0]["verdict"] == "fail");
+  CHECK(j["files"][1]["verdict"] == "pass");
+  auto d = j["files"][0]["diagnostics"][0];
+  CHECK(d["id"] == "partial-misuse");
+  CHECK(d["severity"] == "error");
+  CHECK(d["line"].get<int>() > 0);
+  CHECK(d["op"].is_number());
+  CHECK(d["tensor"] == "y_partial");
+  CHECK(d["ranks"].is_array());
+  CHECK(d["notes"].size() >= 2);
+  std::string broken = write_tmp("broken2.yaml", "mesh: [\n");
+  auto e = nlohmann::json::parse(run({"check", "--format", "json", broken}).out);
+  CHECK(e["files"][0]["verdict"] == "error");
+}
+
+TEST_CASE("spmdcheck test: closing line and failures") {
+  Run r = run({"test", src("examples/tp")});
+  CHECK(r.code == 0);
+  CHECK(r.out.find(" passed, 0 failed\n") != std::string::npos);
+  std::string wrong = write_tmp("wrong_expect.yaml", "mesh: {tp: 2}\ntensors:\n  x: {shape: [4], placement: {tp: P}}\nops:\n"
+                                                      "  - {op: GELU, in: [x], out: y}\nexpect: []\n");
+  Run w = run({"test", wrong});
+  CHECK(w.code == 1);
+  CHECK(w.out.find("0 passed, 1 failed") != std::string::npos);
+  CHECK(w.out.find("expected [] but got [partial-misuse]") != std::string::npos);
+}
+
+TEST_CASE("docs/ops.md is generated from the op table and up to date") {
+  std::ifstream in(src("docs/ops.md"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  CHECK_MESSAGE(ss.str() == ops_markdown(), "docs/ops.md is stale: run `spmdcheck ops --markdown > docs/ops.md`");
+  Run r = run({"ops"});
+  CHECK(r.code == 0);
+  CHECK(r.out.find("AllReduce") != std::string::npos);
+}

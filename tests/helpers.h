@@ -1,0 +1,36 @@
+// tests/helpers.h - small helpers shared by the unit tests.
+#pragma once
+#include <set>
+#include <string>
+
+#include "ir/loader.h"
+#include "spatial/spatial.h"
+
+namespace spmd::test {
+
+// The set of check IDs the spatial checker reports for an inline program.
+inline std::set<std::string> ids(const std::string& yaml) {
+  Program p = load_program_string(yaml, "t.yaml");
+  std::set<std::string> out;
+  for (const auto& d : check_spatial(p)) out.insert(std::string(check_name(d.id)));
+  return out;
+}
+
+inline std::set<std::string> none() { return {}; }
+inline std::set<std::string> one(const char* id) { return {id}; }
+
+// The diagnostics themselves, for message and position checks.
+inline std::vector<Diagnostic> diags(const std::string& yaml) { return check_spatial(load_program_string(yaml, "t.yaml")); }
+
+// The load error of an inline program ("" when it loads).
+inline std::string load_error(const std::string& yaml, Loc* loc = nullptr) {
+  try {
+    load_program_string(yaml, "t.yaml");
+  } catch (const LoadError& e) {
+    if (loc) *loc = e.loc;
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace spmd::test
