@@ -216,6 +216,10 @@ class Parser {
     skip();
     if (pos_ >= s_.size()) throw ExprError(pos_, "size expression ends early");
     char c = s_[pos_];
+    if (c == '-') {  // unary minus: "-4" is a (non-positive) size the caller rejects by name
+      ++pos_;
+      return pool_.sub(pool_.constant(0), atom(depth + 1));
+    }
     if (c == '(') {
       ++pos_;
       ExprId e = expr(depth + 1);

@@ -564,9 +564,25 @@ class Loader {
   Program& p_;
 };
 
+// YAML forbids tabs in indentation; yaml-cpp reports them only as a vague "illegal map value".
+void reject_tab_indentation(const std::string& text) {
+  std::uint32_t line = 1;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    for (std::size_t i = start; i < end && (text[i] == ' ' || text[i] == '\t'); ++i)
+      if (text[i] == '\t')
+        throw LoadError({line, static_cast<std::uint32_t>(i - start + 1)}, "invalid YAML: a tab in indentation (YAML indents with spaces)");
+    start = end + 1;
+    ++line;
+  }
+}
+
 Program load(const std::string& text, const std::string& filename) {
   Program p;
   p.file = filename;
+  reject_tab_indentation(text);
   YAML::Node root;
   try {
     root = YAML::Load(text);

@@ -240,6 +240,11 @@ void Obligations::solve(std::vector<Diagnostic>& out) {
       std::int64_t a = 0, b = 0;
       std::string words = sides(pool_, o, model, a, b) ? failure_words(o.kind, a, b) : "a sub-expression is not an exact division";
       d.message = fmt::format("{} for every allowed size, but it fails when {}: {}", o.what, assign, words);
+      for (int i : vs) {
+        const SizeVar& v = vars_[static_cast<std::size_t>(i)];
+        Loc l = static_cast<std::size_t>(i) < var_locs_.size() ? var_locs_[static_cast<std::size_t>(i)] : Loc{};
+        if (l.line) d.notes.push_back({l, fmt::format("{} may be {} here; fix: narrow its allowed values or change the shape", v.name, model[static_cast<std::size_t>(i)])});
+      }
     } else {
       d.message = fmt::format("{} for every allowed size, and the solver could not decide it ({}); this is not a pass: "
                               "narrow the sizes or raise --z3-timeout",

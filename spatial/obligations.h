@@ -35,8 +35,9 @@ enum class Decision : std::uint8_t { Holds, Fails, Deferred };
 
 class Obligations {
  public:
-  Obligations(ExprPool& pool, const std::vector<SizeVar>& vars, unsigned timeout_ms)
-      : pool_(pool), vars_(vars), timeout_ms_(timeout_ms) {}
+  // `var_locs[i]` is where symbolic size i is declared (for notes on counterexamples).
+  Obligations(ExprPool& pool, const std::vector<SizeVar>& vars, std::vector<Loc> var_locs, unsigned timeout_ms)
+      : pool_(pool), vars_(vars), var_locs_(std::move(var_locs)), timeout_ms_(timeout_ms) {}
 
   // Decides a claim now when both sides are concrete; Deferred when it mentions symbolic sizes.
   Decision decide(OblKind k, ExprId a, ExprId b) const;
@@ -52,6 +53,7 @@ class Obligations {
  private:
   ExprPool& pool_;
   const std::vector<SizeVar>& vars_;
+  std::vector<Loc> var_locs_;
   unsigned timeout_ms_;
   std::vector<Obligation> pending_;
   std::set<std::tuple<int, ExprId, ExprId>> seen_;

@@ -34,9 +34,18 @@ struct Origin {
   std::string why;
 };
 
+std::vector<Loc> var_locs(const Program& p) {
+  std::vector<Loc> out;
+  for (const auto& v : p.vars) {
+    auto it = p.size_locs.find(v.name);
+    out.push_back(it == p.size_locs.end() ? Loc{} : it->second);
+  }
+  return out;
+}
+
 class Checker {
  public:
-  Checker(const Program& p, const SpatialOptions& o) : p_(p), pool_(p.exprs), obl_(pool_, p.vars, o.z3_timeout_ms) {}
+  Checker(const Program& p, const SpatialOptions& o) : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms) {}
 
   std::vector<Diagnostic> run() {
     env_.resize(p_.names.size());

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# scripts/test.sh - set up, build, and run every test (doctest units and the golden runner).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cd build && ctest --output-on-failure
