@@ -698,10 +698,9 @@ class Checker {
       for (int i = 1; i < n_in(); ++i) {
         Placement w = pin(i, a);
         if (w.is_p()) return partial_misuse(i, a, "a norm's affine weight must be a whole value");
-        if (w.is_s() || w.is_v())
-          return layout_conflict(fmt::format("{} weight {} is {} over {}, but a norm's weight and bias must be R or I (whole on every rank)", opname(),
-                                             iname(i), ps(w), axn(a)),
-                                 iname(i), i, a, fix_allgather(iname(i), a, w.is_s() ? w.dim : 0));
+        if (w.is_s()) return sharded_dim(i, a, w.dim, "the weight and bias span the normalized dims, which must be whole on every rank");
+        if (w.is_v() && !p.is_v())
+          set_new(out(), a, Placement::v(), fmt::format("{} with a per-rank weight {} gives per-rank values", opname(), iname(i)));
       }
     }
   }
@@ -1324,8 +1323,12 @@ class Checker {
         return layout_conflict(base + fmt::format(": it merges dims {}..{} and the shard is not on the leftmost, so the local pieces interleave",
                                                   g->i0, g->i1 - 1),
                                iname(0), 0, a, fix_allgather(iname(0), a, p.dim));
-      if (g->i1 - g->i0 > 1 && x.uneven)
-        return layout_conflict(base + ": merging an unevenly sharded dim would leave gaps", iname(0), 0, a, fix_allgather(iname(0), a, p.dim));
+      if (g->i1 - g->i0 > 1 && x.uneven) {
+        std::vector<Note> notes;
+        origin_note(notes, x, a, iname(0));
+        notes.push_back(fix(fix_allgather(iname(0), a, p.dim)));
+        return report(CheckId::ShapeMismatch, base + ": merging an unevenly sharded dim would leave gaps between the shards", iname(0), std::move(notes));
+      }
       set_from(o, a, Placement::s(g->o0), 0);
       // check_local on the output verifies that output dim o0 divides evenly (the split case).
     }
@@ -1428,7 +1431,7 @@ class Checker {
     for (int a = 0; a < axes(); ++a) {
       Placement p = pin(0, a);
       if (p.is_p()) return partial_misuse(0, a, "the max of a pending sum is not the max of its summands");
-      if (p.varying()) set_new(o, a, Placement::p(ReduceOp::Max), fmt::format("AmaxUpdate of a per-rank value over {} is each rank's own max", axn(a)));
+      if (p.is_s()) set_new(o, a, Placement::p(ReduceOp::Max), fmt::format("AmaxUpdate of a tensor sharded {} over {} is each rank's own max", ps(p), axn(a)));
     }
   }
 
@@ -1450,7 +1453,7 @@ class Checker {
           if (want.dim < 0) want.dim = static_cast<std::int16_t>(want.dim + v.rank);
         }
         Placement got = pl_of(v, a);
-        if (got == want) continue;
+        if (got == want || (!od.has_placement && !got.is_p())) continue;  // no placement declared: only P is wrong
         Diagnostic d;
         d.loc = od.loc;
         d.tensor = name;
