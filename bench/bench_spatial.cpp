@@ -1,6 +1,7 @@
 // bench/bench_spatial.cpp - times the spatial check on generated transformer programs.
 //
-// usage: spmd_bench [OPS...]   (default: 10000 100000 1000000)
+// usage: spmd_bench [OPS...]          (default: 10000 100000 1000000)
+//        spmd_bench --yaml OPS > f.yaml  (the same program as YAML, to time `spmdcheck check` end to end)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
 #include <sys/resource.h>
@@ -8,9 +9,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "bench/generator.h"
+#include "ir/printer.h"
 #include "spatial/spatial.h"
 
 namespace {
@@ -22,6 +25,12 @@ long peak_rss_mib() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--yaml") {
+    spmd::bench::GenOptions g;
+    g.layers = static_cast<int>(std::max(1L, std::atol(argv[2]) / 22));
+    std::fputs(spmd::print_program(spmd::bench::make_transformer(g)).c_str(), stdout);
+    return 0;
+  }
   std::vector<long> targets;
   for (int i = 1; i < argc; ++i) targets.push_back(std::atol(argv[i]));
   if (targets.empty()) targets = {10'000, 100'000, 1'000'000};

@@ -71,3 +71,29 @@ TEST_CASE("did you mean finds likely typos only") {
   CHECK(did_you_mean("AllReduse", c) == "AllReduce");
   CHECK_FALSE(did_you_mean("Conv2d", c));
 }
+
+#include <filesystem>
+
+#include "ir/printer.h"
+#include "tests/helpers.h"
+
+TEST_CASE("printing a program and loading it back gives the same verdict") {
+  namespace fs = std::filesystem;
+  int checked = 0;
+  for (const auto& dir : {"examples", "tests/programs"}) {
+    for (const auto& e : fs::recursive_directory_iterator(std::string(SPMD_SOURCE_DIR) + "/" + dir)) {
+      if (e.path().extension() != ".yaml") continue;
+      CAPTURE(e.path().string());
+      spmd::Program p = spmd::load_program_file(e.path().string());
+      std::string text = spmd::print_program(p);
+      spmd::Program q = spmd::load_program_string(text, "printed.yaml");
+      CHECK(spmd::print_program(q) == text);  // a fixed point
+      std::set<std::string> a, b;
+      for (const auto& d : spmd::check_spatial(p)) a.insert(std::string(spmd::check_name(d.id)));
+      for (const auto& d : spmd::check_spatial(q)) b.insert(std::string(spmd::check_name(d.id)));
+      CHECK(a == b);
+      ++checked;
+    }
+  }
+  CHECK(checked > 40);
+}

@@ -1,0 +1,165 @@
+// ir/printer.cpp - Program -> YAML text.
+#include "ir/printer.h"
+
+#include <cmath>
+#include <optional>
+#include <sstream>
+
+namespace spmd {
+
+namespace {
+
+std::string placements_map(const Program& p, const Placements& pl) {
+  std::string s;
+  for (int a = 0; a < p.axis_count(); ++a) {
+    if (pl[static_cast<std::size_t>(a)].is_r()) continue;
+    s += (s.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(a)].name + ": " + to_string(pl[static_cast<std::size_t>(a)]);
+  }
+  return "{" + s + "}";
+}
+
+std::string shape_list(const Program& p, const std::vector<ExprId>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + p.expr_str(shape[i]);
+  return s + "]";
+}
+
+std::string names_list(const Program& p, std::span<const NameId> names) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + p.name(names[i]);
+  return s + "]";
+}
+
+std::string number(double d) {
+  std::ostringstream o;
+  o.precision(17);
+  o << d;
+  std::string s = o.str();
+  if (s.find_first_of(".eE") == std::string::npos && std::isfinite(d)) s += ".0";
+  return s;
+}
+
+// The value of one attribute of `op`, or nullopt when it was not given (has its default).
+std::optional<std::string> attr_value(const Program& p, const Op& op, const AttrSpec& spec) {
+  const OpAttrs& a = op.attrs;
+  const std::string& n = spec.name;
+  switch (spec.type) {
+    case AttrType::Axes: {
+      if (!a.axes) return std::nullopt;
+      std::vector<std::string> names;
+      for (int i = 0; i < p.axis_count(); ++i)
+        if (a.axes & (1u << i)) names.push_back(p.mesh[static_cast<std::size_t>(i)].name);
+      if (names.size() == 1) return names[0];
+      std::string s;
+      for (const auto& x : names) s += (s.empty() ? "" : ", ") + x;
+      return "[" + s + "]";
+    }
+    case AttrType::Int:
+      if (n == "src" || n == "dst") return a.rank >= 0 ? std::optional(std::to_string(a.rank)) : std::nullopt;
+      if (n == "k") return a.k > 0 ? std::optional(std::to_string(a.k)) : std::nullopt;
+      if (n == "concat_dim") return a.dim2 != kUnset ? std::optional(std::to_string(a.dim2)) : std::nullopt;
+      return a.dim != kUnset ? std::optional(std::to_string(a.dim)) : std::nullopt;
+    case AttrType::Ints: {
+      if (a.dims == kNoIndex) return std::nullopt;
+      std::string s;
+      for (int d : p.int_lists[a.dims]) s += (s.empty() ? "" : ", ") + std::to_string(d);
+      return "[" + s + "]";
+    }
+    case AttrType::Number: return a.has_number ? std::optional(number(a.number)) : std::nullopt;
+    case AttrType::Bool: {
+      bool v = n == "keepdim" ? a.keepdim : n == "causal" ? a.causal : a.vocab_parallel;
+      return v ? std::optional<std::string>("true") : std::nullopt;
+    }
+    case AttrType::Placement:
+      if (n == "to") return a.has_to ? std::optional(to_string(a.to)) : std::nullopt;
+      return a.has_from ? std::optional(to_string(a.from)) : std::nullopt;
+    case AttrType::Placements: return a.placements != kNoIndex ? std::optional(placements_map(p, p.placement_maps[a.placements])) : std::nullopt;
+    case AttrType::Reduce: return a.rop != ReduceOp::Sum ? std::optional(std::string(reduce_name(a.rop))) : std::nullopt;
+    case AttrType::DType: return a.has_dtype ? std::optional(std::string(dtype_name(a.dtype))) : std::nullopt;
+    case AttrType::Shape: return a.shape != kNoIndex ? std::optional(shape_list(p, p.shapes[a.shape])) : std::nullopt;
+    case AttrType::Name: {
+      NameId id = n == "handle" ? a.handle : a.stream;
+      return id >= 0 ? std::optional(p.name(id)) : std::nullopt;
+    }
+    case AttrType::Names: return a.handles != kNoIndex ? std::optional(names_list(p, p.name_lists[a.handles])) : std::nullopt;
+    case AttrType::Coords: {
+      if (a.coords == kNoIndex) return std::nullopt;
+      std::string s;
+      for (auto [axis, c] : p.coords[a.coords]) s += (s.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(axis)].name + ": " + std::to_string(c);
+      return "{" + s + "}";
+    }
+    case AttrType::Enum:
+      if (n == "dst") return a.dst_invariant ? std::optional<std::string>("I") : std::nullopt;
+      if (n == "rng") return a.rng_per_rank ? std::optional<std::string>("per_rank") : std::nullopt;
+      if (n == "reduction")
+        return a.reduction == Reduction::Mean ? std::nullopt : std::optional<std::string>(a.reduction == Reduction::Sum ? "sum" : "none");
+      if (n == "layout")
+        return a.layout == AttnLayout::BHSD ? std::nullopt : std::optional<std::string>(a.layout == AttnLayout::BSHD ? "bshd" : "sbhd");
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string print_program(const Program& p) {
+  std::ostringstream o;
+  if (!p.title.empty()) o << "name: " << p.title << "\n";
+  if (!p.vars.empty()) {
+    o << "sizes:\n";
+    for (const auto& v : p.vars) {
+      o << "  " << v.name << ": {min: " << v.min << ", max: " << v.max;
+      if (v.multiple_of > 1) o << ", multiple_of: " << v.multiple_of;
+      if (!v.in.empty()) {
+        o << ", in: [";
+        for (std::size_t i = 0; i < v.in.size(); ++i) o << (i ? ", " : "") << v.in[i];
+        o << "]";
+      }
+      o << "}\n";
+    }
+  }
+  o << "mesh: {";
+  for (std::size_t i = 0; i < p.mesh.size(); ++i) o << (i ? ", " : "") << p.mesh[i].name << ": " << p.expr_str(p.mesh[i].size);
+  o << "}\n";
+  if (!p.tensors.empty()) {
+    o << "tensors:\n";
+    for (const auto& t : p.tensors) {
+      o << "  " << p.name(t.name) << ": {shape: " << shape_list(p, t.shape);
+      std::string pl = placements_map(p, t.placement);
+      if (pl != "{}") o << ", placement: " << pl;
+      if (t.dtype != DType::F32) o << ", dtype: " << dtype_name(t.dtype);
+      if (t.param) o << ", param: true";
+      if (t.uneven) o << ", uneven: true";
+      o << "}\n";
+    }
+  }
+  o << "ops:" << (p.ops.empty() ? " []" : "") << "\n";
+  for (const auto& op : p.ops) {
+    const OpInfo& info = op_info(op.kind);
+    o << "  - {op: " << info.name;
+    if (op.n_in) o << ", in: " << names_list(p, p.ins(op));
+    if (op.n_out == 1) o << ", out: " << p.name(p.outs(op)[0]);
+    else if (op.n_out > 1) o << ", out: " << names_list(p, p.outs(op));
+    for (const auto& spec : info.attrs)
+      if (auto v = attr_value(p, op, spec)) o << ", " << spec.name << ": " << *v;
+    o << "}\n";
+  }
+  if (!p.outputs.empty()) {
+    o << "outputs:\n";
+    for (const auto& od : p.outputs) {
+      o << "  " << p.name(od.name) << ": {";
+      std::string sep;
+      if (od.has_placement) o << "placement: " << placements_map(p, od.placement), sep = ", ";
+      if (od.has_shape) o << sep << "shape: " << shape_list(p, od.shape);
+      o << "}\n";
+    }
+  }
+  if (p.has_expect) {
+    o << "expect: [";
+    for (std::size_t i = 0; i < p.expect.size(); ++i) o << (i ? ", " : "") << p.expect[i];
+    o << "]\n";
+  }
+  return o.str();
+}
+
+}  // namespace spmd
