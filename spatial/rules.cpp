@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
+#include <numeric>
 #include <stdexcept>
 
 #include "spatial/obligations.h"
@@ -1231,27 +1233,52 @@ class Checker {
     // Two axes sharding d0 and d1 keep their order per dim, so nothing else changes.
   }
 
-  // Monomial products for grouping reshape dims.
+  // Rational monomials (num/den * f1*f2... / g1*g2...) for grouping reshape dims: B/4 * 4 == B.
   struct Mono {
-    std::int64_t coef = 1;
-    std::vector<ExprId> f;
-    bool operator==(const Mono& o) const { return coef == o.coef && f == o.f; }
+    std::int64_t num = 1, den = 1;
+    std::vector<ExprId> f, g;  // sorted factors above and below the line
+    bool ok = true;            // false after an overflow: compares unequal to everything
+    bool operator==(const Mono& o) const { return ok && o.ok && num == o.num && den == o.den && f == o.f && g == o.g; }
   };
-  Mono mono(ExprId e) const {
-    Mono m;
-    pool_.monomial(e, m.coef, m.f);
-    return m;
+  static void normalize(Mono& m) {
+    std::vector<ExprId> f, g;
+    std::set_difference(m.f.begin(), m.f.end(), m.g.begin(), m.g.end(), std::back_inserter(f));
+    std::set_difference(m.g.begin(), m.g.end(), m.f.begin(), m.f.end(), std::back_inserter(g));
+    m.f = std::move(f);
+    m.g = std::move(g);
+    std::int64_t d = std::gcd(m.num, m.den);
+    if (d > 1) m.num /= d, m.den /= d;
   }
   static Mono times(const Mono& x, const Mono& y) {
     Mono m;
-    if (__builtin_mul_overflow(x.coef, y.coef, &m.coef)) m.coef = -1;
-    m.f = x.f;
-    for (ExprId e : y.f) m.f.insert(std::upper_bound(m.f.begin(), m.f.end(), e), e);
+    m.ok = x.ok && y.ok && !__builtin_mul_overflow(x.num, y.num, &m.num) && !__builtin_mul_overflow(x.den, y.den, &m.den);
+    std::merge(x.f.begin(), x.f.end(), y.f.begin(), y.f.end(), std::back_inserter(m.f));
+    std::merge(x.g.begin(), x.g.end(), y.g.begin(), y.g.end(), std::back_inserter(m.g));
+    normalize(m);
     return m;
   }
-  static bool divides(const Mono& x, const Mono& y) {  // x | y
-    if (x.coef <= 0 || y.coef <= 0 || y.coef % x.coef) return false;
-    return std::includes(y.f.begin(), y.f.end(), x.f.begin(), x.f.end());
+  static Mono inverse(Mono m) {
+    std::swap(m.num, m.den);
+    std::swap(m.f, m.g);
+    return m;
+  }
+  Mono mono(ExprId e) const {
+    Mono m;
+    const ENode& n = pool_.node(e);
+    if (n.op == EOp::Const && n.c > 0) {
+      m.num = n.c;
+    } else if (n.op == EOp::Mul) {
+      m = times(mono(n.a), mono(n.b));
+    } else if (n.op == EOp::Div) {
+      m = times(mono(n.a), inverse(mono(n.b)));
+    } else {
+      m.f.push_back(e);
+    }
+    return m;
+  }
+  static bool divides(const Mono& x, const Mono& y) {  // y / x is a whole monomial
+    Mono q = times(y, inverse(x));
+    return q.ok && q.den == 1 && q.g.empty();
   }
   bool is_one(ExprId e) const { return pool_.is_const(e) && pool_.value(e) == 1; }
 
