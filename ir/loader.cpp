@@ -414,9 +414,13 @@ class Loader {
           int idx = -1;
           for (std::size_t i = 0; i < p_.mesh.size(); ++i)
             if (p_.mesh[i].name == x.Scalar()) idx = static_cast<int>(i);
-          if (idx < 0)
-            fail(x, where + " over axis '" + x.Scalar() + "', which the mesh lacks" + suggestion(x.Scalar(), p_.axis_names()) +
-                        " (mesh axes: " + join(p_.axis_names()) + ")");
+          if (idx < 0) {  // the contract makes this an illegal-collective finding, reported by the checks
+            if (a.bad_axis == kNoIndex) {
+              a.bad_axis = static_cast<std::uint32_t>(p_.bad_axes.size());
+              p_.bad_axes.push_back({x.Scalar(), loc_of(x)});
+            }
+            continue;
+          }
           if (a.axes & (1u << idx)) fail(x, what + " names axis '" + x.Scalar() + "' twice");
           a.axes |= 1u << idx;
         }

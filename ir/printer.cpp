@@ -45,10 +45,11 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
   const std::string& n = spec.name;
   switch (spec.type) {
     case AttrType::Axes: {
-      if (!a.axes) return std::nullopt;
+      if (!a.axes && a.bad_axis == kNoIndex) return std::nullopt;
       std::vector<std::string> names;
       for (int i = 0; i < p.axis_count(); ++i)
         if (a.axes & (1u << i)) names.push_back(p.mesh[static_cast<std::size_t>(i)].name);
+      if (a.bad_axis != kNoIndex) names.push_back(p.bad_axes[a.bad_axis].name);
       if (names.size() == 1) return names[0];
       std::string s;
       for (const auto& x : names) s += (s.empty() ? "" : ", ") + x;

@@ -73,6 +73,7 @@ struct OpAttrs {
   std::uint32_t placements = kNoIndex; // `placement` map: index into Program::placement_maps
   std::uint32_t coords = kNoIndex;     // `peer`: index into Program::coords
   std::uint32_t handles = kNoIndex;    // `handles`: index into Program::name_lists
+  std::uint32_t bad_axis = kNoIndex;   // an `axis` the mesh lacks: index into Program::bad_axes (a finding, not a load error)
   NameId handle = -1, stream = -1;
   double number = 0;                   // scalar / scale / p / eps
   Placement to{}, from{};
@@ -118,6 +119,11 @@ struct Program {
   std::vector<Placements> placement_maps;
   std::vector<std::vector<std::pair<int, std::int64_t>>> coords;
   std::vector<std::vector<NameId>> name_lists;
+  struct BadAxis {
+    std::string name;
+    Loc loc;
+  };
+  std::vector<BadAxis> bad_axes;
   bool has_expect = false;
   std::vector<std::string> expect;         // check IDs, as written
   Loc expect_loc;

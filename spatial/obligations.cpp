@@ -140,6 +140,19 @@ class Prover {
   // Refutes `o` with the variables in `fixed` pinned. Returns sat/unsat/unknown; on sat fills `model`.
   z3::check_result refute(const Obligation& o, const std::map<int, std::int64_t>& fixed, std::vector<std::int64_t>& model,
                           const std::vector<int>& vs) {
+    // Small counterexamples read better: try bounded values first, then the whole range.
+    for (std::int64_t bound : {std::int64_t{1} << 12, std::int64_t{1} << 20}) {
+      solver_.push();
+      for (int i : vs) solver_.add(zvars_[static_cast<std::size_t>(i)] <= ctx_.int_val(bound));
+      auto r = refute_once(o, fixed, model, vs);
+      solver_.pop();
+      if (r == z3::sat) return r;
+    }
+    return refute_once(o, fixed, model, vs);
+  }
+
+  z3::check_result refute_once(const Obligation& o, const std::map<int, std::int64_t>& fixed, std::vector<std::int64_t>& model,
+                               const std::vector<int>& vs) {
     solver_.push();
     for (auto [i, val] : fixed) solver_.add(zvars_[static_cast<std::size_t>(i)] == ctx_.int_val(val));
     solver_.add(!claim(o));

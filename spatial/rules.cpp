@@ -27,13 +27,17 @@ struct Value {
   bool defined = false;
   bool poisoned = false;
   bool uneven = false;
+  std::uint8_t strict = 0;  // dims whose shard this op created: they must divide evenly even if the input is uneven
   Value() { origin.fill(-1); }
   std::span<const ExprId> dims() const { return {shape.data(), rank}; }
 };
 
 struct Origin {
   Loc loc;
-  std::string why;
+  std::string tensor;  // the value the placement arose on
+  Placement pl;
+  int axis;
+  std::string why;     // empty for a declaration
 };
 
 std::vector<Loc> var_locs(const Program& p) {
@@ -65,7 +69,7 @@ class Checker {
   int axes() const { return p_.axis_count(); }
   const std::string& axn(int a) const { return p_.mesh[static_cast<std::size_t>(a)].name; }
   ExprId axis_size(int a) const { return p_.mesh[static_cast<std::size_t>(a)].size; }
-  std::string axsize(int a) const { return p_.expr_str(axis_size(a)); }
+  std::string axsize(int a) const { return dstr(axis_size(a)); }
   std::string opname() const { return std::string(op_name(op_->kind)); }
   const Value& in(int i) const { return *in_[static_cast<std::size_t>(i)]; }
   int n_in() const { return static_cast<int>(in_.size()); }
@@ -77,7 +81,12 @@ class Checker {
   Loc here() const { return op_->loc; }
   const OpAttrs& at() const { return op_->attrs; }
   std::string ps(Placement pl) const { return to_string(pl); }
-  std::string dstr(ExprId e) const { return p_.expr_str(e); }
+  std::string dstr(ExprId e) const { return pool_.str(e, p_.vars); }
+  std::string sstr(std::span<const ExprId> shape) const {
+    std::string t = "[";
+    for (std::size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + dstr(shape[i]);
+    return t + "]";
+  }
 
   void report(CheckId id, std::string msg, const std::string& tensor, std::vector<Note> notes = {}) {
     Diagnostic d;
@@ -95,25 +104,35 @@ class Checker {
 
   // Where the placement of `v` on axis `a` arose, as a note (none if unknown).
   void origin_note(std::vector<Note>& notes, const Value& v, int a, const std::string& name) const {
+    (void)name;
     int o = v.origin[static_cast<std::size_t>(a)];
     if (o < 0) return;
     const Origin& org = origins_[static_cast<std::size_t>(o)];
-    notes.push_back({org.loc, fmt::format("{} became {} over {} here: {}", name, ps(v.pl[static_cast<std::size_t>(a)]), axn(a), org.why)});
+    if (org.why.empty())
+      notes.push_back({org.loc, fmt::format("{} is declared {} over {} here", org.tensor, ps(org.pl), axn(org.axis))});
+    else
+      notes.push_back({org.loc, fmt::format("{} became {} over {} here: {}", org.tensor, ps(org.pl), axn(org.axis), org.why)});
   }
 
-  int new_origin(Loc l, std::string why) {
-    origins_.push_back({l, std::move(why)});
+  int new_origin(Loc l, std::string tensor, Placement pl, int a, std::string why) {
+    origins_.push_back({l, std::move(tensor), pl, a, std::move(why)});
     return static_cast<int>(origins_.size() - 1);
   }
-  // Sets a placement that this op creates (not one inherited from an input).
+  // Sets a placement that this op creates (not one inherited from an input). A new shard must divide evenly.
   void set_new(Value& v, int a, Placement pl, std::string why) {
     v.pl[static_cast<std::size_t>(a)] = pl;
-    v.origin[static_cast<std::size_t>(a)] = pl.is_r() ? -1 : new_origin(here(), std::move(why));
+    v.origin[static_cast<std::size_t>(a)] = pl.is_r() ? -1 : new_origin(here(), oname(0), pl, a, std::move(why));
+    if (pl.is_s()) v.strict = static_cast<std::uint8_t>(v.strict | (1u << pl.dim));
   }
-  // Sets a placement inherited from input `i` (keeps where it arose).
+  // Sets a placement inherited from input `i`: keeps where it arose, unless this op moves a shard to another dim.
   void set_from(Value& v, int a, Placement pl, int i) {
+    Placement before = pin(i, a);
     v.pl[static_cast<std::size_t>(a)] = pl;
-    v.origin[static_cast<std::size_t>(a)] = in(i).origin[static_cast<std::size_t>(a)];
+    if (pl == before || pl.is_r())
+      v.origin[static_cast<std::size_t>(a)] = pl.is_r() ? -1 : in(i).origin[static_cast<std::size_t>(a)];
+    else
+      v.origin[static_cast<std::size_t>(a)] =
+          new_origin(here(), oname(0), pl, a, fmt::format("{} maps {} of {} to {}", opname(), ps(before), iname(i), ps(pl)));
   }
 
   static Placement pl_of(const Value& v, int a) { return v.pl[static_cast<std::size_t>(a)]; }
@@ -135,8 +154,9 @@ class Checker {
     return d < 0 ? d + rank : d;
   }
 
-  std::string fix_allreduce(const std::string& t, int a) const {
-    return fmt::format("reduce first, e.g. insert {{op: AllReduce, in: [{}], out: {}_reduced, axis: {}}} before this op", t, t, axn(a));
+  std::string fix_allreduce(const std::string& t, int a, Placement p = Placement::p()) const {
+    std::string rop = p.is_p() && p.op != ReduceOp::Sum ? fmt::format(", reduce: {}", reduce_name(p.op)) : "";
+    return fmt::format("reduce first, e.g. insert {{op: AllReduce, in: [{}], out: {}_reduced, axis: {}{}}} before this op", t, t, axn(a), rop);
   }
   std::string fix_allgather(const std::string& t, int a, int d) const {
     return fmt::format("gather first, e.g. insert {{op: AllGather, in: [{}], out: {}_full, axis: {}, dim: {}}} before this op", t, t, axn(a), d);
@@ -178,8 +198,9 @@ class Checker {
 
   // Every sharded dim of v must split evenly over its axes (unless declared uneven).
   bool check_local(Value& v, const std::string& name, Loc loc, std::vector<Note> notes = {}) {
-    if (v.uneven) return true;
     for (int d = 0; d < v.rank; ++d) {
+      bool strict = (v.strict >> d) & 1;
+      if (v.uneven && !strict) continue;
       std::uint32_t m = shard_mask(v, d);
       if (!m) continue;
       ExprId div = mask_size(m);
@@ -199,10 +220,11 @@ class Checker {
       dg.loc = loc;
       dg.op = op_idx_;
       dg.tensor = name;
-      dg.message = fmt::format("dim {} of {} has size {}, sharded over {} ({} ranks), but {}; declare `uneven: true` on the input if "
-                               "padded shards are intended",
-                               d, name, a ? std::to_string(*a) : dstr(dim), mask_names(m), b ? std::to_string(*b) : dstr(div),
-                               a && b ? failure_words(OblKind::Divisible, *a, *b) : "it does not divide evenly");
+      dg.message = fmt::format("dim {} of {} has size {}, sharded over {} ({} ranks), but {}; {}", d, name, a ? std::to_string(*a) : dstr(dim),
+                               mask_names(m), b ? std::to_string(*b) : dstr(div),
+                               a && b ? failure_words(OblKind::Divisible, *a, *b) : "it does not divide evenly",
+                               strict ? "a shard created here must be even (choose sizes divisible by the axis, or shard another dim)"
+                                      : "declare `uneven: true` on the input if padded shards are intended");
       dg.notes = std::move(notes);
       diags_.push_back(std::move(dg));
       return false;
@@ -255,7 +277,7 @@ class Checker {
     const std::string& name = p_.name(t.name);
     for (int a = 0; a < axes(); ++a)
       if (!v.pl[static_cast<std::size_t>(a)].is_r())
-        v.origin[static_cast<std::size_t>(a)] = new_origin(t.placement_loc, fmt::format("declared {} over {}", ps(v.pl[static_cast<std::size_t>(a)]), axn(a)));
+        v.origin[static_cast<std::size_t>(a)] = new_origin(t.placement_loc, name, v.pl[static_cast<std::size_t>(a)], a, "");
     for (std::size_t d = 0; d < t.shape.size(); ++d)
       check_expr(t.shape[d], d < t.dim_locs.size() ? t.dim_locs[d] : t.shape_loc, fmt::format("dim {} of {}", d, name));
     op_idx_ = -1;
@@ -288,6 +310,7 @@ class Checker {
       } else {
         v = out_[k];
         if (!check_local(v, p_.name(outs[k]), here())) v.poisoned = true;
+        v.strict = 0;
       }
       v.defined = true;
       env_[static_cast<std::size_t>(outs[k])] = v;
@@ -314,6 +337,16 @@ class Checker {
   }
 
   void apply() {
+    if (at().bad_axis != kNoIndex) {
+      const auto& bad = p_.bad_axes[at().bad_axis];
+      auto best = did_you_mean(bad.name, p_.axis_names());
+      std::string axes;
+      for (const auto& n : p_.axis_names()) axes += (axes.empty() ? "" : ", ") + n;
+      return report(CheckId::IllegalCollective,
+                    fmt::format("{} over axis '{}', which the mesh lacks{} (mesh axes: {})", opname(), bad.name,
+                                best ? fmt::format("; did you mean '{}'?", *best) : "", axes),
+                    n_in() ? iname(0) : "", {{bad.loc, best ? fmt::format("fix: axis: {}", *best) : "fix: name one of the mesh axes"}});
+    }
     switch (op_->kind) {
       case OpKind::MatMul: return matmul();
       case OpKind::Add:
@@ -399,7 +432,7 @@ class Checker {
   void partial_misuse(int i, int a, const std::string& why, const std::string& fix_text = "") {
     std::vector<Note> notes;
     origin_note(notes, in(i), a, iname(i));
-    notes.push_back(fix(fix_text.empty() ? fix_allreduce(iname(i), a) : fix_text));
+    notes.push_back(fix(fix_text.empty() ? fix_allreduce(iname(i), a, pin(i, a)) : fix_text));
     report(CheckId::PartialMisuse, fmt::format("{} applied to {}, which is {} over {}; {}", opname(), iname(i), ps(pin(i, a)), axn(a), why),
            iname(i), std::move(notes));
   }
@@ -536,7 +569,9 @@ class Checker {
           continue;
         }
         if (other.is_p())
-          return partial_misuse(pi, a, fmt::format("{} is {}; pending reductions of different kinds do not add up", iname(oi), ps(other)));
+          return partial_misuse(pi, a, fmt::format("{} is {}; pending reductions of different kinds do not add up", iname(oi), ps(other)),
+                                fmt::format("reduce both operands first ({} with reduce: {}, {} with reduce: {}), then combine them", iname(pi),
+                                            reduce_name(part.op), iname(oi), reduce_name(other.op)));
         if (!part.linear_partial()) return partial_misuse(pi, a, "an addition does not commute with a pending max or min");
         std::string why = other.is_r()
                               ? fmt::format("every rank adds {} (R), so the pending sum counts it {} times (the row-parallel bias bug)", iname(oi), axsize(a))
@@ -683,8 +718,8 @@ class Checker {
       for (int d : dims) want.push_back(x.shape[static_cast<std::size_t>(d)]);
       if (w.rank != want.size())
         return report(CheckId::ShapeMismatch,
-                      fmt::format("{} {} has shape {}, but the normalized dims of {} have shape {}", opname(), iname(i), p_.shape_str(w.dims()),
-                                  iname(0), p_.shape_str(want)),
+                      fmt::format("{} {} has shape {}, but the normalized dims of {} have shape {}", opname(), iname(i), sstr(w.dims()),
+                                  iname(0), sstr(want)),
                       iname(i));
       for (std::size_t k = 0; k < want.size(); ++k)
         if (!same_dim(w.shape[k], want[k], fmt::format("{} {} dim {} against normalized dim {} of {}", opname(), iname(i), k, dims[k], iname(0)), iname(i)))
@@ -770,7 +805,7 @@ class Checker {
       if (in(i).rank != 4)
         return report(CheckId::ShapeMismatch, fmt::format("FlashAttention {} ({}) must have rank 4 ({}), got shape {}", names[i], iname(i),
                                                           at().layout == AttnLayout::BHSD ? "batch, heads, seq, head_dim" : "see `layout`",
-                                                          p_.shape_str(in(i).dims())),
+                                                          sstr(in(i).dims())),
                       iname(i));
     auto dim = [&](int i, int d) { return in(i).shape[static_cast<std::size_t>(d)]; };
     auto same = [&](int i, int di, int j, int dj, const char* what) {
@@ -814,7 +849,8 @@ class Checker {
         return layout_conflict(fmt::format("FlashAttention gets q {}, k {}, v {} over {}: the shards do not line up (shard q, k and v alike on "
                                            "batch or heads, or q alone on the sequence)",
                                            ps(q), ps(k), ps(v), axn(a)),
-                               iname(0), 0, a, "");
+                               iname(0), 0, a,
+                               fmt::format("give q, k and v the same placement over {} (e.g. all S({}) for heads), or gather the odd one out", axn(a), h));
       }
     }
   }
@@ -823,7 +859,7 @@ class Checker {
     const Value& ids = in(0);
     const Value& w = in(1);
     if (w.rank != 2)
-      return report(CheckId::ShapeMismatch, fmt::format("Embedding weight {} must be [vocab, hidden], got shape {}", iname(1), p_.shape_str(w.dims())), iname(1));
+      return report(CheckId::ShapeMismatch, fmt::format("Embedding weight {} must be [vocab, hidden], got shape {}", iname(1), sstr(w.dims())), iname(1));
     if (ids.rank + 1 > kMaxRank) return report(CheckId::ShapeMismatch, "Embedding output would exceed rank 8", iname(0));
     Value& o = out();
     o.rank = static_cast<std::uint8_t>(ids.rank + 1);
@@ -876,7 +912,7 @@ class Checker {
       return report(CheckId::ShapeMismatch,
                     fmt::format("CrossEntropyLoss labels {} have shape {}, but the logits {} of shape {} need labels of shape {} (all dims but the "
                                 "vocab)",
-                                iname(1), p_.shape_str(lb.dims()), iname(0), p_.shape_str(lg.dims()), p_.shape_str(lg.dims().first(static_cast<std::size_t>(vd)))),
+                                iname(1), sstr(lb.dims()), iname(0), sstr(lg.dims()), sstr(lg.dims().first(static_cast<std::size_t>(vd)))),
                     iname(1));
     for (int d = 0; d < vd; ++d)
       if (!same_dim(lb.shape[static_cast<std::size_t>(d)], lg.shape[static_cast<std::size_t>(d)],
@@ -893,7 +929,8 @@ class Checker {
                         fmt::format("CrossEntropyLoss has `vocab_parallel: true`, but the logits {} are not sharded on the vocab dim (dim {}) over any "
                                     "axis: a vocab-parallel loss on whole logits adds log(N) to the loss (Megatron #7452)",
                                     iname(0), vd),
-                        iname(0), {fix("drop the AllGather of the logits and keep them S(-1), or set vocab_parallel: false")});
+                        iname(0), {fix("feed the vocab-sharded logits (S(-1)) to the loss: if they were gathered with an AllGather, drop it; or set "
+                                       "vocab_parallel: false")});
       }
     }
     Value tok;  // per-token loss placement
@@ -907,9 +944,9 @@ class Checker {
         if (!pl.is_s(vd)) {
           std::vector<Note> notes;
           origin_note(notes, lg, a, iname(0));
-          notes.push_back(fix(fmt::format("feed the vocab-sharded logits (S({}) over {}) directly, without the AllGather", vd, axn(a))));
+          notes.push_back(fix(fmt::format("feed the vocab-sharded logits (S({}) over {}) to the loss: if they were gathered, drop that AllGather", vd, axn(a))));
           return report(CheckId::PlacementMismatch,
-                        fmt::format("vocab-parallel CrossEntropyLoss over {} expects logits {} to be S({}) (vocab-sharded), but they are {}: each "
+                        fmt::format("vocab-parallel CrossEntropyLoss over {} expects the logits ({}) to be S({}) (vocab-sharded), but they are {}: each "
                                     "rank would treat the whole vocab as its slice and the loss gains log({}) (Megatron #7452)",
                                     axn(a), iname(0), vd, ps(pl), axsize(a)),
                         iname(0), std::move(notes));
@@ -1119,7 +1156,7 @@ class Checker {
       if (p.is_p() || p.is_s())
         return illegal(fmt::format("Broadcast over {} of {}, which is {} over {}: the source rank holds only {}, not the whole value", axn(a), iname(0),
                                    ps(p), axn(a), p.is_p() ? "a summand" : "a shard"),
-                       a, p.is_p() ? fix_allreduce(iname(0), a) : fix_allgather(iname(0), a, p.dim));
+                       a, p.is_p() ? fix_allreduce(iname(0), a, p) : fix_allgather(iname(0), a, p.dim));
       set_new(o, a, Placement::r(), fmt::format("Broadcast over {}", axn(a)));
     }
   }
@@ -1135,7 +1172,8 @@ class Checker {
       if (!(p.is_p() || p.is_v()))
         return illegal(fmt::format("Reduce over {} of {}, which is {} over {}: Reduce takes a pending reduction (P) or per-rank summands (V)", axn(a),
                                    iname(0), ps(p), axn(a)),
-                       a, "");
+                       a, p.is_s() ? fmt::format("use {{op: Gather, in: [{}], axis: {}, dim: {}}} to assemble the shards", iname(0), axn(a), p.dim)
+                                   : "remove this Reduce: the value is already whole on every rank");
       set_new(o, a, Placement::v(), fmt::format("Reduce over {} leaves the result on rank {} only", axn(a), std::max(0, at().rank)));
     }
   }
@@ -1153,7 +1191,9 @@ class Checker {
         return illegal(fmt::format("AllToAll over {} (split_dim {}, concat_dim {}) of {}, which is {} over {}: AllToAll turns S(concat_dim) into "
                                    "S(split_dim)",
                                    axn(a), s, c, iname(0), ps(p), axn(a)),
-                       a, p.is_s() && s != p.dim ? fmt::format("use `concat_dim: {}`", p.dim) : "");
+                       a, p.is_s() && s != p.dim ? fmt::format("use `concat_dim: {}`", p.dim)
+                          : p.is_p()               ? fix_allreduce(iname(0), a, p)
+                                                   : fmt::format("AllToAll needs the input sharded on concat_dim: make {} S({}) over {} first", iname(0), c, axn(a)));
       if (!can_remove_shard(o, c, a)) return;
       o.pl[static_cast<std::size_t>(a)] = Placement::r();
       if (!can_add_shard(o, s, a)) return;
@@ -1293,7 +1333,7 @@ class Checker {
     ExprId n_in = pool_.constant(1), n_out = pool_.constant(1);
     for (int d = 0; d < x.rank; ++d) n_in = pool_.mul(n_in, x.shape[static_cast<std::size_t>(d)]);
     for (ExprId e : shape) n_out = pool_.mul(n_out, e);
-    if (!same_dim(n_in, n_out, fmt::format("Reshape of {} {} to {} must keep the element count", iname(0), p_.shape_str(x.dims()), p_.shape_str(shape)),
+    if (!same_dim(n_in, n_out, fmt::format("Reshape of {} {} to {} must keep the element count", iname(0), sstr(x.dims()), sstr(shape)),
                   iname(0)))
       return;
     // Group dims: runs of input dims whose product equals a run of output dims.
@@ -1342,7 +1382,7 @@ class Checker {
       const Group* g = nullptr;
       for (const auto& gr : groups)
         if (p.dim >= gr.i0 && p.dim < gr.i1) g = &gr;
-      std::string base = fmt::format("Reshape of {} {} to {} with dim {} sharded over {}", iname(0), p_.shape_str(x.dims()), p_.shape_str(shape), p.dim, axn(a));
+      std::string base = fmt::format("Reshape of {} {} to {} with dim {} sharded over {}", iname(0), sstr(x.dims()), sstr(shape), p.dim, axn(a));
       if (!g || g->o0 == g->o1 || (lost && g == &groups.back()))
         return layout_conflict(base + ": the sharded dim does not map onto output dims this reshape keeps whole", iname(0), 0, a,
                                fix_allgather(iname(0), a, p.dim));
@@ -1357,7 +1397,7 @@ class Checker {
         return report(CheckId::ShapeMismatch, base + ": merging an unevenly sharded dim would leave gaps between the shards", iname(0), std::move(notes));
       }
       set_from(o, a, Placement::s(g->o0), 0);
-      // check_local on the output verifies that output dim o0 divides evenly (the split case).
+      if (g->o1 - g->o0 > 1) o.strict = static_cast<std::uint8_t>(o.strict | (1u << g->o0));  // a split must divide evenly
     }
   }
 
@@ -1395,14 +1435,14 @@ class Checker {
       Placement p = pin(0, a);
       std::string why = fmt::format("Convert over {} from {} to {}", axn(a), ps(p), ps(t));
       if (p == t) continue;
-      bool legal = (p.is_i() && t.is_r()) || ((p.is_r() || p.is_i()) && t.is_s()) || (p.is_v() && t.is_p()) ||
-                   ((p.is_r() || p.is_i() || p.is_s()) && t.is_v());
+      bool legal = (p.is_i() && t.is_r()) || (p.is_r() && t.is_s()) || (p.is_v() && t.is_p()) || (p.is_r() && t.is_v());
       if (!legal) {
-        std::string hint = p.is_p()           ? fix_allreduce(iname(0), a)
+        std::string hint = p.is_p()           ? fix_allreduce(iname(0), a, p)
                            : p.is_r() && t.is_p() ? "R -> P multiplies the global value by the axis size; if that is meant, use Reinterpret"
                            : p.is_s() && t.is_r() ? fix_allgather(iname(0), a, p.dim)
                            : p.is_r() && t.is_i() ? "R -> I would drop the gradient's AllReduce; produce I directly (e.g. AllReduce with dst: I)"
-                                                  : "";
+                           : p.is_i()             ? fmt::format("convert I to R first ({{op: Convert, ..., axis: {}, to: R}}), then to {}", axn(a), ps(t))
+                                                  : "Convert takes I -> R, R -> S(d), V -> P and R -> V";
         return illegal(fmt::format("Convert over {} cannot turn {} ({}) into {} without communication", axn(a), iname(0), ps(p), ps(t)), a, hint);
       }
       if (t.is_s() && !can_add_shard(o, t.dim, a)) return;
@@ -1444,10 +1484,12 @@ class Checker {
     if (at().shape != kNoIndex) {
       const auto& s = p_.shapes[at().shape];
       if (s.size() != x.rank)
-        return report(CheckId::ShapeMismatch, fmt::format("SPMDGuard expects {} to have shape {}, but it has {}", iname(0), p_.shape_str(s), p_.shape_str(x.dims())),
+        return report(CheckId::ShapeMismatch, fmt::format("SPMDGuard expects {} to have shape {}, but it has {}", iname(0), sstr(s), sstr(x.dims())),
                       iname(0));
       for (std::size_t d = 0; d < s.size(); ++d)
-        if (!same_dim(x.shape[d], s[d], fmt::format("SPMDGuard shape of {} dim {}", iname(0), d), iname(0))) return;
+        if (!same_dim(x.shape[d], s[d], fmt::format("SPMDGuard: dim {} of {} (actual, left) differs from the declared shape {} (right)", d, iname(0), sstr(s)),
+                      iname(0)))
+          return;
     }
   }
 
@@ -1487,7 +1529,11 @@ class Checker {
         origin_note(d.notes, v, a, name);
         if (got.is_p() && !want.is_p()) {
           d.id = CheckId::PartialOutput;
-          d.message = fmt::format("output {} is still {} over {}, but it is declared {}: every rank holds only a summand", name, ps(got), axn(a), ps(want));
+          d.message = od.has_placement
+                          ? fmt::format("output {} is still {} over {}, but it is declared {}: every rank holds only a summand", name, ps(got), axn(a), ps(want))
+                          : fmt::format("output {} is still {} over {}: every rank holds only a summand, and an output is P only when its declared "
+                                        "placement says so",
+                                        name, ps(got), axn(a));
           std::string coll = want.is_s() ? fmt::format("{{op: ReduceScatter, in: [{}], out: {}_reduced, axis: {}, dim: {}}}", name, name, axn(a), want.dim)
                                          : fmt::format("{{op: AllReduce, in: [{}], out: {}_reduced, axis: {}{}}}", name, name, axn(a),
                                                        got.op == ReduceOp::Sum ? "" : fmt::format(", reduce: {}", reduce_name(got.op)));
@@ -1502,14 +1548,14 @@ class Checker {
       if (od.has_shape) {
         if (od.shape.size() != v.rank) {
           diags_.push_back({CheckId::ShapeMismatch, Severity::Error, od.loc,
-                            fmt::format("output {} has shape {}, but it is declared {}", name, p_.shape_str(v.dims()), p_.shape_str(od.shape)), -1, name, {}});
+                            fmt::format("output {} has shape {}, but it is declared {}", name, sstr(v.dims()), sstr(od.shape)), -1, name, {}});
           continue;
         }
         for (std::size_t d = 0; d < od.shape.size(); ++d) {
           Decision dec = obl_.decide(OblKind::Equal, v.shape[d], od.shape[d]);
           if (dec == Decision::Fails) {
             diags_.push_back({CheckId::ShapeMismatch, Severity::Error, od.loc,
-                              fmt::format("output {} has shape {}, but it is declared {}", name, p_.shape_str(v.dims()), p_.shape_str(od.shape)), -1, name, {}});
+                              fmt::format("output {} has shape {}, but it is declared {}", name, sstr(v.dims()), sstr(od.shape)), -1, name, {}});
             break;
           }
           if (dec == Decision::Deferred && obl_.first_time(OblKind::Equal, v.shape[d], od.shape[d]))

@@ -15,7 +15,12 @@ TEST_CASE("load errors are located and suggest names") {
   CHECK(l.line == 2);
   CHECK(load_error("mesh: {tp: 2}\nops:\n  - {op: AllGather, in: [a], out: b, axis: tp, dimm: 0}\n", &l).find("did you mean 'dim'?") != std::string::npos);
   CHECK(load_error("mesh: {tp: 2}\nops:\n  - {op: AllGather, in: [a], out: b, axis: tp}\n", &l).find("needs attribute `dim`") != std::string::npos);
-  CHECK(load_error("mesh: {tp: 2}\nops:\n  - {op: AllReduce, in: [a], out: b, axis: pt}\n", &l).find("did you mean 'tp'?") != std::string::npos);
+  // An axis the mesh lacks is an illegal-collective finding (contract section 3), not a load error.
+  CHECK(load_error("mesh: {tp: 2}\nops:\n  - {op: AllReduce, in: [a], out: b, axis: pt}\n").empty());
+  auto bad_axis = diags("mesh: {tp: 2}\ntensors:\n  a: {shape: [4], placement: {tp: P}}\nops:\n  - {op: AllReduce, in: [a], out: b, axis: pt}\n");
+  REQUIRE(bad_axis.size() == 1);
+  CHECK(check_name(bad_axis[0].id) == "illegal-collective");
+  CHECK(bad_axis[0].message.find("did you mean 'tp'?") != std::string::npos);
   CHECK(load_error("mesh: {tp: 2}\ntensors:\n  x: {shape: [4, 8], placement: {tp: S(2)}}\nops: []\n", &l).find("out of range") != std::string::npos);
   CHECK(l.line == 3);
   CHECK(load_error("mesh: {tp: 0}\nops: []\n", &l).find("positive") != std::string::npos);
