@@ -46,13 +46,15 @@ template <class Fn>
 void for_each_key(const YAML::Node& map, const std::vector<std::string>& allowed, const std::string& where, Fn fn) {
   std::unordered_set<std::string> seen;
   for (auto it = map.begin(); it != map.end(); ++it) {
-    const YAML::Node& k = it->first;
+    // Copies: yaml-cpp's iterator hands out a temporary proxy, so references into it would dangle.
+    const YAML::Node k = it->first;
+    const YAML::Node v = it->second;
     if (!k.IsScalar()) fail(k, "a key in " + where + " must be a plain name");
     const std::string& key = k.Scalar();
     if (!seen.insert(key).second) fail(k, "duplicate key '" + key + "' in " + where);
     if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
       fail(k, "unknown key '" + key + "' in " + where + suggestion(key, allowed) + " (allowed: " + join(allowed) + ")");
-    fn(k, it->second);
+    fn(k, v);
   }
 }
 
