@@ -15,6 +15,7 @@
 #include "cli/render.h"
 #include "ir/loader.h"
 #include "spatial/spatial.h"
+#include "temporal/temporal.h"
 
 namespace spmd {
 
@@ -37,6 +38,7 @@ struct FileResult {
 struct Options {
   unsigned z3_timeout_ms = 10000;
   std::size_t max_diagnostics = 50;
+  std::string dump_hb;  // --dump-hb FILE ("-" = stdout)
 };
 
 FileResult check_file(const std::string& path, const Options& opt) {
@@ -53,6 +55,7 @@ FileResult check_file(const std::string& path, const Options& opt) {
   SpatialOptions so;
   so.z3_timeout_ms = opt.z3_timeout_ms;
   r.diags = check_spatial(r.program, so);
+  for (auto& d : check_temporal(r.program)) r.diags.push_back(std::move(d));
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   return r;
 }
@@ -66,6 +69,18 @@ int cmd_check(const std::vector<std::string>& files, const std::string& format, 
   nlohmann::json all = nlohmann::json::array();
   for (const auto& f : files) {
     FileResult r = check_file(f, opt);
+    if (!opt.dump_hb.empty() && !r.load_failed) {
+      if (opt.dump_hb == "-") {
+        write_hb_dot(r.program, out);
+      } else {
+        std::ofstream dot(opt.dump_hb);
+        if (!dot) {
+          out << f << ": error: cannot write " << opt.dump_hb << "\n";
+          code = std::max(code, static_cast<int>(kBadInput));
+        }
+        write_hb_dot(r.program, dot);
+      }
+    }
     int c = r.load_failed ? kBadInput : has_errors(r.diags) ? kFindings : kClean;
     code = std::max(code, c);
     if (format == "json") {
@@ -190,6 +205,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     check->add_option("--format", format, "text or json")->check(CLI::IsMember({"text", "json"}));
     check->add_option("--z3-timeout", opt.z3_timeout_ms, "solver time limit per obligation, in milliseconds (a timeout is reported, never passed)");
     check->add_option("--max-diagnostics", opt.max_diagnostics, "show at most N diagnostics per file");
+    check->add_option("--dump-hb", opt.dump_hb, "write the happens-before graph as Graphviz DOT to FILE (- for stdout)");
     std::vector<std::string> paths;
     auto* test = app.add_subcommand("test", "check files (or directories) against their `expect:`; closing line 'N passed, N failed'");
     test->add_option("paths", paths, "files or directories")->required();
