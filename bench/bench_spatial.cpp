@@ -2,6 +2,7 @@
 //
 // usage: spmd_bench [OPS...]          (default: 10000 100000 1000000)
 //        spmd_bench --yaml OPS > f.yaml  (the same program as YAML, to time `spmdcheck check` end to end)
+//        spmd_bench --temporal [OPS...]  (temporal check of generated async-overlap programs, 2 streams + comm)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
 #include <sys/resource.h>
@@ -15,6 +16,7 @@
 #include "bench/generator.h"
 #include "ir/printer.h"
 #include "spatial/spatial.h"
+#include "temporal/temporal.h"
 
 namespace {
 long peak_rss_mib() {
@@ -31,8 +33,26 @@ int main(int argc, char** argv) {
     std::fputs(spmd::print_program(spmd::bench::make_transformer(g)).c_str(), stdout);
     return 0;
   }
+  bool temporal = argc > 1 && std::string(argv[1]) == "--temporal";
   std::vector<long> targets;
-  for (int i = 1; i < argc; ++i) targets.push_back(std::atol(argv[i]));
+  for (int i = temporal ? 2 : 1; i < argc; ++i) targets.push_back(std::atol(argv[i]));
+  if (temporal) {
+    if (targets.empty()) targets = {10'000, 100'000, 1'000'000};
+    std::printf("%10s %12s %10s %14s\n", "events", "check (ms)", "ns/event", "peak RSS (MiB)");
+    for (long t : targets) {
+      spmd::Program p = spmd::bench::make_overlap(static_cast<int>(std::max(1L, t / 8)));
+      auto t0 = std::chrono::steady_clock::now();
+      auto diags = spmd::check_temporal(p);
+      auto t1 = std::chrono::steady_clock::now();
+      if (!diags.empty()) {
+        std::fprintf(stderr, "overlap program is expected to be clean, got %zu diagnostics: %s\n", diags.size(), diags[0].message.c_str());
+        return 1;
+      }
+      double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      std::printf("%10zu %12.1f %10.1f %14ld\n", p.ops.size(), ms, ms * 1e6 / static_cast<double>(p.ops.size()), peak_rss_mib());
+    }
+    return 0;
+  }
   if (targets.empty()) targets = {10'000, 100'000, 1'000'000};
   std::printf("%10s %10s %12s %10s %14s\n", "ops", "layers", "check (ms)", "ns/op", "peak RSS (MiB)");
   for (long t : targets) {

@@ -116,3 +116,44 @@ inline Program make_transformer(const GenOptions& g) {
 }
 
 }  // namespace spmd::bench
+
+namespace spmd::bench {
+
+// An overlap program: `layers` steps of a data-parallel backward where each layer's weight gradient is
+// all-reduced asynchronously (in place) while the next layer's backward runs on the compute stream, with a
+// side stream doing independent work; all Waits come before the optimizer step. 8 ops per layer; correct.
+inline Program make_overlap(int layers) {
+  Program p;
+  p.file = "overlap.yaml";
+  p.mesh.push_back({"dp", p.exprs.constant(8), {}});
+  Builder b(p);
+  Placements dp0{Placement::s(0)};
+  Placements part{Placement::p()};
+  Placements rr{};
+  b.tensor("d0", {64, 64}, dp0);
+  std::uint32_t swap = b.ints({0, 1});
+  NameId side = b.name("side");
+  std::vector<NameId> handles;
+  for (int l = 0; l < layers; ++l) {
+    std::string L = std::to_string(l);
+    auto n = [&](const char* s) { return b.name(std::string(s) + L); };
+    b.tensor("a" + L, {64, 64}, dp0);
+    b.tensor("w" + L, {64, 64}, rr);
+    b.op(OpKind::Transpose, {n("a")}, {n("at")}).attrs.dims = swap;
+    b.op(OpKind::MatMul, {n("at"), l == 0 ? b.name("d0") : b.name("d" + std::to_string(l))}, {n("g")});
+    Op& ar = b.op(OpKind::AllReduce, {n("g")}, {n("g")});
+    ar.attrs.axes = 1;
+    ar.attrs.handle = n("h");
+    handles.push_back(n("h"));
+    b.op(OpKind::MatMul, {l == 0 ? b.name("d0") : b.name("d" + std::to_string(l)), n("w")}, {b.name("d" + std::to_string(l + 1))});
+    b.op(OpKind::GELU, {n("a")}, {n("s")}).attrs.stream = side;
+    b.op(OpKind::ReLU, {n("s")}, {n("s2")}).attrs.stream = side;
+    Op& w = b.op(OpKind::Wait, {}, {});
+    w.attrs.handle = n("h");
+    b.op(OpKind::Sub, {n("w"), n("g")}, {n("w")});
+  }
+  (void)part;
+  return p;
+}
+
+}  // namespace spmd::bench
