@@ -491,7 +491,9 @@ class Checker {
     Value& o = out() = in(0);
     if (op_->kind == OpKind::FP8Quantize) o.dtype = at().has_dtype ? at().dtype : DType::FP8E4M3;
     for (int a = 0; a < axes(); ++a)
-      if (pin(0, a).is_p()) return partial_misuse(0, a, "a nonlinear op on a pending reduction is not the reduction of its parts");
+      if (pin(0, a).is_p())
+        return partial_misuse(0, a, pin(0, a).op == ReduceOp::Sum ? "a nonlinear op on a pending sum is not the sum of its parts"
+                                                                   : "a nonlinear op on a pending reduction is not the reduction of its parts");
   }
 
   void linear() {
