@@ -34,13 +34,7 @@ class Builder {
     Op o;
     o.kind = k;
     o.loc = {static_cast<std::uint32_t>(p_.ops.size() + 1), 5};
-    o.first = static_cast<std::uint32_t>(p_.operands.size());
-    o.n_in = static_cast<std::uint8_t>(ins.size());
-    o.n_out = static_cast<std::uint8_t>(outs.size());
-    p_.operands.insert(p_.operands.end(), ins.begin(), ins.end());
-    p_.operands.insert(p_.operands.end(), outs.begin(), outs.end());
-    p_.ops.push_back(o);
-    return p_.ops.back();
+    return p_.add_op(o, ins, outs);
   }
   std::uint32_t ints(std::vector<int> v) {
     p_.int_lists.push_back(std::move(v));

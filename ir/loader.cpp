@@ -386,12 +386,7 @@ class Loader {
     for (std::size_t i = 0; i < outs.size(); ++i)
       for (std::size_t j = 0; j < i; ++j)
         if (outs[i] == outs[j]) fail(item["out"], where + " writes '" + p_.name(outs[i]) + "' twice");
-    op.first = static_cast<std::uint32_t>(p_.operands.size());
-    op.n_in = static_cast<std::uint8_t>(ins.size());
-    op.n_out = static_cast<std::uint8_t>(outs.size());
-    p_.operands.insert(p_.operands.end(), ins.begin(), ins.end());
-    p_.operands.insert(p_.operands.end(), outs.begin(), outs.end());
-    p_.ops.push_back(op);
+    p_.add_op(op, ins, outs);
   }
 
   std::int64_t attr_int(const YAML::Node& v, const std::string& what, std::int64_t lo, std::int64_t hi) {

@@ -41,6 +41,16 @@ NameId Program::intern(const std::string& n) {
   return it->second;
 }
 
+Op& Program::add_op(Op op, std::span<const NameId> ins, std::span<const NameId> outs) {
+  op.first = static_cast<std::uint32_t>(operands.size());
+  op.n_in = static_cast<std::uint8_t>(ins.size());
+  op.n_out = static_cast<std::uint8_t>(outs.size());
+  operands.insert(operands.end(), ins.begin(), ins.end());
+  operands.insert(operands.end(), outs.begin(), outs.end());
+  ops.push_back(op);
+  return ops.back();
+}
+
 std::vector<std::string> Program::axis_names() const {
   std::vector<std::string> v;
   for (const auto& a : mesh) v.push_back(a.name);

@@ -129,6 +129,8 @@ struct Program {
   Loc expect_loc;
 
   NameId intern(const std::string& n);
+  // Appends `op` (kind, location, attributes) with its operands; returns the stored op.
+  Op& add_op(Op op, std::span<const NameId> ins, std::span<const NameId> outs);
   std::span<const NameId> ins(const Op& op) const { return {operands.data() + op.first, op.n_in}; }
   std::span<const NameId> outs(const Op& op) const { return {operands.data() + op.first + op.n_in, op.n_out}; }
   const std::string& name(NameId id) const { return names[static_cast<std::size_t>(id)]; }
