@@ -29,6 +29,15 @@ std::uint64_t hash_node(const ENode& n) {
 }  // namespace
 
 ExprId ExprPool::intern(ENode n) {
+  if (n.op != EOp::Const && n.op != EOp::Var) {
+    const ENode& x = nodes_[static_cast<std::size_t>(n.a)];
+    const ENode& y = nodes_[static_cast<std::size_t>(n.b)];
+    n.depth = 1 + std::max(x.depth, y.depth);
+    n.terms = static_cast<std::uint32_t>(std::min<std::uint64_t>(std::uint64_t{x.terms} + y.terms, 1u << 30));
+    if (n.depth > kMaxExprDepth || n.terms > kMaxExprTerms)
+      throw ExprError(0, "size expression is too large (more than " + std::to_string(kMaxExprTerms) + " terms or " +
+                             std::to_string(kMaxExprDepth) + " levels once named sizes are written out)");
+  }
   std::uint64_t h = hash_node(n);
   auto& bucket = index_[h];
   for (ExprId id : bucket) {
@@ -68,6 +77,7 @@ ExprId ExprPool::sub(ExprId a, ExprId b) {
 }
 
 ExprId ExprPool::mul(ExprId a, ExprId b) {
+  if ((is_const(a) && value(a) == 0) || (is_const(b) && value(b) == 0)) return constant(0);
   if (is_const(a) && is_const(b)) {
     std::int64_t r;
     if (!checked_mul(value(a), value(b), r)) throw ExprError(0, "size expression overflows");

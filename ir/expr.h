@@ -26,7 +26,13 @@ struct ENode {
   EOp op;
   std::int32_t a = -1, b = -1;  // operands (Add/Sub/Mul/Div) or the variable index (Var: a)
   std::int64_t c = 0;           // the value (Const)
+  std::uint32_t depth = 1;      // longest path to a leaf
+  std::uint32_t terms = 1;      // leaves counted with multiplicity (saturating): the size once written out
 };
+
+// Bounds that keep every recursive walk over an expression short (hostile inputs are rejected).
+inline constexpr std::uint32_t kMaxExprDepth = 128;
+inline constexpr std::uint32_t kMaxExprTerms = 4096;
 
 // A symbolic size and the values it may take.
 struct SizeVar {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <unordered_set>
@@ -75,15 +76,18 @@ bool parse_bool(const std::string& s, bool& v) {
 
 class Loader {
  public:
-  explicit Loader(Program& p) : p_(p) {}
+  Loader(Program& p, const std::string& text) : p_(p), text_(text) {}
 
   void load(const YAML::Node& root) {
     if (!root.IsDefined() || root.IsNull()) fail_at({1, 1}, "empty program: expected a mapping with at least `mesh` and `ops`");
     if (!root.IsMap()) fail(root, "a program must be a mapping (name, mesh, sizes, tensors, ops, outputs), got " + kind_of(root));
     static const std::vector<std::string> top = {"name", "description", "mesh", "sizes", "tensors", "ops", "outputs",
                                                  "expect", "programs", "schedule", "train", "backward", "p2p_model"};
-    for_each_key(root, top, "the program", [&](const YAML::Node& k, const YAML::Node&) {
+    for_each_key(root, top, "the program", [&](const YAML::Node& k, const YAML::Node& v) {
       const std::string& key = k.Scalar();
+      // yaml-cpp lets an unclosed quote swallow the rest of the file; say so where it opens.
+      if (v.IsScalar() && opens_quote(v) && !closes_quote(v))
+        fail(v, "invalid YAML: the quoted string that starts here is never closed (it swallows the rest of the file)");
       if (key == "programs" || key == "schedule" || key == "train" || key == "backward" || key == "p2p_model")
         fail(k, "`" + key + "` is not supported yet: this version checks SPMD `ops` programs (per-rank programs, "
                 "schedules and training arrive with the temporal, schedule and autograd analyzers)");
@@ -120,7 +124,7 @@ class Loader {
                     (known.empty() ? " (declare it under `sizes`)" : " (known sizes: " + join(known) + ")"));
       });
     } catch (const ExprError& e) {
-      fail(n, "bad " + what + " '" + text + "': " + e.what());
+      fail(n, "bad size expression in " + what + " ('" + (text.size() > 60 ? text.substr(0, 60) + "..." : text) + "'): " + e.what());
     }
   }
 
@@ -145,6 +149,8 @@ class Loader {
         e = parse_expr(v, "size '" + name + "'");
         if (p_.exprs.is_const(e) && p_.exprs.value(e) < 1)
           fail(v, "size '" + name + "' must be positive, got " + std::to_string(p_.exprs.value(e)));
+        if (p_.exprs.is_const(e) && p_.exprs.value(e) > kMaxSize)
+          fail(v, "size '" + name + "' is " + std::to_string(p_.exprs.value(e)) + ", too large (the limit is 2^40)");
       }
       p_.sizes[name] = e;
       p_.size_locs[name] = loc_of(k);
@@ -185,13 +191,17 @@ class Loader {
 
   void load_mesh(const YAML::Node& n) {
     if (!n.IsMap() || n.size() == 0) fail(n, "`mesh` must be a non-empty mapping of axis name -> size, e.g. {dp: 2, tp: 4}");
+    std::int64_t ranks = 1;
     for_each_key(n, {}, "`mesh`", [&](const YAML::Node& k, const YAML::Node& v) {
       if (p_.mesh.size() == static_cast<std::size_t>(kMaxAxes)) fail(k, "a mesh has at most 8 axes");
+      if (k.Scalar().empty()) fail(k, "a mesh axis needs a name");
       ExprId e = parse_expr(v, "the size of mesh axis '" + k.Scalar() + "'");
       if (p_.exprs.is_const(e)) {
         std::int64_t s = p_.exprs.value(e);
         if (s < 1) fail(v, "mesh axis '" + k.Scalar() + "' must have a positive size, got " + std::to_string(s));
         if (s > (1 << 20)) fail(v, "mesh axis '" + k.Scalar() + "' has " + std::to_string(s) + " ranks; the limit is 2^20");
+        ranks *= s;
+        if (ranks > (std::int64_t{1} << 31)) fail(v, "the mesh has more than 2^31 ranks");
       }
       p_.mesh.push_back({k.Scalar(), e, loc_of(k)});
     });
@@ -233,7 +243,7 @@ class Loader {
       });
     } else if (n.IsSequence()) {
       if (n.size() != p_.mesh.size())
-        fail(n, "the placement list of " + what + " has " + std::to_string(n.size()) + " entries but the mesh has " +
+        fail(n, "the placement list of " + what + " has " + std::to_string(n.size()) + (n.size() == 1 ? " entry" : " entries") + " but the mesh has " +
                     std::to_string(p_.mesh.size()) + " axes (" + join(p_.axis_names()) + ")");
       for (std::size_t i = 0; i < n.size(); ++i) {
         out[i] = one_placement(n[i]);
@@ -275,7 +285,7 @@ class Loader {
       const std::string& name = k.Scalar();
       t.name = p_.intern(name);
       t.loc = loc_of(k);
-      if (!v.IsMap()) fail(v, "tensor '" + name + "' must be a mapping like {shape: [B, H], placement: {tp: S(1)}}");
+      if (!v.IsMap()) fail(v.IsNull() ? k : v, "tensor '" + name + "' must be a mapping like {shape: [B, H], placement: {tp: S(1)}}");
       static const std::vector<std::string> keys = {"shape", "placement", "dtype", "param", "uneven"};
       for_each_key(v, keys, "tensor '" + name + "'", [](const YAML::Node&, const YAML::Node&) {});
       auto shape = v["shape"];
@@ -314,6 +324,7 @@ class Loader {
     std::vector<NameId> out;
     if (!n.IsDefined() || n.IsNull()) return out;
     if (n.IsScalar() && allow_scalar) {
+      if (n.Scalar().empty()) fail(n, what + " must name a tensor");
       out.push_back(p_.intern(n.Scalar()));
       return out;
     }
@@ -366,6 +377,7 @@ class Loader {
                     join(attrs) + ")");
       }
       given.insert(key);
+      if (v.IsNull()) fail(k, "attribute `" + key + "` of " + where + " has no value (" + attr_type_name(*spec) + ")");
       load_attr(op, *spec, v, where);
     });
     for (const auto& a : info.attrs)
@@ -488,6 +500,7 @@ class Loader {
       case AttrType::Names:
         a.handles = static_cast<std::uint32_t>(p_.name_lists.size());
         p_.name_lists.push_back(load_names(v, what, false));
+        if (p_.name_lists.back().empty()) fail(v, what + " must list at least one name");
         return;
       case AttrType::Coords: {
         if (!v.IsMap()) fail(v, what + " must be a mapping of mesh coordinates, e.g. {pp: 1}");
@@ -562,7 +575,34 @@ class Loader {
     }
   }
 
+  bool opens_quote(const YAML::Node& v) const {
+    YAML::Mark m = v.Mark();
+    if (m.pos < 0 || static_cast<std::size_t>(m.pos) >= text_.size()) return false;
+    char c = text_[static_cast<std::size_t>(m.pos)];
+    return c == '"' || c == '\'';
+  }
+
+  // Whether the quoted scalar at v's position has a closing quote anywhere after it.
+  bool closes_quote(const YAML::Node& v) const {
+    std::size_t pos = static_cast<std::size_t>(v.Mark().pos);
+    char q = text_[pos];
+    for (std::size_t i = pos + 1; i < text_.size(); ++i) {
+      if (q == '"' && text_[i] == '\\') {
+        ++i;
+        continue;
+      }
+      if (text_[i] != q) continue;
+      if (q == '\'' && i + 1 < text_.size() && text_[i + 1] == '\'') {
+        ++i;
+        continue;
+      }
+      return true;
+    }
+    return false;
+  }
+
   Program& p_;
+  const std::string& text_;
 };
 
 // YAML forbids tabs in indentation; yaml-cpp reports them only as a vague "illegal map value".
@@ -583,16 +623,31 @@ void reject_tab_indentation(const std::string& text) {
 Program load(const std::string& text, const std::string& filename) {
   Program p;
   p.file = filename;
-  reject_tab_indentation(text);
   YAML::Node root;
   try {
-    root = YAML::Load(text);
+    std::vector<YAML::Node> docs = YAML::LoadAll(text);
+    if (docs.size() > 1) {
+      // Point at the `---` that starts the second document.
+      std::uint32_t line = 1, sep = 0, n = 0;
+      for (std::size_t i = 0; i < text.size(); ++i) {
+        if ((i == 0 || text[i - 1] == '\n') && text.compare(i, 3, "---") == 0 && ++n >= 1) {
+          sep = line;
+          if (n == 1 && i != 0 && text.find_first_not_of(" \t\r\n", 0) != i) break;  // the first --- after content
+        }
+        if (text[i] == '\n') ++line;
+      }
+      YAML::Mark m = docs[1].Mark();
+      throw LoadError({sep ? sep : static_cast<std::uint32_t>(std::max(0, m.line) + 1), 1},
+                      "a program file holds one YAML document; another document starts here");
+    }
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& e) {
+    reject_tab_indentation(text);  // the likely cause, said plainly
     Loc l{static_cast<std::uint32_t>(std::max(0, e.mark.line) + 1), static_cast<std::uint32_t>(std::max(0, e.mark.column) + 1)};
     throw LoadError(l, "invalid YAML: " + e.msg);
   }
   try {
-    Loader(p).load(root);
+    Loader(p, text).load(root);
   } catch (const YAML::Exception& e) {
     Loc l{static_cast<std::uint32_t>(std::max(0, e.mark.line) + 1), static_cast<std::uint32_t>(std::max(0, e.mark.column) + 1)};
     throw LoadError(l, "malformed program: " + e.msg);
@@ -605,6 +660,8 @@ Program load(const std::string& text, const std::string& filename) {
 Program load_program_string(const std::string& text, const std::string& filename) { return load(text, filename); }
 
 Program load_program_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw LoadError({}, "is a directory, not a program file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw LoadError({}, "cannot open file");
   std::ostringstream ss;

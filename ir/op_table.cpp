@@ -157,7 +157,9 @@ std::optional<std::string> did_you_mean(std::string_view word, const std::vector
   auto lower = [](char c) { return static_cast<char>(std::tolower(static_cast<unsigned char>(c))); };
   std::optional<std::string> best;
   std::size_t best_d = std::string::npos;
+  if (word.size() > 64) return std::nullopt;  // a typo is short; long names would make this quadratic
   for (const auto& cand : candidates) {
+    if (cand.size() > 64) continue;
     // Optimal-string-alignment distance (a swap of two neighbours counts once), case-insensitive.
     std::vector<std::vector<std::size_t>> t(word.size() + 1, std::vector<std::size_t>(cand.size() + 1));
     for (std::size_t i = 0; i <= word.size(); ++i) t[i][0] = i;

@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 #include <z3++.h>
 
+#include <algorithm>
 #include <map>
+#include <numeric>
 
 namespace spmd {
 
@@ -51,7 +53,7 @@ std::string failure_words(OblKind k, std::int64_t a, std::int64_t b) {
     case OblKind::Divisible: return fmt::format("{} is not divisible by {}", a, b);
     case OblKind::Equal: return fmt::format("{} != {}", a, b);
     case OblKind::Positive: return fmt::format("it is {}", a);
-    case OblKind::ExactDiv: return fmt::format("{} / {} is not exact", a, b);
+    case OblKind::ExactDiv: return b == 0 ? fmt::format("{} / 0 divides by zero", a) : fmt::format("{} / {} is not exact", a, b);
   }
   return "";
 }
@@ -88,7 +90,7 @@ namespace {
 class Prover {
  public:
   Prover(const ExprPool& pool, const std::vector<SizeVar>& vars, unsigned timeout_ms)
-      : pool_(pool), vars_(vars), solver_(ctx_) {
+      : pool_(pool), vars_(vars), solver_(ctx_), timeout_ms_(timeout_ms) {
     z3::params p(ctx_);
     p.set("timeout", timeout_ms);
     solver_.set(p);
@@ -143,11 +145,17 @@ class Prover {
     // Small counterexamples read better: try bounded values first, then the whole range.
     for (std::int64_t bound : {std::int64_t{1} << 12, std::int64_t{1} << 20}) {
       solver_.push();
+      z3::params quick(ctx_);
+      quick.set("timeout", std::min(timeout_ms_, 1000u));
+      solver_.set(quick);
       for (int i : vs) solver_.add(zvars_[static_cast<std::size_t>(i)] <= ctx_.int_val(bound));
       auto r = refute_once(o, fixed, model, vs);
       solver_.pop();
       if (r == z3::sat) return r;
     }
+    z3::params full(ctx_);
+    full.set("timeout", timeout_ms_);
+    solver_.set(full);
     return refute_once(o, fixed, model, vs);
   }
 
@@ -181,9 +189,44 @@ class Prover {
   const std::vector<SizeVar>& vars_;
   z3::context ctx_;
   z3::solver solver_;
+  unsigned timeout_ms_;
   std::vector<z3::expr> zvars_;
   std::map<ExprId, z3::expr> memo_;
 };
+
+}  // namespace
+
+namespace {
+
+// A number that `e` is always a multiple of, given the size constraints and the pinned values (1 if unknown).
+std::int64_t known_multiple(const ExprPool& pool, const std::vector<SizeVar>& vars, ExprId e, const std::map<int, std::int64_t>& fixed) {
+  const ENode& n = pool.node(e);
+  auto cap = [](std::int64_t v) { return v > (std::int64_t{1} << 40) || v < 1 ? std::int64_t{1} : v; };
+  switch (n.op) {
+    case EOp::Const: return n.c == 0 ? std::int64_t{1} << 40 : cap(n.c < 0 ? -n.c : n.c);
+    case EOp::Var: {
+      auto it = fixed.find(n.a);
+      if (it != fixed.end()) return cap(it->second);
+      const SizeVar& v = vars[static_cast<std::size_t>(n.a)];
+      std::int64_t g = v.multiple_of;
+      if (!v.in.empty()) {
+        std::int64_t gi = 0;
+        for (auto x : v.in) gi = std::gcd(gi, x);
+        g = std::lcm(g, gi);
+      }
+      return cap(g);
+    }
+    case EOp::Mul: {
+      std::int64_t r;
+      if (__builtin_mul_overflow(known_multiple(pool, vars, n.a, fixed), known_multiple(pool, vars, n.b, fixed), &r)) return std::int64_t{1} << 40;
+      return cap(r);
+    }
+    case EOp::Add:
+    case EOp::Sub: return std::gcd(known_multiple(pool, vars, n.a, fixed), known_multiple(pool, vars, n.b, fixed));
+    case EOp::Div: return 1;
+  }
+  return 1;
+}
 
 }  // namespace
 
@@ -226,6 +269,15 @@ void Obligations::solve(std::vector<Diagnostic>& out) {
         idx[j] = 0;
       }
       if (!allowed) continue;
+      if (o.kind == OblKind::Divisible) {  // cheap proof first: a product of multiples (B*S with B = 8k) needs no solver
+        std::vector<std::int64_t> vals(vars_.size(), 0);
+        for (auto [i, val] : fixed) vals[static_cast<std::size_t>(i)] = val;
+        std::vector<int> dvars;
+        pool_.collect_vars(o.b, dvars);
+        bool divisor_fixed = std::all_of(dvars.begin(), dvars.end(), [&](int i) { return fixed.count(i) > 0; });
+        auto div = divisor_fixed ? pool_.eval(o.b, vals) : std::nullopt;
+        if (div && *div > 0 && known_multiple(pool_, vars_, o.a, fixed) % *div == 0) continue;
+      }
       if (open.empty()) {
         std::vector<std::int64_t> vals(vars_.size(), 0);
         for (auto [i, val] : fixed) vals[static_cast<std::size_t>(i)] = val;
