@@ -103,8 +103,7 @@ class Checker {
   Note fix(const std::string& text) const { return {here(), "fix: " + text}; }
 
   // Where the placement of `v` on axis `a` arose, as a note (none if unknown).
-  void origin_note(std::vector<Note>& notes, const Value& v, int a, const std::string& name) const {
-    (void)name;
+  void origin_note(std::vector<Note>& notes, const Value& v, int a) const {
     int o = v.origin[static_cast<std::size_t>(a)];
     if (o < 0) return;
     const Origin& org = origins_[static_cast<std::size_t>(o)];
@@ -414,7 +413,7 @@ class Checker {
       }
       if (inv >= 0 && other >= 0) {
         std::vector<Note> notes;
-        origin_note(notes, in(inv), a, iname(inv));
+        origin_note(notes, in(inv), a);
         notes.push_back(fix(fmt::format("make both I, or convert explicitly: insert {{op: Convert, in: [{}], out: {}_r, axis: {}, to: R}} "
                                         "before this op (its backward all-reduces the gradient)",
                                         iname(inv), iname(inv), axn(a))));
@@ -431,7 +430,7 @@ class Checker {
 
   void partial_misuse(int i, int a, const std::string& why, const std::string& fix_text = "") {
     std::vector<Note> notes;
-    origin_note(notes, in(i), a, iname(i));
+    origin_note(notes, in(i), a);
     notes.push_back(fix(fix_text.empty() ? fix_allreduce(iname(i), a, pin(i, a)) : fix_text));
     report(CheckId::PartialMisuse, fmt::format("{} applied to {}, which is {} over {}; {}", opname(), iname(i), ps(pin(i, a)), axn(a), why),
            iname(i), std::move(notes));
@@ -439,7 +438,7 @@ class Checker {
 
   void sharded_dim(int i, int a, int d, const std::string& why) {
     std::vector<Note> notes;
-    origin_note(notes, in(i), a, iname(i));
+    origin_note(notes, in(i), a);
     notes.push_back(fix(fix_allgather(iname(i), a, d)));
     report(CheckId::ShardedReductionDim,
            fmt::format("{} needs dim {} of {} whole, but it is sharded {} over {}; {}", opname(), d, iname(i), ps(pin(i, a)), axn(a), why),
@@ -448,14 +447,14 @@ class Checker {
 
   void layout_conflict(const std::string& msg, const std::string& tensor, int i, int a, const std::string& fix_text) {
     std::vector<Note> notes;
-    if (i >= 0) origin_note(notes, in(i), a, iname(i));
+    if (i >= 0) origin_note(notes, in(i), a);
     if (!fix_text.empty()) notes.push_back(fix(fix_text));
     report(CheckId::LayoutConflict, msg, tensor, std::move(notes));
   }
 
   void illegal(const std::string& msg, int a, const std::string& fix_text) {
     std::vector<Note> notes;
-    if (a >= 0) origin_note(notes, in(0), a, iname(0));
+    if (a >= 0) origin_note(notes, in(0), a);
     if (!fix_text.empty()) notes.push_back(fix(fix_text));
     report(CheckId::IllegalCollective, msg, iname(0), std::move(notes));
   }
@@ -658,7 +657,7 @@ class Checker {
       if (xk || yk) {
         int si = xk ? 0 : 1;
         std::vector<Note> notes;
-        origin_note(notes, in(si), a, iname(si));
+        origin_note(notes, in(si), a);
         notes.push_back(fix(fmt::format("shard both sides of the contraction (make {} S({}) over {}, the row-parallel pattern) or gather {} first",
                                         iname(1 - si), xk ? kB : kA, axn(a), iname(si))));
         return report(CheckId::ShapeMismatch,
@@ -779,7 +778,7 @@ class Checker {
       } else if (p.is_s() && std::find(dims.begin(), dims.end(), p.dim) != dims.end()) {
         if (mean && x.uneven) {
           std::vector<Note> notes;
-          origin_note(notes, x, a, iname(0));
+          origin_note(notes, x, a);
           notes.push_back(fix(fix_allgather(iname(0), a, p.dim)));
           return report(CheckId::ShapeMismatch,
                         fmt::format("Mean over dim {} of {}, which is sharded unevenly over {}: the average of the local means is not the "
@@ -945,7 +944,7 @@ class Checker {
       if (vocab_axes & (1u << a)) {
         if (!pl.is_s(vd)) {
           std::vector<Note> notes;
-          origin_note(notes, lg, a, iname(0));
+          origin_note(notes, lg, a);
           notes.push_back(fix(fmt::format("feed the vocab-sharded logits (S({}) over {}) to the loss: if they were gathered, drop that AllGather", vd, axn(a))));
           return report(CheckId::PlacementMismatch,
                         fmt::format("vocab-parallel CrossEntropyLoss over {} expects the logits ({}) to be S({}) (vocab-sharded), but they are {}: each "
@@ -962,7 +961,7 @@ class Checker {
       }
       if (pl.is_s(vd)) {
         std::vector<Note> notes;
-        origin_note(notes, lg, a, iname(0));
+        origin_note(notes, lg, a);
         notes.push_back(fix(fmt::format("set `vocab_parallel: true` (Megatron's vocab_parallel_cross_entropy all-reduces the max and the sum over "
                                         "{}), or {}",
                                         axn(a), fix_allgather(iname(0), a, vd))));
@@ -1394,7 +1393,7 @@ class Checker {
                                iname(0), 0, a, fix_allgather(iname(0), a, p.dim));
       if (g->i1 - g->i0 > 1 && x.uneven) {
         std::vector<Note> notes;
-        origin_note(notes, x, a, iname(0));
+        origin_note(notes, x, a);
         notes.push_back(fix(fix_allgather(iname(0), a, p.dim)));
         return report(CheckId::ShapeMismatch, base + ": merging an unevenly sharded dim would leave gaps between the shards", iname(0), std::move(notes));
       }
@@ -1420,7 +1419,7 @@ class Checker {
     if (!ok) return false;
     if (f == pin(0, a)) return true;
     std::vector<Note> notes;
-    origin_note(notes, in(0), a, iname(0));
+    origin_note(notes, in(0), a);
     report(CheckId::PlacementMismatch,
            fmt::format("{} expects {} to be {} over {} (`from: {}`), but it is {}", opname(), iname(0), ps(f), axn(a), ps(at().from), ps(pin(0, a))), iname(0),
            std::move(notes));
@@ -1479,7 +1478,7 @@ class Checker {
       if (!ok) return;
       if (t == pin(0, a)) continue;
       std::vector<Note> notes;
-      origin_note(notes, x, a, iname(0));
+      origin_note(notes, x, a);
       return report(CheckId::PlacementMismatch, fmt::format("SPMDGuard expects {} to be {} over {}, but it is {}", iname(0), ps(t), axn(a), ps(pin(0, a))),
                     iname(0), std::move(notes));
     }
@@ -1528,7 +1527,7 @@ class Checker {
         Diagnostic d;
         d.loc = od.loc;
         d.tensor = name;
-        origin_note(d.notes, v, a, name);
+        origin_note(d.notes, v, a);
         if (got.is_p() && !want.is_p()) {
           d.id = CheckId::PartialOutput;
           d.message = od.has_placement
