@@ -18,12 +18,6 @@ std::string placements_map(const Program& p, const Placements& pl) {
   return "{" + s + "}";
 }
 
-std::string shape_list(const Program& p, const std::vector<ExprId>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + p.expr_str(shape[i]);
-  return s + "]";
-}
-
 std::string names_list(const Program& p, std::span<const NameId> names) {
   std::string s = "[";
   for (std::size_t i = 0; i < names.size(); ++i) s += (i ? ", " : "") + p.name(names[i]);
@@ -77,7 +71,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     case AttrType::Placements: return a.placements != kNoIndex ? std::optional(placements_map(p, p.placement_maps[a.placements])) : std::nullopt;
     case AttrType::Reduce: return a.rop != ReduceOp::Sum ? std::optional(std::string(reduce_name(a.rop))) : std::nullopt;
     case AttrType::DType: return a.has_dtype ? std::optional(std::string(dtype_name(a.dtype))) : std::nullopt;
-    case AttrType::Shape: return a.shape != kNoIndex ? std::optional(shape_list(p, p.shapes[a.shape])) : std::nullopt;
+    case AttrType::Shape: return a.shape != kNoIndex ? std::optional(p.shape_str(p.shapes[a.shape])) : std::nullopt;
     case AttrType::Name: {
       NameId id = n == "handle" ? a.handle : a.stream;
       return id >= 0 ? std::optional(p.name(id)) : std::nullopt;
@@ -125,7 +119,7 @@ std::string print_program(const Program& p) {
   if (!p.tensors.empty()) {
     o << "tensors:\n";
     for (const auto& t : p.tensors) {
-      o << "  " << p.name(t.name) << ": {shape: " << shape_list(p, t.shape);
+      o << "  " << p.name(t.name) << ": {shape: " << p.shape_str(t.shape);
       std::string pl = placements_map(p, t.placement);
       if (pl != "{}") o << ", placement: " << pl;
       if (t.dtype != DType::F32) o << ", dtype: " << dtype_name(t.dtype);
@@ -151,7 +145,7 @@ std::string print_program(const Program& p) {
       o << "  " << p.name(od.name) << ": {";
       std::string sep;
       if (od.has_placement) o << "placement: " << placements_map(p, od.placement), sep = ", ";
-      if (od.has_shape) o << sep << "shape: " << shape_list(p, od.shape);
+      if (od.has_shape) o << sep << "shape: " << p.shape_str(od.shape);
       o << "}\n";
     }
   }

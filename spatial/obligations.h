@@ -48,7 +48,6 @@ class Obligations {
   void solve(std::vector<Diagnostic>& out);
   // The value of a concrete expression for messages (nullopt when symbolic).
   std::optional<std::int64_t> concrete(ExprId e) const;
-  std::size_t queued() const { return pending_.size(); }
 
  private:
   ExprPool& pool_;

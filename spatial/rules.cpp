@@ -542,7 +542,7 @@ class Checker {
       }
       return;
     }
-    if (!at().has_number == false) return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
+    if (at().has_number) return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
     if (!invariant_ok({0, 1})) return;
     Value& o = out();
     if (!broadcast_shape(in(0), in(1), o)) return;
