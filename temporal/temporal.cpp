@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <span>
 #include <ostream>
 #include <unordered_map>
 
@@ -23,15 +24,17 @@ struct Event {
 
 struct Access {
   int event;               // the event at which the access starts (the issue of an async op)
-  int handle = -1;         // async: the handle whose Wait ends the access; -1 for a synchronous access
+  int handle = -1;         // async: the handle instance whose Wait ends the access; -1 for a synchronous access
   bool write;
 };
 
+// One issue of an async op. A handle name may be reused once waited, so accesses refer to instances.
 struct HandleState {
   int issue_event;         // the async op's issue event
   int wait_event = -1;     // the first Wait of it, once seen
   int wait_op = -1;
   NameId name;
+  bool reported = false;   // already reported as orphaned (reused while unwaited)
 };
 
 using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
@@ -43,8 +46,8 @@ class Engine {
   void run() {
     buffers_.resize(p_.names.size());
     for (std::size_t i = 0; i < p_.ops.size(); ++i) step(static_cast<int>(i));
-    for (const auto& [id, h] : handles_) {
-      if (h.wait_event >= 0) continue;
+    for (const auto& h : handles_) {
+      if (h.wait_event >= 0 || h.reported) continue;
       const Op& op = p_.ops[static_cast<std::size_t>(events_[static_cast<std::size_t>(h.issue_event)].op)];
       Diagnostic d = diag(CheckId::OrphanedHandle, op, events_[static_cast<std::size_t>(h.issue_event)].op,
                           fmt::format("{} returns handle {}, which is never waited: the op may still be running when the program ends and "
@@ -77,7 +80,7 @@ class Engine {
   }
 
   // A new event on `chain`, after `preds` (and the previous event on the chain).
-  int add_event(int op, int chain, std::initializer_list<int> preds) {
+  int add_event(int op, int chain, std::span<const int> preds = {}) {
     Event e;
     e.op = op;
     e.chain = chain;
@@ -110,7 +113,7 @@ class Engine {
   // The access x has ended before the access (or event) starting at y begins.
   bool ended_before(const Access& x, int y) const {
     if (x.handle < 0) return hb(x.event, y);
-    const HandleState& h = handles_.at(x.handle);
+    const HandleState& h = handles_[static_cast<std::size_t>(x.handle)];
     return h.wait_event >= 0 && hb(h.wait_event, y);
   }
 
@@ -144,20 +147,23 @@ class Engine {
     if (async) {
       // Issued from the program's default stream: everything before it there happens before its start.
       int calling = last_[static_cast<std::size_t>(chain_of(compute_))];
-      ev = add_event(i, chain, {calling});
-      if (handles_.count(op.attrs.handle) && handles_[op.attrs.handle].wait_event < 0) {
-        const HandleState& old = handles_[op.attrs.handle];
+      ev = add_event(i, chain, std::span<const int>(&calling, 1));
+      auto live = live_.find(op.attrs.handle);
+      if (live != live_.end() && handles_[static_cast<std::size_t>(live->second)].wait_event < 0) {
+        HandleState& old = handles_[static_cast<std::size_t>(live->second)];
+        old.reported = true;
         Diagnostic d = diag(CheckId::OrphanedHandle, op, i,
                             fmt::format("{} reuses handle {} while the op that returned it (line {}) was never waited", op_name(op.kind),
                                         p_.name(op.attrs.handle), op_of(old.issue_event).loc.line));
         d.notes.push_back({op_of(old.issue_event).loc, fmt::format("handle {} first returned here", p_.name(op.attrs.handle))});
         diags_.push_back(std::move(d));
       }
-      handles_[op.attrs.handle] = {ev, -1, -1, op.attrs.handle};
+      live_[op.attrs.handle] = static_cast<int>(handles_.size());
+      handles_.push_back({ev, -1, -1, op.attrs.handle});
     } else {
-      ev = add_event(i, chain, {});
+      ev = add_event(i, chain);
     }
-    int h = async ? op.attrs.handle : -1;
+    int h = async ? live_[op.attrs.handle] : -1;
     for (NameId n : p_.ins(op)) access(n, {ev, h, false}, i);
     for (NameId n : p_.outs(op)) access(n, {ev, h, true}, i);
   }
@@ -166,35 +172,32 @@ class Engine {
     std::vector<NameId> hs;
     if (op.kind == OpKind::Wait) hs.push_back(op.attrs.handle);
     else hs = p_.name_lists[op.attrs.handles];
-    std::vector<int> preds;
+    std::vector<int> preds, done;  // issue events to order after; the handle instances this Wait completes
     for (NameId h : hs) {
-      auto it = handles_.find(h);
-      if (it == handles_.end()) {
+      auto it = live_.find(h);
+      if (it == live_.end()) {
         std::vector<std::string> known;
-        for (const auto& [id, st] : handles_) known.push_back(p_.name(id));
+        for (const auto& [id, inst] : live_) known.push_back(p_.name(id));
         auto best = did_you_mean(p_.name(h), known);
         diags_.push_back(diag(CheckId::InvalidWait, op, i,
                               fmt::format("{} of handle {}, which no earlier op returned{}", op_name(op.kind), p_.name(h),
                                           best ? fmt::format("; did you mean {}?", *best) : "")));
         continue;
       }
-      if (it->second.wait_event >= 0) {
+      const HandleState& st = handles_[static_cast<std::size_t>(it->second)];
+      if (st.wait_event >= 0 || std::find(done.begin(), done.end(), it->second) != done.end()) {
         Diagnostic d = diag(CheckId::InvalidWait, op, i, fmt::format("{} of handle {}, which was already waited", op_name(op.kind), p_.name(h)));
-        d.notes.push_back({p_.ops[static_cast<std::size_t>(it->second.wait_op)].loc, fmt::format("handle {} was waited here", p_.name(h))});
+        d.notes.push_back({p_.ops[static_cast<std::size_t>(st.wait_event >= 0 ? st.wait_op : i)].loc, fmt::format("handle {} was waited here", p_.name(h))});
         diags_.push_back(std::move(d));
         continue;
       }
-      preds.push_back(it->second.issue_event);
+      preds.push_back(st.issue_event);
+      done.push_back(it->second);
     }
-    int ev = -1;
-    if (preds.empty()) ev = add_event(i, chain, {});
-    for (std::size_t k = 0; k < preds.size(); ++k) ev = add_event(i, chain, {preds[k]});
-    for (NameId h : hs) {
-      auto it = handles_.find(h);
-      if (it != handles_.end() && it->second.wait_event < 0 && std::find(preds.begin(), preds.end(), it->second.issue_event) != preds.end()) {
-        it->second.wait_event = ev;
-        it->second.wait_op = i;
-      }
+    int ev = add_event(i, chain, preds);
+    for (int inst : done) {
+      handles_[static_cast<std::size_t>(inst)].wait_event = ev;
+      handles_[static_cast<std::size_t>(inst)].wait_op = i;
     }
     waits_on_chain_.push_back({ev, i});
   }
@@ -225,17 +228,19 @@ class Engine {
     const Event& e = events_[static_cast<std::size_t>(a.event)];
     const Op& op = op_of(a.event);
     if (a.handle >= 0)
-      return fmt::format("{} (line {}, handle {}, stream {})", op_name(op.kind), op.loc.line, p_.name(a.handle), stream_name(e.chain));
+      return fmt::format("{} (line {}, handle {}, stream {})", op_name(op.kind), op.loc.line, handle_name(a), stream_name(e.chain));
     return fmt::format("{} (line {}, stream {})", op_name(op.kind), op.loc.line, stream_name(e.chain));
   }
 
+  std::string handle_name(const Access& a) const { return p_.name(handles_[static_cast<std::size_t>(a.handle)].name); }
+
   // The Waits on y's stream between x's issue and y: evidence of a Wait on the wrong handle or stream.
   void wait_notes(const Access& x, const Access& y, std::vector<Note>& notes) const {
-    const HandleState& h = handles_.at(x.handle);
+    const HandleState& h = handles_[static_cast<std::size_t>(x.handle)];
     int ychain = events_[static_cast<std::size_t>(y.event)].chain;
     if (h.wait_event >= 0 && events_[static_cast<std::size_t>(h.wait_event)].chain != ychain && h.wait_event < y.event)
       notes.push_back({p_.ops[static_cast<std::size_t>(h.wait_op)].loc,
-                       fmt::format("Wait({}) is here, on stream {}, which does not order stream {}", p_.name(x.handle),
+                       fmt::format("Wait({}) is here, on stream {}, which does not order stream {}", handle_name(x),
                                    stream_name(events_[static_cast<std::size_t>(h.wait_event)].chain), stream_name(ychain))});
     for (auto it = waits_on_chain_.rbegin(); it != waits_on_chain_.rend(); ++it) {
       auto [wev, wop] = *it;
@@ -243,7 +248,8 @@ class Engine {
       if (events_[static_cast<std::size_t>(wev)].chain != ychain) continue;
       const Op& w = p_.ops[static_cast<std::size_t>(wop)];
       std::string which = w.kind == OpKind::Wait ? p_.name(w.attrs.handle) : "its handles";
-      notes.push_back({w.loc, fmt::format("this {} completes {}, not {}", op_name(w.kind), which, p_.name(x.handle))});
+      if (which == handle_name(x)) continue;  // an earlier use of the same handle name
+      notes.push_back({w.loc, fmt::format("this {} completes {}, not {}", op_name(w.kind), which, handle_name(x))});
       break;
     }
   }
@@ -260,16 +266,16 @@ class Engine {
     if (x.handle >= 0 && x.write && y.handle >= 0 && y.write) {
       id = CheckId::BufferAliasing;
       msg = fmt::format("{} (handle {}) writes {} while {} may still be writing it: two in-flight async ops write one buffer", op_name(yop.kind),
-                        p_.name(y.handle), b, describe(x));
+                        handle_name(y), b, describe(x));
       notes.push_back({xop.loc, fmt::format("{} is written asynchronously here", b)});
-      notes.push_back({yop.loc, fmt::format("fix: write into a separate buffer, or insert {{op: Wait, handle: {}}} before this op", p_.name(x.handle))});
+      notes.push_back({yop.loc, fmt::format("fix: write into a separate buffer, or insert {{op: Wait, handle: {}}} before this op", handle_name(x))});
     } else if (x.handle >= 0 && x.write) {
       id = CheckId::MissingWait;
       msg = fmt::format("{} {} {} on stream {}, but {} may still be writing it: no Wait({}) on stream {} before this {}", op_name(yop.kind), yverb, b,
-                        ystream, describe(x), p_.name(x.handle), ystream, y.write ? "write" : "read");
-      notes.push_back({xop.loc, fmt::format("{} is written asynchronously here (handle {})", b, p_.name(x.handle))});
+                        ystream, describe(x), handle_name(x), ystream, y.write ? "write" : "read");
+      notes.push_back({xop.loc, fmt::format("{} is written asynchronously here (handle {})", b, handle_name(x))});
       wait_notes(x, y, notes);
-      notes.push_back({yop.loc, fmt::format("fix: insert {{op: Wait, handle: {}{}}} before this op", p_.name(x.handle),
+      notes.push_back({yop.loc, fmt::format("fix: insert {{op: Wait, handle: {}{}}} before this op", handle_name(x),
                                             ystream == "compute" ? "" : fmt::format(", stream: {}", ystream))});
     } else {
       id = CheckId::DataRace;
@@ -277,10 +283,10 @@ class Engine {
       if (x.handle >= 0) {
         msg = fmt::format("{} {} {} on stream {} while {} may still read it: the input of an in-flight async op is overwritten (no Wait({}) "
                           "orders them)",
-                          op_name(yop.kind), yverb, b, ystream, describe(x), p_.name(x.handle));
-        notes.push_back({xop.loc, fmt::format("{} is read asynchronously from here until Wait({})", b, p_.name(x.handle))});
+                          op_name(yop.kind), yverb, b, ystream, describe(x), handle_name(x));
+        notes.push_back({xop.loc, fmt::format("{} is read asynchronously from here until Wait({})", b, handle_name(x))});
         wait_notes(x, y, notes);
-        notes.push_back({yop.loc, fmt::format("fix: insert {{op: Wait, handle: {}}} before this op, or write into a fresh buffer", p_.name(x.handle))});
+        notes.push_back({yop.loc, fmt::format("fix: insert {{op: Wait, handle: {}}} before this op, or write into a fresh buffer", handle_name(x))});
       } else {
         msg = fmt::format("{} {} {} on stream {}, and {} {} it, with no happens-before order between them", op_name(yop.kind), yverb, b, ystream,
                           describe(x), xverb);
@@ -312,7 +318,8 @@ class Engine {
   std::vector<int> last_;  // last event per chain
   std::unordered_map<NameId, int> chain_index_;
   std::vector<NameId> chain_names_;
-  std::unordered_map<NameId, HandleState> handles_;
+  std::vector<HandleState> handles_;          // every issue of an async op, in order
+  std::unordered_map<NameId, int> live_;      // handle name -> its latest instance
   std::vector<std::pair<int, int>> waits_on_chain_;  // (event, op) of every Wait, in order
   std::vector<Buffer> buffers_;
   Graph graph_;

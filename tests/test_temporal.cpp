@@ -97,3 +97,34 @@ TEST_CASE("the happens-before graph dumps as DOT with a cluster per stream") {
   CHECK(dot.find("stream compute") != std::string::npos);
   CHECK(dot.find("e0 -> e1") != std::string::npos);  // completion of the AllReduce -> its Wait
 }
+
+TEST_CASE("a handle name may be reused once waited; accesses keep their own issue") {
+  const char* first = "  - {op: AllReduce, in: [g], out: r, axis: dp, handle: h}\n  - {op: Wait, handle: h}\n";
+  CHECK(tids(std::string(first) + "  - {op: AllReduce, in: [g], out: r2, axis: dp, handle: h}\n  - {op: GELU, in: [r], out: y}\n"
+                                  "  - {op: Wait, handle: h}\n") == kNone);
+  CHECK(tids(std::string(first) + "  - {op: AllReduce, in: [g], out: r2, axis: dp, handle: h}\n  - {op: GELU, in: [r2], out: y}\n"
+                                  "  - {op: Wait, handle: h}\n") == std::set<std::string>{"missing-wait"});
+  // Reusing a name while its op is still unwaited is reported once, at the reuse.
+  auto d = check_temporal(load_program_string("mesh: {dp: 2}\ntensors:\n  g: {shape: [8], placement: {dp: P}}\nops:\n"
+                                              "  - {op: AllReduce, in: [g], out: r, axis: dp, handle: h}\n"
+                                              "  - {op: AllReduce, in: [g], out: s, axis: dp, handle: h}\n  - {op: Wait, handle: h}\n",
+                                              "t.yaml"));
+  REQUIRE(d.size() == 1);
+  CHECK(check_name(d[0].id) == "orphaned-handle");
+  CHECK(d[0].loc.line == 6);
+  CHECK(tids("  - {op: AllReduce, in: [g], out: r, axis: dp, handle: a}\n  - {op: WaitAll, handles: [a, a]}\n") ==
+        std::set<std::string>{"invalid-wait"});
+}
+
+TEST_CASE("WaitAll is one event after every handle it completes") {
+  Program p = load_program_string("mesh: {dp: 2}\ntensors:\n  g: {shape: [8], placement: {dp: P}}\nops:\n"
+                                  "  - {op: AllReduce, in: [g], out: r, axis: dp, handle: a}\n"
+                                  "  - {op: AllReduce, in: [g], out: s, axis: dp, handle: b}\n  - {op: WaitAll, handles: [a, b]}\n",
+                                  "t.yaml");
+  std::ostringstream out;
+  write_hb_dot(p, out);
+  std::string dot = out.str();
+  CHECK(dot.find("e0 -> e2") != std::string::npos);
+  CHECK(dot.find("e1 -> e2") != std::string::npos);
+  CHECK(dot.find("e3") == std::string::npos);  // three ops, three events
+}
