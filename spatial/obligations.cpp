@@ -250,6 +250,12 @@ void Obligations::solve(std::vector<Diagnostic>& out) {
         open.push_back(i);
       }
     }
+    // The divisor of a Divisible claim is pinned in every combination when all its sizes are enumerated.
+    std::vector<int> dvars;
+    if (o.kind == OblKind::Divisible) pool_.collect_vars(o.b, dvars);
+    bool divisor_finite = o.kind == OblKind::Divisible && std::all_of(dvars.begin(), dvars.end(), [&](int i) {
+                            return std::find(finite.begin(), finite.end(), i) != finite.end();
+                          });
     std::vector<std::int64_t> model(vars_.size(), 0);
     bool failed = false, unknown = false;
     std::string why_unknown;
@@ -269,18 +275,13 @@ void Obligations::solve(std::vector<Diagnostic>& out) {
         idx[j] = 0;
       }
       if (!allowed) continue;
-      if (o.kind == OblKind::Divisible) {  // cheap proof first: a product of multiples (B*S with B = 8k) needs no solver
-        std::vector<std::int64_t> vals(vars_.size(), 0);
-        for (auto [i, val] : fixed) vals[static_cast<std::size_t>(i)] = val;
-        std::vector<int> dvars;
-        pool_.collect_vars(o.b, dvars);
-        bool divisor_fixed = std::all_of(dvars.begin(), dvars.end(), [&](int i) { return fixed.count(i) > 0; });
-        auto div = divisor_fixed ? pool_.eval(o.b, vals) : std::nullopt;
+      std::vector<std::int64_t> vals(vars_.size(), 0);
+      for (auto [i, val] : fixed) vals[static_cast<std::size_t>(i)] = val;
+      if (divisor_finite) {  // cheap proof first: a product of multiples (B*S with B = 8k) needs no solver
+        auto div = pool_.eval(o.b, vals);
         if (div && *div > 0 && known_multiple(pool_, vars_, o.a, fixed) % *div == 0) continue;
       }
       if (open.empty()) {
-        std::vector<std::int64_t> vals(vars_.size(), 0);
-        for (auto [i, val] : fixed) vals[static_cast<std::size_t>(i)] = val;
         std::int64_t a = 0, b = 0;
         if (!sides(pool_, o, vals, a, b) || !holds_on(o, a, b)) {
           failed = true;
