@@ -41,7 +41,8 @@ struct Options {
   std::string dump_hb;  // --dump-hb FILE ("-" = stdout)
 };
 
-FileResult check_file(const std::string& path, const Options& opt) {
+// Loads and checks one file; `dot`, when set, receives the happens-before graph.
+FileResult check_file(const std::string& path, const Options& opt, std::ostream* dot = nullptr) {
   FileResult r;
   r.file = path;
   try {
@@ -55,7 +56,7 @@ FileResult check_file(const std::string& path, const Options& opt) {
   SpatialOptions so;
   so.z3_timeout_ms = opt.z3_timeout_ms;
   r.diags = check_spatial(r.program, so);
-  for (auto& d : check_temporal(r.program)) r.diags.push_back(std::move(d));
+  for (auto& d : check_temporal(r.program, {dot})) r.diags.push_back(std::move(d));
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   return r;
 }
@@ -68,19 +69,20 @@ int cmd_check(const std::vector<std::string>& files, const std::string& format, 
   int code = kClean;
   nlohmann::json all = nlohmann::json::array();
   for (const auto& f : files) {
-    FileResult r = check_file(f, opt);
-    if (!opt.dump_hb.empty() && !r.load_failed) {
-      if (opt.dump_hb == "-") {
-        write_hb_dot(r.program, out);
+    std::ofstream dot_file;
+    std::ostream* dot = nullptr;
+    if (opt.dump_hb == "-") {
+      dot = &out;
+    } else if (!opt.dump_hb.empty()) {
+      dot_file.open(opt.dump_hb);
+      if (dot_file) {
+        dot = &dot_file;
       } else {
-        std::ofstream dot(opt.dump_hb);
-        if (!dot) {
-          out << f << ": error: cannot write " << opt.dump_hb << "\n";
-          code = std::max(code, static_cast<int>(kBadInput));
-        }
-        write_hb_dot(r.program, dot);
+        out << f << ": error: cannot write " << opt.dump_hb << "\n";
+        code = std::max(code, static_cast<int>(kBadInput));
       }
     }
+    FileResult r = check_file(f, opt, dot);
     int c = r.load_failed ? kBadInput : has_errors(r.diags) ? kFindings : kClean;
     code = std::max(code, c);
     if (format == "json") {

@@ -328,15 +328,9 @@ class Engine {
 
 }  // namespace
 
-std::vector<Diagnostic> check_temporal(const Program& program, const TemporalOptions&) {
-  Engine e(program);
-  e.run();
-  return e.take();
-}
+namespace {
 
-void write_hb_dot(const Program& program, std::ostream& out) {
-  Engine e(program);
-  e.run();
+void dot_graph(const Program& program, const Engine& e, std::ostream& out) {
   const auto& ev = e.events();
   out << "digraph hb {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n";
   for (std::size_t c = 0; c < e.chains().size(); ++c) {
@@ -354,5 +348,16 @@ void write_hb_dot(const Program& program, std::ostream& out) {
   for (; it != end; ++it) out << "  e" << boost::source(*it, e.graph()) << " -> e" << boost::target(*it, e.graph()) << ";\n";
   out << "}\n";
 }
+
+}  // namespace
+
+std::vector<Diagnostic> check_temporal(const Program& program, const TemporalOptions& options) {
+  Engine e(program);
+  e.run();
+  if (options.dot) dot_graph(program, e, *options.dot);
+  return e.take();
+}
+
+void write_hb_dot(const Program& program, std::ostream& out) { check_temporal(program, {&out}); }
 
 }  // namespace spmd

@@ -15,11 +15,13 @@
 
 namespace spmd {
 
-struct TemporalOptions {};
+struct TemporalOptions {
+  std::ostream* dot = nullptr;  // when set, the happens-before graph is written there as Graphviz DOT
+};
 
 std::vector<Diagnostic> check_temporal(const Program& program, const TemporalOptions& options = {});
 
-// Writes the happens-before graph as Graphviz DOT, one cluster per stream.
+// Writes the happens-before graph as Graphviz DOT, one cluster per stream (check_temporal with `dot`).
 void write_hb_dot(const Program& program, std::ostream& out);
 
 }  // namespace spmd

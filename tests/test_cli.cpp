@@ -91,3 +91,17 @@ TEST_CASE("docs/ops.md is generated from the op table and up to date") {
   CHECK(r.code == 0);
   CHECK(r.out.find("AllReduce") != std::string::npos);
 }
+
+TEST_CASE("--dump-hb writes the happens-before graph; an unwritable path is an input error") {
+  std::string dot = std::string(SPMD_BINARY_DIR) + "/hb.dot";
+  Run r = run({"check", "--dump-hb", dot, src("examples/temporal/tp_overlap.yaml")});
+  CHECK(r.code == 0);
+  std::ifstream in(dot);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  CHECK(ss.str().rfind("digraph hb {", 0) == 0);
+  CHECK(ss.str().find("stream comm") != std::string::npos);
+  Run bad = run({"check", "--dump-hb", "/nonexistent/dir/hb.dot", src("examples/temporal/tp_overlap.yaml")});
+  CHECK(bad.code == 2);
+  CHECK(bad.out.find("cannot write") != std::string::npos);
+}
