@@ -627,17 +627,14 @@ Program load(const std::string& text, const std::string& filename) {
   try {
     std::vector<YAML::Node> docs = YAML::LoadAll(text);
     if (docs.size() > 1) {
-      // Point at the `---` that starts the second document.
-      std::uint32_t line = 1, sep = 0, n = 0;
-      for (std::size_t i = 0; i < text.size(); ++i) {
-        if ((i == 0 || text[i - 1] == '\n') && text.compare(i, 3, "---") == 0 && ++n >= 1) {
-          sep = line;
-          if (n == 1 && i != 0 && text.find_first_not_of(" \t\r\n", 0) != i) break;  // the first --- after content
-        }
+      // Point at the `---` that starts the second document: the last one at or before its first node.
+      YAML::Mark m = docs[1].Mark();
+      std::uint32_t first_node = static_cast<std::uint32_t>(std::max(0, m.line) + 1), line = 1, sep = 0;
+      for (std::size_t i = 0; i < text.size() && line <= first_node; ++i) {
+        if ((i == 0 || text[i - 1] == '\n') && text.compare(i, 3, "---") == 0) sep = line;
         if (text[i] == '\n') ++line;
       }
-      YAML::Mark m = docs[1].Mark();
-      throw LoadError({sep ? sep : static_cast<std::uint32_t>(std::max(0, m.line) + 1), 1},
+      throw LoadError({sep ? sep : first_node, 1},
                       "a program file holds one YAML document; another document starts here");
     }
     if (!docs.empty()) root = docs[0];

@@ -66,6 +66,8 @@ TEST_CASE("hostile inputs get located errors, never a crash or a hang") {
   // A second YAML document and an unclosed quote.
   CHECK(load_error("mesh: {tp: 2}\nops: []\n---\nmesh: {tp: 4}\n", &l).find("one YAML document") != std::string::npos);
   CHECK(l.line == 3);
+  CHECK(load_error("# a comment\n---\nmesh: {tp: 2}\nops: []\n---\nmesh: {tp: 4}\n", &l).find("one YAML document") != std::string::npos);
+  CHECK(l.line == 5);  // a leading document marker is not the second document
   CHECK(load_error("mesh: {tp: 2}\nname: \"oops\nops: []\n", &l).find("never closed") != std::string::npos);
   CHECK(l.line == 2);
 }
