@@ -122,7 +122,6 @@ inline Program make_overlap(int layers) {
   p.mesh.push_back({"dp", p.exprs.constant(8), {}});
   Builder b(p);
   Placements dp0{Placement::s(0)};
-  Placements part{Placement::p()};
   Placements rr{};
   b.tensor("d0", {64, 64}, dp0);
   std::uint32_t swap = b.ints({0, 1});
@@ -146,7 +145,6 @@ inline Program make_overlap(int layers) {
     w.attrs.handle = n("h");
     b.op(OpKind::Sub, {n("w"), n("g")}, {n("w")});
   }
-  (void)part;
   return p;
 }
 
