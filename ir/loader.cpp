@@ -160,11 +160,10 @@ class Loader {
   ExprId load_symbolic(const std::string& name, const YAML::Node& v) {
     SizeVar var;
     var.name = name;
-    bool has_min = false, has_max = false;
     for_each_key(v, {"min", "max", "multiple_of", "in"}, "size '" + name + "'", [&](const YAML::Node& k, const YAML::Node& x) {
       const std::string& key = k.Scalar();
-      if (key == "min") var.min = size_int(x, "`min` of " + name), has_min = true;
-      if (key == "max") var.max = size_int(x, "`max` of " + name), has_max = true;
+      if (key == "min") var.min = size_int(x, "`min` of " + name);
+      if (key == "max") var.max = size_int(x, "`max` of " + name);
       if (key == "multiple_of") var.multiple_of = size_int(x, "`multiple_of` of " + name);
       if (key == "in") {
         if (!x.IsSequence() || x.size() == 0) fail(x, "`in` of " + name + " must be a non-empty list of sizes");
@@ -183,8 +182,6 @@ class Loader {
       any = first <= var.max;
     }
     if (!any) fail(v, "no value of size " + name + " satisfies its constraints");
-    (void)has_min;
-    (void)has_max;
     p_.vars.push_back(std::move(var));
     return p_.exprs.var(static_cast<int>(p_.vars.size() - 1));
   }
