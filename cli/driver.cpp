@@ -1,4 +1,4 @@
-// cli/driver.cpp - subcommands check, test and ops.
+// cli/driver.cpp - subcommands check, test, run and ops.
 #include "cli/driver.h"
 
 #include <CLI/CLI.hpp>
@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cli/render.h"
+#include "cli/run.h"
 #include "ir/loader.h"
 #include "spatial/spatial.h"
 #include "temporal/temporal.h"
@@ -193,6 +194,20 @@ int cmd_test(const std::vector<std::string>& paths, const Options& opt, std::ost
   return failed ? kFindings : kClean;
 }
 
+// `run`: 0 every file agrees, 1 some file differs (or fails on one device), 2 bad input, 4 some file skipped.
+int cmd_run(const std::vector<std::string>& files, const RunOptions& opt, std::ostream& out) {
+  int code = kClean;
+  bool skipped = false;
+  for (const auto& f : files) {
+    RunReport r = run_program_file(f, opt);
+    out << render_run(f, r);
+    if (r.load_error) code = std::max(code, static_cast<int>(kBadInput));
+    else if (r.oracle.verdict == OracleVerdict::Differ || r.oracle.verdict == OracleVerdict::GlobalError) code = std::max(code, static_cast<int>(kFindings));
+    else if (r.oracle.verdict == OracleVerdict::Skipped) skipped = true;
+  }
+  return code == kClean && skipped ? 4 : code;
+}
+
 }  // namespace
 
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -212,6 +227,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     auto* test = app.add_subcommand("test", "check files (or directories) against their `expect:`; closing line 'N passed, N failed'");
     test->add_option("paths", paths, "files or directories")->required();
     test->add_option("--z3-timeout", opt.z3_timeout_ms, "solver time limit per obligation, in milliseconds");
+    RunOptions ropt;
+    auto* run = app.add_subcommand("run", "run FILE... per rank and on one device and compare the outputs (exit 0 agree, 1 differ, 4 skipped)");
+    run->add_option("files", files, "program files")->required();
+    run->add_option("--seed", ropt.seed, "input values and the instantiation of symbolic sizes");
+    run->add_option("--z3-timeout", ropt.z3_timeout_ms, "solver time limit per obligation, in milliseconds");
     bool markdown = false;
     auto* ops = app.add_subcommand("ops", "list every op with its operands, attributes and meaning");
     ops->add_flag("--markdown", markdown, "print docs/ops.md");
@@ -231,6 +251,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     }
     if (*check) return cmd_check(files, format, opt, out);
     if (*test) return cmd_test(paths, opt, out);
+    if (*run) return cmd_run(files, ropt, out);
     if (*ops) {
       out << (markdown ? ops_markdown() : ops_text());
       return kClean;

@@ -51,7 +51,8 @@ std::vector<Loc> var_locs(const Program& p) {
 
 class Checker {
  public:
-  Checker(const Program& p, const SpatialOptions& o) : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms) {}
+  Checker(const Program& p, const SpatialOptions& o)
+      : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms), inferred_(o.inferred_outputs) {}
 
   std::vector<Diagnostic> run() {
     env_.resize(p_.names.size());
@@ -1508,9 +1509,11 @@ class Checker {
   // ---- postconditions -----------------------------------------------------------------------
   void check_outputs() {
     op_idx_ = -1;
+    if (inferred_) inferred_->clear();
     for (const auto& od : p_.outputs) {
       const Value& v = env_[static_cast<std::size_t>(od.name)];
       const std::string& name = p_.name(od.name);
+      if (inferred_) inferred_->push_back(v.poisoned || !v.defined ? std::nullopt : std::optional<Placements>(v.pl));
       if (v.poisoned || !v.defined) continue;
       for (int a = 0; a < axes(); ++a) {
         Placement want = od.has_placement ? od.placement[static_cast<std::size_t>(a)] : Placement::r();
@@ -1578,6 +1581,7 @@ class Checker {
   std::vector<const Value*> in_;
   std::array<Value, 2> out_{};
   bool failed_ = false;
+  std::vector<std::optional<Placements>>* inferred_ = nullptr;
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 // directly when concrete and by Z3 when symbolic (spatial/obligations.h). A value with an error
 // is not reported again downstream. Diagnostics come back sorted by position.
 #pragma once
+#include <optional>
 #include <vector>
 
 #include "ir/diagnostic.h"
@@ -15,6 +16,10 @@ namespace spmd {
 
 struct SpatialOptions {
   unsigned z3_timeout_ms = 10000;
+  // When set, receives the inferred placement of every entry of Program::outputs, in order
+  // (nullopt for an output that is undefined or poisoned by an earlier error). The numeric oracle
+  // assembles an output with no declared placement by this one.
+  std::vector<std::optional<Placements>>* inferred_outputs = nullptr;
 };
 
 std::vector<Diagnostic> check_spatial(const Program& program, const SpatialOptions& options = {});
