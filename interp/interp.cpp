@@ -234,16 +234,17 @@ class Runner {
   }
   int n_in(int op) const { return p_.ops[static_cast<std::size_t>(op)].n_in; }
   std::string taint_of(int op, std::int64_t r) {
+    std::string t;
     for (int i = 0; i < n_in(op); ++i) {
       const Val& v = in(op, r, i);
-      if (!v.taint.empty()) return v.taint;
+      if (!v.taint.empty() && (t.empty() || v.taint[0] == kExcluded)) t = v.taint;
     }
-    return "";
+    return t;
   }
   void set_out(int op, std::int64_t r, int k, Val v, const std::string& taint) {
     const Op& o = p_.ops[static_cast<std::size_t>(op)];
     v.defined = true;
-    if (v.taint.empty()) v.taint = taint;
+    if (v.taint.empty() || (!taint.empty() && taint[0] == kExcluded)) v.taint = taint;
     if (v.mask.size() != v.gshape.size()) v.mask.resize(v.gshape.size(), 0);
     check_size(v.gshape);
     Shape want = local_shape(v, coords(r));
@@ -979,7 +980,7 @@ class Runner {
 struct Instantiation {
   std::vector<std::int64_t> vars;
   std::vector<std::int64_t> mesh;
-  bool even = true;  // every declared shard divides evenly (or is declared uneven)
+  bool even = true;  // every declared shape has a value and every declared shard divides evenly (or is declared uneven)
 };
 
 std::vector<Instantiation> instantiations(const Program& p, const OracleOptions& o) {
@@ -1023,26 +1024,27 @@ std::vector<Instantiation> instantiations(const Program& p, const OracleOptions&
       else in.mesh.push_back(*v), ranks *= *v;
     }
     if (!ok || ranks > o.max_ranks) continue;
+    // Declared shapes must fit the interpreter; one that has no value (an inexact division) is kept: the
+    // single-device run then fails there, which is the evidence.
     for (const auto& t : p.tensors) {
       std::int64_t elems = 1;
-      for (std::size_t d = 0; d < t.shape.size() && ok; ++d) {
+      for (std::size_t d = 0; d < t.shape.size(); ++d) {
         auto v = p.exprs.eval(t.shape[d], in.vars);
         if (!v || *v < 1) {
-          ok = false;
-          break;
+          in.even = false;
+          continue;
         }
-        elems *= *v;
-        if (elems > o.max_elements) ok = false;
+        elems = std::min(elems * *v, o.max_elements + 1);
         std::int64_t parts = 1;
         for (std::size_t a = 0; a < p.mesh.size(); ++a)
           if (t.placement[a].is_s(static_cast<int>(d))) parts *= in.mesh[a];
         if (!t.uneven && *v % parts != 0) in.even = false;
       }
+      if (elems > o.max_elements) ok = false;
     }
     if (ok) out.push_back(std::move(in));
     if (out.size() >= 64) break;
   }
-  std::stable_partition(out.begin(), out.end(), [](const Instantiation& i) { return i.even; });
   return out;
 }
 
@@ -1235,8 +1237,9 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
                   std::to_string(o.max_elements) + " elements per tensor)";
     return res;
   }
-  std::size_t n_even = static_cast<std::size_t>(std::count_if(insts.begin(), insts.end(), [](const Instantiation& i) { return i.even; }));
-  const Instantiation& inst = insts[n_even ? o.seed % n_even : 0];
+  // Seed k runs the k-th smallest instantiation: for a program the checker proves for every allowed size
+  // all of them are valid; for one with a counterexample, some seed reaches it.
+  const Instantiation& inst = insts[o.seed % insts.size()];
   for (std::size_t k = 0; k < p.vars.size(); ++k) res.sizes += (k ? ", " : "") + p.vars[k].name + " = " + std::to_string(inst.vars[k]);
   std::int64_t work = 0;
   Runner dist(p, inst.vars, inst.mesh, false, o, work);
@@ -1252,7 +1255,8 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
     res.message = e.what();
     return res;
   } catch (const InterpError& e) {
-    res.message = std::string("the inputs cannot be drawn: ") + e.what();
+    res.verdict = OracleVerdict::GlobalError;
+    res.message = std::string("the inputs cannot be built under ") + (res.sizes.empty() ? "these sizes" : res.sizes) + ": " + e.what();
     return res;
   }
   // The single-device inputs are the assembly of the per-rank ones (so P and V inputs get their global value).
