@@ -18,13 +18,16 @@ namespace spmd {
 
 namespace {
 
-std::set<std::string> spatial_ids(const Program& p, const RunOptions& o, std::vector<std::optional<Placements>>* inferred) {
+std::set<std::string> spatial_ids(const Program& p, const RunOptions& o, std::vector<std::optional<Placements>>* inferred, std::string* first_op = nullptr) {
   SpatialOptions so;
   so.z3_timeout_ms = o.z3_timeout_ms;
   so.inferred_outputs = inferred;
   std::set<std::string> ids;
   for (const auto& d : check_spatial(p, so))
-    if (d.severity == Severity::Error) ids.insert(std::string(check_name(d.id)));
+    if (d.severity == Severity::Error) {
+      if (first_op && ids.empty()) *first_op = d.op >= 0 ? std::string(op_name(p.ops[static_cast<std::size_t>(d.op)].kind)) : "outputs";
+      ids.insert(std::string(check_name(d.id)));
+    }
   return ids;
 }
 
@@ -53,7 +56,7 @@ RunReport run_program_text(const std::string& text, const std::string& filename,
     return rep;
   }
   std::vector<std::optional<Placements>> inferred;
-  rep.checker_ids = spatial_ids(prog, opt, &inferred);
+  rep.checker_ids = spatial_ids(prog, opt, &inferred, &rep.first_op);
   Program* run = &prog;
   Program scaled;
   if (opt.scale) {

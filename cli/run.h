@@ -23,6 +23,7 @@ struct RunOptions {
 struct RunReport {
   std::optional<LoadError> load_error;  // set when the file is not a valid program
   std::set<std::string> checker_ids;    // spatial check IDs of the original program (empty: it passes)
+  std::string first_op;                 // the op kind of the first spatial error ("outputs" for a declaration)
   std::int64_t scale = 1;               // the named concrete sizes were first divided by this common factor
   bool scaled_each = false;             // and then some were reduced further on their own
   std::string run_sizes;                // the named sizes of the copy that ran ("B = 2, H = 16"), empty: the original

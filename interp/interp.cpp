@@ -206,6 +206,9 @@ class Runner {
   }
 
   int failed_op = -1;  // the op a thrown InterpError came from
+  // When set (a shape-only pre-run with all integer inputs 0), records the range integer inputs must take:
+  // Embedding ids index the table's rows, labels the logits' vocab.
+  std::vector<std::int64_t>* int_range = nullptr;
 
  private:
   std::int64_t eval(ExprId e, const std::string& what) const {
@@ -633,6 +636,12 @@ class Runner {
     set_out(oi, r, 0, std::move(o), taint);
   }
 
+  void note_range(NameId n, std::int64_t limit) {
+    if (!int_range) return;
+    auto& r = (*int_range)[static_cast<std::size_t>(n)];
+    r = r < 0 ? limit : std::min(r, limit);
+  }
+
   static std::int64_t as_index(double x, std::int64_t limit, const char* what) {
     if (!(x >= 0) || x != std::floor(x) || x >= static_cast<double>(limit))
       throw InterpError(std::string(what) + " value " + std::to_string(x) + " is not an index below " + std::to_string(limit));
@@ -643,6 +652,7 @@ class Runner {
     const Val& ids = in(oi, r, 0);
     const Val& w = in(oi, r, 1);
     if (w.gshape.size() != 2) throw InterpError("Embedding weight must be [vocab, hidden]");
+    note_range(p_.ins(p_.ops[static_cast<std::size_t>(oi)])[0], w.gshape[0]);
     std::int64_t lo, hi;
     block(w.gshape[0], w.mask[0], c, lo, hi);
     std::int64_t hl = w.t.shape[1];
@@ -867,7 +877,10 @@ class Runner {
         break;
       }
       case OpKind::AllToAll: {
+        // S(concat) -> S(split) moves the shard; on values the axes do not shard along concat_dim (V) each rank's
+        // split dim shrinks and its concat dim grows (the global shape of a V is its per-rank shape).
         int sd = dim_of(at.dim, *xs[0]), cd = dim_of(at.dim2, *xs[0]);
+        bool moves = (xs[0]->mask[static_cast<std::size_t>(cd)] & axes) == axes;
         for (std::size_t k = 0; k < n; ++k) {
           std::vector<Tensor> parts;
           for (std::size_t j = 0; j < n; ++j) {
@@ -876,8 +889,13 @@ class Runner {
             parts.push_back(slice(xs[j]->t, sd, lo, hi));
           }
           outs[k] = *xs[k], outs[k].t = concat(parts, cd);
-          outs[k].mask[static_cast<std::size_t>(cd)] &= ~axes;
-          outs[k].mask[static_cast<std::size_t>(sd)] |= axes;
+          if (moves || sd == cd) {
+            outs[k].mask[static_cast<std::size_t>(cd)] &= ~axes;
+            outs[k].mask[static_cast<std::size_t>(sd)] |= axes;
+          } else {
+            outs[k].gshape[static_cast<std::size_t>(sd)] /= static_cast<std::int64_t>(n);
+            outs[k].gshape[static_cast<std::size_t>(cd)] *= static_cast<std::int64_t>(n);
+          }
         }
         break;
       }
@@ -908,6 +926,7 @@ class Runner {
       const Val& lg = in(oi, r, 0);
       const Val& lb = in(oi, r, 1);
       if (lg.gshape.empty() || lb.gshape.size() + 1 != lg.gshape.size()) throw InterpError("CrossEntropyLoss labels must have the logits' shape without the vocab dim");
+      note_range(p_.ins(op)[1], lg.gshape.back());
       Part& P = parts[k];
       P.tok.gshape = lb.gshape;
       P.tok.mask.assign(lb.gshape.size(), 0);
@@ -1195,38 +1214,6 @@ std::string op_where(const Program& p, int oi) {
   return "op " + std::to_string(oi) + " (" + std::string(op_name(op.kind)) + ", line " + std::to_string(op.loc.line) + ")";
 }
 
-// Ranges of integer inputs: Embedding ids index the table's rows, labels the logits' vocab.
-std::vector<std::int64_t> int_ranges(const Program& p, const std::vector<std::int64_t>& vars) {
-  std::vector<std::int64_t> range(p.names.size(), 4);
-  std::vector<const TensorDecl*> decl(p.names.size(), nullptr);
-  for (const auto& t : p.tensors) decl[static_cast<std::size_t>(t.name)] = &t;
-  std::vector<const Op*> producer(p.names.size(), nullptr);
-  for (const auto& op : p.ops)
-    for (NameId o : p.outs(op)) producer[static_cast<std::size_t>(o)] = &op;
-  auto dim_of = [&](NameId n, int from_end) -> std::optional<std::int64_t> {
-    for (int hop = 0; hop < 4; ++hop) {
-      if (const TensorDecl* t = decl[static_cast<std::size_t>(n)]; t && !t->shape.empty() && producer[static_cast<std::size_t>(n)] == nullptr) {
-        auto v = p.exprs.eval(t->shape[t->shape.size() - static_cast<std::size_t>(from_end)], vars);
-        return v;
-      }
-      const Op* op = producer[static_cast<std::size_t>(n)];
-      if (!op || op->n_in == 0) return std::nullopt;
-      n = op->kind == OpKind::MatMul ? p.ins(*op)[1] : p.ins(*op)[0];  // the logits' vocab comes from the weight's last dim
-    }
-    return std::nullopt;
-  };
-  for (const auto& op : p.ops) {
-    if (op.kind == OpKind::Embedding) {
-      NameId w = p.ins(op)[1];
-      if (const TensorDecl* t = decl[static_cast<std::size_t>(w)]; t && t->shape.size() == 2)
-        if (auto v = p.exprs.eval(t->shape[0], vars)) range[static_cast<std::size_t>(p.ins(op)[0])] = *v;
-    }
-    if (op.kind == OpKind::CrossEntropyLoss)
-      if (auto v = dim_of(p.ins(op)[0], 1)) range[static_cast<std::size_t>(p.ins(op)[1])] = *v;
-  }
-  return range;
-}
-
 }  // namespace
 
 OracleResult run_oracle(const Program& p, const OracleOptions& o) {
@@ -1244,7 +1231,19 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
   std::int64_t work = 0;
   Runner dist(p, inst.vars, inst.mesh, false, o, work);
   Runner one(p, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, work);
-  auto ranges = int_ranges(p, inst.vars);
+  // A shape-only pre-run (integer inputs all 0) learns the ranges integer inputs must take.
+  std::vector<std::int64_t> ranges(p.names.size(), -1);
+  {
+    std::int64_t w0 = 0;
+    Runner pre(p, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, w0);
+    pre.int_range = &ranges;
+    try {
+      for (const auto& t : p.tensors) pre.declare(t, 1, o.seed);
+      pre.run(o.seed);
+    } catch (const std::runtime_error&) {
+    }
+    for (auto& r : ranges) r = r < 0 ? 4 : std::max<std::int64_t>(r, 1);
+  }
   // The single-device run first: if the program itself fails there, per-rank numbers mean nothing.
   try {
     for (const auto& t : p.tensors) {
