@@ -25,7 +25,7 @@ std::set<std::string> spatial_ids(const Program& p, const RunOptions& o, std::ve
   std::set<std::string> ids;
   for (const auto& d : check_spatial(p, so))
     if (d.severity == Severity::Error) {
-      if (first_op && ids.empty()) *first_op = d.op >= 0 ? std::string(op_name(p.ops[static_cast<std::size_t>(d.op)].kind)) : "outputs";
+      if (first_op && ids.empty()) *first_op = d.op >= 0 ? std::string(op_name(p.ops[static_cast<std::size_t>(d.op)].kind)) : "a declaration or output";
       ids.insert(std::string(check_name(d.id)));
     }
   return ids;

@@ -71,8 +71,9 @@ std::string coord_text(const Program& p, const std::vector<std::int64_t>& c) {
 class Runner {
  public:
   Runner(const Program& p, const std::vector<std::int64_t>& vars, std::vector<std::int64_t> axis_sizes, bool global, const OracleOptions& o,
-         std::int64_t& work)
-      : p_(p), vars_(vars), sizes_(std::move(axis_sizes)), global_(global), opt_(o), work_(work) {
+         std::int64_t& work, std::vector<std::int64_t> real_sizes = {})
+      : p_(p), vars_(vars), sizes_(std::move(axis_sizes)), real_sizes_(std::move(real_sizes)), global_(global), opt_(o), work_(work) {
+    if (real_sizes_.empty()) real_sizes_ = sizes_;
     ranks_ = 1;
     for (auto s : sizes_) ranks_ *= s;
     env_.assign(static_cast<std::size_t>(ranks_), std::vector<Val>(p.names.size()));
@@ -881,6 +882,19 @@ class Runner {
         // split dim shrinks and its concat dim grows (the global shape of a V is its per-rank shape).
         int sd = dim_of(at.dim, *xs[0]), cd = dim_of(at.dim2, *xs[0]);
         bool moves = (xs[0]->mask[static_cast<std::size_t>(cd)] & axes) == axes;
+        if (global_ && !moves && sd != cd && !taint.empty()) {
+          // A V value has no single-device meaning, but later ops need its per-rank shape: split by the real group.
+          std::int64_t g = 1;
+          for (std::size_t a = 0; a < real_sizes_.size(); ++a)
+            if (axes & (1u << a)) g *= real_sizes_[a];
+          Val v = *xs[0];
+          if (v.gshape[static_cast<std::size_t>(sd)] % g) throw InterpError("AllToAll cannot split dim " + std::to_string(sd) + " into " + std::to_string(g));
+          v.gshape[static_cast<std::size_t>(sd)] /= g;
+          v.gshape[static_cast<std::size_t>(cd)] *= g;
+          v.t = Tensor(v.gshape, 0.0);
+          outs[0] = std::move(v);
+          break;
+        }
         for (std::size_t k = 0; k < n; ++k) {
           std::vector<Tensor> parts;
           for (std::size_t j = 0; j < n; ++j) {
@@ -986,6 +1000,7 @@ class Runner {
   const Program& p_;
   const std::vector<std::int64_t>& vars_;
   std::vector<std::int64_t> sizes_;
+  std::vector<std::int64_t> real_sizes_;  // the real mesh (the single-device run needs it for the per-rank shapes of V values)
   bool global_;
   const OracleOptions& opt_;
   std::int64_t& work_;
@@ -1230,12 +1245,12 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
   for (std::size_t k = 0; k < p.vars.size(); ++k) res.sizes += (k ? ", " : "") + p.vars[k].name + " = " + std::to_string(inst.vars[k]);
   std::int64_t work = 0;
   Runner dist(p, inst.vars, inst.mesh, false, o, work);
-  Runner one(p, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, work);
+  Runner one(p, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, work, inst.mesh);
   // A shape-only pre-run (integer inputs all 0) learns the ranges integer inputs must take.
   std::vector<std::int64_t> ranges(p.names.size(), -1);
   {
     std::int64_t w0 = 0;
-    Runner pre(p, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, w0);
+    Runner pre(p, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, w0, inst.mesh);
     pre.int_range = &ranges;
     try {
       for (const auto& t : p.tensors) pre.declare(t, 1, o.seed);
