@@ -1,6 +1,7 @@
 // ir/loader.cpp - YAML -> Program with source positions (yaml-cpp).
 #include "ir/loader.h"
 
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -635,6 +636,9 @@ Program load(const std::string& text, const std::string& filename) {
                       "a program file holds one YAML document; another document starts here");
     }
     if (!docs.empty()) root = docs[0];
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's guard against stack exhaustion (2000 levels)
+    Loc l{static_cast<std::uint32_t>(std::max(0, e.mark.line) + 1), static_cast<std::uint32_t>(std::max(0, e.mark.column) + 1)};
+    throw LoadError(l, "invalid YAML: nested more than " + std::to_string(e.depth() - 1) + " levels deep");
   } catch (const YAML::Exception& e) {
     reject_tab_indentation(text);  // the likely cause, said plainly
     Loc l{static_cast<std::uint32_t>(std::max(0, e.mark.line) + 1), static_cast<std::uint32_t>(std::max(0, e.mark.column) + 1)};

@@ -188,7 +188,7 @@ TEST_CASE("oracle: every example and test program") {
 }
 
 TEST_CASE("differential: the checker against the oracle on random programs (fixed seed)") {
-  int count = 2000;
+  int count = 10000;
   if (const char* c = std::getenv("SPMD_DIFFTEST_COUNT")) count = std::atoi(c);
   auto st = test::run_difftest(20240601, count, 3, false);
   MESSAGE(test::render_stats(st));
