@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 minutes=${1:-5}
+[ "$minutes" -ge 1 ] 2>/dev/null || { echo "usage: scripts/fuzz.sh MINUTES (at least 1)"; exit 2; }
 command -v clang++ >/dev/null || { echo "scripts/fuzz.sh needs clang (apt-get install clang)"; exit 2; }
 CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPMD_FUZZ=ON >/dev/null
 cmake --build build-fuzz --target spmd_fuzz -j "${JOBS:-2}"
