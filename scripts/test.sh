@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/test.sh - set up, build, and run every test (doctest units and the golden runner).
+# scripts/test.sh - set up, build, and run every test (doctest units, the golden runner, the numeric oracle).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
