@@ -1,6 +1,8 @@
 // ir/loader.cpp - YAML -> Program with source positions (yaml-cpp).
 #include "ir/loader.h"
 
+#include "ir/ranks.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -88,9 +90,9 @@ class Loader {
       // yaml-cpp lets an unclosed quote swallow the rest of the file; say so where it opens.
       if (v.IsScalar() && opens_quote(v) && !closes_quote(v))
         fail(v, "invalid YAML: the quoted string that starts here is never closed (it swallows the rest of the file)");
-      if (key == "programs" || key == "schedule" || key == "train" || key == "backward" || key == "p2p_model")
-        fail(k, "`" + key + "` is not supported yet: this version checks SPMD `ops` programs (per-rank programs, "
-                "schedules and training arrive with the temporal, schedule and autograd analyzers)");
+      if (key == "schedule" || key == "train" || key == "backward")
+        fail(k, "`" + key + "` is not supported yet: pipeline schedules and training arrive with the schedule and autograd "
+                "analyzers");
     });
     if (auto n = root["name"]; n.IsDefined()) {
       if (!n.IsScalar()) fail(n, "`name` must be a string");
@@ -102,8 +104,23 @@ class Loader {
     load_mesh(mesh);
     if (auto n = root["tensors"]; n.IsDefined() && !n.IsNull()) load_tensors(n);
     auto ops = root["ops"];
-    if (!ops.IsDefined()) fail(root, "missing key `ops`: the list of ops every rank runs");
-    load_ops(ops);
+    auto programs = root["programs"];
+    if (ops.IsDefined() && programs.IsDefined()) fail(programs, "give either `ops` (one program for every rank) or `programs` (per-rank programs), not both");
+    if (!ops.IsDefined() && !programs.IsDefined()) fail(root, "missing key `ops`: the list of ops every rank runs (or `programs:` for per-rank programs)");
+    if (ops.IsDefined()) {
+      load_ops(ops);
+      p_.programs.push_back({loc_of(ops), {}, 0, static_cast<std::uint32_t>(p_.ops.size())});
+    } else {
+      load_programs(programs);
+    }
+    make_rank_space(p_);  // every rank runs exactly one program; peers and selectors need concrete axes
+    if (auto m = root["p2p_model"]; m.IsDefined()) {
+      if (!m.IsScalar() || (m.Scalar() != "eager" && m.Scalar() != "rendezvous"))
+        fail(m, "`p2p_model` must be eager or rendezvous, got " + kind_of(m) + (m.IsScalar() ? suggestion(m.Scalar(), {"eager", "rendezvous"}) : ""));
+      p_.has_p2p_model = true;
+      p_.p2p_model = m.Scalar() == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
+      p_.p2p_model_loc = loc_of(m);
+    }
     if (auto n = root["outputs"]; n.IsDefined() && !n.IsNull()) load_outputs(n);
     if (auto n = root["expect"]; n.IsDefined()) load_expect(n);
   }
@@ -205,11 +222,11 @@ class Loader {
   }
 
   // ---- placements ---------------------------------------------------------------------------
-  int axis_index(const YAML::Node& k) {
+  int axis_index(const YAML::Node& k, const std::string& what = "placement") {
     const std::string& name = k.Scalar();
     for (std::size_t i = 0; i < p_.mesh.size(); ++i)
       if (p_.mesh[i].name == name) return static_cast<int>(i);
-    fail(k, "placement names axis '" + name + "', which the mesh lacks" + suggestion(name, p_.axis_names()) +
+    fail(k, what + " names axis '" + name + "', which the mesh lacks" + suggestion(name, p_.axis_names()) +
                 " (mesh axes: " + join(p_.axis_names()) + ")");
   }
 
@@ -339,6 +356,40 @@ class Loader {
     if (n.size() > kMaxOps) fail(n, "the program has " + std::to_string(n.size()) + " ops; the limit is 10,000,000");
     p_.ops.reserve(n.size());
     for (const auto& item : n) load_op(item);
+  }
+
+  void load_programs(const YAML::Node& n) {
+    if (!n.IsSequence() || n.size() == 0) fail(n, "`programs` must be a non-empty list of {ranks: {axis: coordinate}, ops: [...]}");
+    p_.per_rank = true;
+    for (const auto& item : n) {
+      if (!item.IsMap()) fail(item, "a program must be a mapping {ranks: {pp: 0}, ops: [...]}");
+      for_each_key(item, {"ranks", "ops"}, "a program", [](const YAML::Node&, const YAML::Node&) {});
+      RankProgram rp;
+      rp.loc = loc_of(item);
+      auto ranks = item["ranks"];
+      if (!ranks.IsDefined()) fail(item, "a program needs `ranks: {axis: coordinate}` (the ranks that run it)");
+      rp.selector = load_coords(ranks, "`ranks`");
+      auto ops = item["ops"];
+      if (!ops.IsDefined()) fail(item, "a program needs `ops`");
+      rp.first_op = static_cast<std::uint32_t>(p_.ops.size());
+      load_ops(ops);
+      rp.n_ops = static_cast<std::uint32_t>(p_.ops.size()) - rp.first_op;
+      p_.programs.push_back(std::move(rp));
+    }
+  }
+
+  // A coordinate map {axis: int}: axes must exist, coordinates must be in range.
+  std::vector<std::pair<int, std::int64_t>> load_coords(const YAML::Node& v, const std::string& what) {
+    if (!v.IsMap()) fail(v, what + " must be a mapping of mesh coordinates, e.g. {pp: 1}");
+    std::vector<std::pair<int, std::int64_t>> c;
+    for_each_key(v, {}, what, [&](const YAML::Node& k, const YAML::Node& x) {
+      int axis = axis_index(k, what);
+      std::int64_t hi = (1 << 20) - 1;
+      ExprId size = p_.mesh[static_cast<std::size_t>(axis)].size;
+      if (p_.exprs.is_const(size)) hi = p_.exprs.value(size) - 1;
+      c.emplace_back(axis, attr_int(x, "coordinate of axis " + k.Scalar() + " in " + what, 0, hi));
+    });
+    return c;
   }
 
   void load_op(const YAML::Node& item) {
@@ -492,23 +543,17 @@ class Loader {
         return;
       case AttrType::Name:
         if (!v.IsScalar() || v.Scalar().empty()) fail(v, what + " must be a name");
-        (n == "handle" ? a.handle : a.stream) = p_.intern(v.Scalar());
+        (n == "handle" ? a.handle : n == "group" ? a.group : a.stream) = p_.intern(v.Scalar());
         return;
       case AttrType::Names:
         a.handles = static_cast<std::uint32_t>(p_.name_lists.size());
         p_.name_lists.push_back(load_names(v, what, false));
         if (p_.name_lists.back().empty()) fail(v, what + " must list at least one name");
         return;
-      case AttrType::Coords: {
-        if (!v.IsMap()) fail(v, what + " must be a mapping of mesh coordinates, e.g. {pp: 1}");
-        std::vector<std::pair<int, std::int64_t>> c;
-        for_each_key(v, {}, what, [&](const YAML::Node& k, const YAML::Node& x) {
-          c.emplace_back(axis_index(k), attr_int(x, "a coordinate", 0, 1 << 20));
-        });
+      case AttrType::Coords:
         a.coords = static_cast<std::uint32_t>(p_.coords.size());
-        p_.coords.push_back(std::move(c));
+        p_.coords.push_back(load_coords(v, what));
         return;
-      }
       case AttrType::Enum: {
         if (!v.IsScalar() || std::find(spec.choices.begin(), spec.choices.end(), v.Scalar()) == spec.choices.end())
           fail(v, what + " must be one of " + attr_type_name(spec) + ", got " + kind_of(v) +

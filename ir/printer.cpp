@@ -73,7 +73,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     case AttrType::DType: return a.has_dtype ? std::optional(std::string(dtype_name(a.dtype))) : std::nullopt;
     case AttrType::Shape: return a.shape != kNoIndex ? std::optional(p.shape_str(p.shapes[a.shape])) : std::nullopt;
     case AttrType::Name: {
-      NameId id = n == "handle" ? a.handle : a.stream;
+      NameId id = n == "handle" ? a.handle : n == "group" ? a.group : a.stream;
       return id >= 0 ? std::optional(p.name(id)) : std::nullopt;
     }
     case AttrType::Names: return a.handles != kNoIndex ? std::optional(names_list(p, p.name_lists[a.handles])) : std::nullopt;
@@ -128,17 +128,30 @@ std::string print_program(const Program& p) {
       o << "}\n";
     }
   }
-  o << "ops:" << (p.ops.empty() ? " []" : "") << "\n";
-  for (const auto& op : p.ops) {
+  auto print_op = [&](const Op& op, const char* indent) {
     const OpInfo& info = op_info(op.kind);
-    o << "  - {op: " << info.name;
+    o << indent << "- {op: " << info.name;
     if (op.n_in) o << ", in: " << names_list(p, p.ins(op));
     if (op.n_out == 1) o << ", out: " << p.name(p.outs(op)[0]);
     else if (op.n_out > 1) o << ", out: " << names_list(p, p.outs(op));
     for (const auto& spec : info.attrs)
       if (auto v = attr_value(p, op, spec)) o << ", " << spec.name << ": " << *v;
     o << "}\n";
+  };
+  if (!p.per_rank) {
+    o << "ops:" << (p.ops.empty() ? " []" : "") << "\n";
+    for (const auto& op : p.ops) print_op(op, "  ");
+  } else {
+    o << "programs:\n";
+    for (const auto& rp : p.programs) {
+      o << "  - ranks: {";
+      for (std::size_t i = 0; i < rp.selector.size(); ++i)
+        o << (i ? ", " : "") << p.mesh[static_cast<std::size_t>(rp.selector[i].first)].name << ": " << rp.selector[i].second;
+      o << "}\n    ops:" << (rp.n_ops ? "" : " []") << "\n";
+      for (std::uint32_t i = rp.first_op; i < rp.first_op + rp.n_ops; ++i) print_op(p.ops[i], "      ");
+    }
   }
+  if (p.has_p2p_model) o << "p2p_model: " << (p.p2p_model == P2PModel::Eager ? "eager" : "rendezvous") << "\n";
   if (!p.outputs.empty()) {
     o << "outputs:\n";
     for (const auto& od : p.outputs) {

@@ -74,7 +74,7 @@ struct OpAttrs {
   std::uint32_t coords = kNoIndex;     // `peer`: index into Program::coords
   std::uint32_t handles = kNoIndex;    // `handles`: index into Program::name_lists
   std::uint32_t bad_axis = kNoIndex;   // an `axis` the mesh lacks: index into Program::bad_axes (a finding, not a load error)
-  NameId handle = -1, stream = -1;
+  NameId handle = -1, stream = -1, group = -1;  // group: a batched point-to-point group (batch_isend_irecv)
   double number = 0;                   // scalar / scale / p / eps
   Placement to{}, from{};
   ReduceOp rop = ReduceOp::Sum;
@@ -100,6 +100,16 @@ struct Op {
   OpAttrs attrs;
 };
 
+// The ops one group of ranks runs: `ops:` is one program for every rank; `programs:` gives several,
+// each selected by mesh coordinates (an axis not named matches every coordinate).
+struct RankProgram {
+  Loc loc;
+  std::vector<std::pair<int, std::int64_t>> selector;  // (axis, coordinate)
+  std::uint32_t first_op = 0, n_ops = 0;               // a range of Program::ops
+};
+
+enum class P2PModel : std::uint8_t { Eager, Rendezvous };
+
 struct Program {
   std::string file;
   std::string title;  // `name:` of the program
@@ -112,6 +122,11 @@ struct Program {
   std::unordered_map<std::string, NameId> name_ids;
   std::vector<TensorDecl> tensors;
   std::vector<Op> ops;
+  std::vector<RankProgram> programs;       // always at least one (SPMD `ops:` is one program for all ranks)
+  bool per_rank = false;                   // written with `programs:`
+  bool has_p2p_model = false;
+  P2PModel p2p_model = P2PModel::Rendezvous;
+  Loc p2p_model_loc;
   std::vector<NameId> operands;
   std::vector<OutputDecl> outputs;
   std::vector<std::vector<int>> int_lists;

@@ -9,8 +9,11 @@
 #include <array>
 #include <iterator>
 #include <numeric>
+#include <set>
+#include <unordered_map>
 #include <stdexcept>
 
+#include "ir/ranks.h"
 #include "spatial/obligations.h"
 #include "spatial/spatial.h"
 
@@ -54,13 +57,68 @@ class Checker {
   Checker(const Program& p, const SpatialOptions& o) : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms) {}
 
   std::vector<Diagnostic> run() {
-    env_.resize(p_.names.size());
     declare_sizes();
-    for (const auto& t : p_.tensors) declare(t);
-    for (std::size_t i = 0; i < p_.ops.size(); ++i) step(static_cast<int>(i));
-    check_outputs();
+    RankSpace space = make_rank_space(p_);
+    std::vector<P2PMatch> matches;
+    std::vector<P2PLeftover> leftovers;
+    match_p2p(p_, space, matches, leftovers);
+    for (const auto& m : matches) {
+      auto& v = recv_sends_[m.recv_op];
+      if (std::find(v.begin(), v.end(), m.send_op) == v.end()) v.push_back(m.send_op);
+    }
+    std::vector<CollectivePair> pairs;
+    std::vector<CollectiveCount> counts;
+    match_collectives(p_, space, pairs, counts);
+    for (const auto& c : pairs) watched_[c.op_a] = watched_[c.op_b] = Value();
+
+    // Each program runs with its own copy of the declared tensors. A Recv takes the type of its
+    // Send, so the programs advance in turn; a Recv whose Send has not been reached yet waits.
+    struct State {
+      std::vector<Value> env;
+      std::vector<Origin> origins;
+      std::uint32_t pc, end;
+    };
+    std::vector<State> states;
+    for (const auto& prog : space.programs) {
+      env_.assign(p_.names.size(), Value());
+      origins_.clear();
+      for (const auto& t : p_.tensors) declare(t);
+      states.push_back({std::move(env_), std::move(origins_), prog.first_op, prog.first_op + prog.n_ops});
+    }
+    bool force = false;  // no program could advance: let waiting Recvs go on without a Send's type
+    for (;;) {
+      bool progress = false, pending = false;
+      for (auto& st : states) {
+        if (st.pc == st.end) continue;
+        env_ = std::move(st.env);
+        origins_ = std::move(st.origins);
+        while (st.pc < st.end) {
+          if (!force && recv_waits(static_cast<int>(st.pc))) break;
+          step(static_cast<int>(st.pc++));
+          progress = true;
+          force = false;
+        }
+        pending |= st.pc < st.end;
+        st.env = std::move(env_);
+        st.origins = std::move(origins_);
+      }
+      if (!pending) break;
+      force = !progress;
+    }
+    for (auto& st : states) {
+      env_ = std::move(st.env);
+      origins_ = std::move(st.origins);
+      check_outputs();
+    }
+    compare_collectives(pairs, space);
     obl_.solve(diags_);
     sort_and_cap(diags_, diags_.size());
+    // Programs share declarations and outputs: report each finding once.
+    diags_.erase(std::unique(diags_.begin(), diags_.end(),
+                             [](const Diagnostic& a, const Diagnostic& b) {
+                               return a.id == b.id && a.loc.line == b.loc.line && a.loc.col == b.loc.col && a.message == b.message;
+                             }),
+                 diags_.end());
     return std::move(diags_);
   }
 
@@ -301,7 +359,27 @@ class Checker {
       for (auto& o : out_) o = Value();
       apply();
     }
+    if (op_->kind == OpKind::Send && !in_.empty()) {
+      Value v = *in_[0];
+      v.poisoned |= failed_ || poisoned || !v.defined;
+      sent_[i] = v;
+    }
+    if (auto w = watched_.find(i); w != watched_.end() && !in_.empty()) {
+      w->second = *in_[0];
+      w->second.poisoned |= poisoned || !w->second.defined;
+    }
     auto outs = p_.outs(*op_);
+    if (op_->kind == OpKind::OverlapRegion) {
+      // Opaque compute writing its outputs in place: they keep their values (and must exist).
+      for (NameId n : outs)
+        if (!env_[static_cast<std::size_t>(n)].defined) {
+          report(CheckId::UndefinedTensor,
+                 fmt::format("OverlapRegion writes {} in place, but no declaration or earlier op defines it", p_.name(n)), p_.name(n));
+          env_[static_cast<std::size_t>(n)].defined = true;
+          env_[static_cast<std::size_t>(n)].poisoned = true;
+        }
+      return;
+    }
     for (std::size_t k = 0; k < outs.size(); ++k) {
       Value v;
       if (failed_ || poisoned) {
@@ -375,7 +453,8 @@ class Checker {
       case OpKind::Gather: return gather();
       case OpKind::Send:
       case OpKind::Wait:
-      case OpKind::WaitAll: return;  // no value produced; their order is the temporal checks' concern
+      case OpKind::WaitAll:
+      case OpKind::OverlapRegion: return;  // no new value; their order is the temporal checks' concern
       case OpKind::Recv: return recv();
       case OpKind::Cast:
       case OpKind::FP8Dequantize: return linear();
@@ -386,7 +465,6 @@ class Checker {
       case OpKind::Reinterpret: return reinterpret();
       case OpKind::Convert: return convert();
       case OpKind::SPMDGuard: return guard();
-      case OpKind::OverlapRegion:
       case OpKind::ZeROGatherParam:
       case OpKind::ZeROScatterGrad:
       case OpKind::ZeROPartitionOptState:
@@ -527,7 +605,7 @@ class Checker {
   void add_like(bool multiply) {
     const std::string op = opname();
     if (n_in() == 1) {
-      Value& o = out() = in(0);
+      out() = in(0);
       if (!at().has_number) return report(CheckId::ShapeMismatch, fmt::format("{} with one input needs `scalar:`", op), iname(0));
       for (int a = 0; a < axes(); ++a) {
         Placement p = pin(0, a);
@@ -1233,13 +1311,60 @@ class Checker {
     }
   }
 
+  // A Recv waits (in the round-robin over programs) until one of its Sends has been reached.
+  bool recv_waits(int i) const {
+    if (p_.ops[static_cast<std::size_t>(i)].kind != OpKind::Recv) return false;
+    auto it = recv_sends_.find(i);
+    if (it == recv_sends_.end()) return false;
+    return std::none_of(it->second.begin(), it->second.end(), [&](int s) { return sent_.count(s) > 0; });
+  }
+
+  // A Recv takes the type of its matching Send (every Send it pairs with, on every rank running
+  // it, must agree); a declared shape, dtype or placement is checked against it (p2p-mismatch).
+  // Without a reached Send (unmatched, or a deadlock) the declared type stands in, else nothing.
   void recv() {
     Value& o = out();
-    if (at().shape == kNoIndex)
-      return report(CheckId::ShapeMismatch,
-                    "Recv without `shape:` takes the type of its matching Send, which needs the temporal analyzer (not in this version); declare "
-                    "`shape:` (and `placement:`) on the Recv",
-                    oname(0));
+    const Value* sent = nullptr;
+    int send_op = -1;
+    if (auto it = recv_sends_.find(op_idx_); it != recv_sends_.end())
+      for (int s : it->second)
+        if (auto v = sent_.find(s); v != sent_.end()) {
+          if (!sent) {
+            sent = &v->second;
+            send_op = s;
+          } else if (!sent->poisoned && !v->second.poisoned) {
+            std::string why = type_difference(*sent, v->second);
+            if (!why.empty())
+              return report(CheckId::P2PMismatch,
+                            fmt::format("Recv of {} pairs with Sends that disagree on different ranks: the Send at line {} sends {}, the Send at line {} "
+                                        "sends {} ({})",
+                                        oname(0), line_of(send_op), type_str(*sent), line_of(s), type_str(v->second), why),
+                            oname(0), {{p_.ops[static_cast<std::size_t>(send_op)].loc, "one Send is here"}, {p_.ops[static_cast<std::size_t>(s)].loc, "the other Send is here"}});
+          }
+        }
+    if (sent && sent->poisoned) {
+      failed_ = true;  // the sent value already has an error: no cascade
+      return;
+    }
+    if (sent) {
+      o.rank = sent->rank;
+      o.shape = sent->shape;
+      o.dtype = sent->dtype;
+      o.uneven = sent->uneven;
+      for (int a = 0; a < axes(); ++a) {
+        Placement pl = sent->pl[static_cast<std::size_t>(a)];
+        o.pl[static_cast<std::size_t>(a)] = pl;
+        if (!pl.is_r())
+          o.origin[static_cast<std::size_t>(a)] =
+              new_origin(here(), oname(0), pl, a, fmt::format("received from the Send at line {}", line_of(send_op)));
+      }
+      check_declared(*sent, send_op);
+      return;
+    }
+    if (at().shape == kNoIndex) {
+      failed_ = true;  // no Send reached it and no declared type: unmatched-p2p or a deadlock says why
+      return;
+    }
     set_shape(o, p_.shapes[at().shape]);
     if (at().has_dtype) o.dtype = at().dtype;
     if (at().placements != kNoIndex) {
@@ -1253,6 +1378,104 @@ class Checker {
         }
         set_new(o, a, pl, fmt::format("declared {} by this Recv", ps(pl)));
       }
+    }
+  }
+
+  std::uint32_t line_of(int op) const { return p_.ops[static_cast<std::size_t>(op)].loc.line; }
+
+  std::string type_str(const Value& v) const {
+    std::string pl;
+    for (int a = 0; a < axes(); ++a) pl += (a ? ", " : "") + axn(a) + ": " + ps(v.pl[static_cast<std::size_t>(a)]);
+    return fmt::format("{} {} {{{}}}", sstr(v.dims()), dtype_name(v.dtype), pl);
+  }
+
+  // Why two values differ (empty: they agree, or their dims differ only symbolically, left to the solver).
+  std::string type_difference(const Value& a, const Value& b, bool placements = true) {
+    if (a.rank != b.rank) return fmt::format("rank {} vs {}", a.rank, b.rank);
+    for (std::size_t d = 0; d < a.rank; ++d)
+      if (obl_.decide(OblKind::Equal, a.shape[d], b.shape[d]) == Decision::Fails)
+        return fmt::format("dim {} is {} vs {}", d, dstr(a.shape[d]), dstr(b.shape[d]));
+    if (a.dtype != b.dtype) return fmt::format("dtype {} vs {}", dtype_name(a.dtype), dtype_name(b.dtype));
+    if (placements)
+      for (int x = 0; x < axes(); ++x)
+        if (!(a.pl[static_cast<std::size_t>(x)] == b.pl[static_cast<std::size_t>(x)]))
+          return fmt::format("{} vs {} over {}", ps(a.pl[static_cast<std::size_t>(x)]), ps(b.pl[static_cast<std::size_t>(x)]), axn(x));
+    return "";
+  }
+
+  // Symbolic dims that may differ: an obligation, proved (or refuted with a counterexample) by Z3.
+  void defer_equal(const Value& a, const Value& b, CheckId id, const std::string& what_a, const std::string& what_b) {
+    if (a.rank != b.rank) return;
+    for (std::size_t d = 0; d < a.rank; ++d)
+      if (obl_.decide(OblKind::Equal, a.shape[d], b.shape[d]) == Decision::Deferred && obl_.first_time(OblKind::Equal, a.shape[d], b.shape[d]))
+        obl_.push({OblKind::Equal, a.shape[d], b.shape[d], id, here(), op_idx_, oname(0),
+                   fmt::format("dim {} of {} ({}) must equal dim {} of {} ({})", d, what_b, dstr(b.shape[d]), d, what_a, dstr(a.shape[d])), {}});
+  }
+
+  // The Recv's declared shape, dtype and placement against what its Send sends.
+  void check_declared(const Value& sent, int send_op) {
+    std::vector<Note> notes{{p_.ops[static_cast<std::size_t>(send_op)].loc, fmt::format("the matching Send (FIFO order per sender and receiver) is here")}};
+    if (at().shape != kNoIndex) {
+      Value want;
+      set_shape(want, p_.shapes[at().shape]);
+      want.dtype = sent.dtype;
+      std::string why = type_difference(sent, want, false);
+      if (!why.empty())
+        return report(CheckId::P2PMismatch,
+                      fmt::format("Recv of {} declares shape {}, but its matching Send sends {} ({})", oname(0), sstr(want.dims()), type_str(sent), why),
+                      oname(0), notes);
+      defer_equal(sent, want, CheckId::P2PMismatch, fmt::format("the value the Send at line {} sends", line_of(send_op)), "the declared shape of " + oname(0));
+    }
+    if (at().has_dtype && at().dtype != sent.dtype)
+      return report(CheckId::P2PMismatch,
+                    fmt::format("Recv of {} declares dtype {}, but its matching Send sends {}", oname(0), dtype_name(at().dtype), type_str(sent)), oname(0),
+                    notes);
+    if (at().placements != kNoIndex) {
+      const Placements& pm = p_.placement_maps[at().placements];
+      for (int a = 0; a < axes(); ++a) {
+        Placement want = pm[static_cast<std::size_t>(a)];
+        if (want.is_s() && want.dim < 0) want.dim = static_cast<std::int16_t>(want.dim + sent.rank);
+        if (!(want == sent.pl[static_cast<std::size_t>(a)]))
+          return report(CheckId::P2PMismatch,
+                        fmt::format("Recv of {} declares {} over {}, but its matching Send sends {}", oname(0), ps(want), axn(a), type_str(sent)),
+                        oname(0), notes);
+      }
+    }
+  }
+
+  // Matched collectives of different programs must agree on shape and dtype (kind, axis and
+  // reduce op are the temporal checker's: it reports those).
+  void compare_collectives(const std::vector<CollectivePair>& pairs, const RankSpace& space) {
+    std::set<std::pair<int, int>> seen;
+    for (const auto& c : pairs) {
+      const Op& a = p_.ops[static_cast<std::size_t>(c.op_a)];
+      const Op& b = p_.ops[static_cast<std::size_t>(c.op_b)];
+      if (a.kind != b.kind || a.attrs.axes != b.attrs.axes || a.attrs.rop != b.attrs.rop) continue;
+      if (!seen.insert({c.op_a, c.op_b}).second) continue;
+      const Value& va = watched_[c.op_a];
+      const Value& vb = watched_[c.op_b];
+      if (va.poisoned || vb.poisoned || !va.defined || !vb.defined) continue;
+      op_ = &b;
+      op_idx_ = c.op_b;
+      std::string why = type_difference(va, vb, false);
+      std::string an = p_.name(p_.ins(a)[0]), bn = p_.name(p_.ins(b)[0]);
+      if (!why.empty()) {
+        Diagnostic d;
+        d.id = CheckId::CollectiveMismatch;
+        d.loc = b.loc;
+        d.op = c.op_b;
+        d.tensor = bn;
+        d.message = fmt::format("{} is the {} collective of its group on rank {} with {} {}, but rank {} issues it with {} {} ({}): the ranks of a "
+                                "group must exchange tensors of one shape and dtype",
+                                op_name(b.kind), ordinal(c.seq + 1), space.label(p_, c.rank_b), bn, type_str(vb), space.label(p_, c.rank_a), an,
+                                type_str(va), why);
+        d.notes.push_back({a.loc, fmt::format("rank {} issues it here", space.label(p_, c.rank_a))});
+        d.ranks = {space.label(p_, c.rank_a), space.label(p_, c.rank_b)};
+        diags_.push_back(std::move(d));
+        continue;
+      }
+      defer_equal(va, vb, CheckId::CollectiveMismatch, fmt::format("{} on rank {} (line {})", an, space.label(p_, c.rank_a), a.loc.line),
+                  fmt::format("{} on rank {}", bn, space.label(p_, c.rank_b)));
     }
   }
 
@@ -1578,6 +1801,9 @@ class Checker {
   std::vector<const Value*> in_;
   std::array<Value, 2> out_{};
   bool failed_ = false;
+  std::unordered_map<int, std::vector<int>> recv_sends_;  // Recv op -> the Send ops it pairs with (on some rank)
+  std::unordered_map<int, Value> sent_;                   // Send op -> the value it sends, once reached
+  std::unordered_map<int, Value> watched_;                // collective op -> its input (ops matched across programs)
 };
 
 }  // namespace
