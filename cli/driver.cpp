@@ -39,6 +39,7 @@ struct Options {
   unsigned z3_timeout_ms = 10000;
   std::size_t max_diagnostics = 50;
   std::string dump_hb;  // --dump-hb FILE ("-" = stdout)
+  std::string p2p_model;  // --p2p-model eager|rendezvous (overrides the file's `p2p_model`)
 };
 
 // Loads and checks one file; `dot`, when set, receives the happens-before graph.
@@ -56,7 +57,10 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
   SpatialOptions so;
   so.z3_timeout_ms = opt.z3_timeout_ms;
   r.diags = check_spatial(r.program, so);
-  for (auto& d : check_temporal(r.program, {dot})) r.diags.push_back(std::move(d));
+  TemporalOptions to;
+  to.dot = dot;
+  if (!opt.p2p_model.empty()) to.p2p_model = opt.p2p_model == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
+  for (auto& d : check_temporal(r.program, to)) r.diags.push_back(std::move(d));
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   return r;
 }
@@ -208,6 +212,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     check->add_option("--z3-timeout", opt.z3_timeout_ms, "solver time limit per obligation, in milliseconds (a timeout is reported, never passed)");
     check->add_option("--max-diagnostics", opt.max_diagnostics, "show at most N diagnostics per file");
     check->add_option("--dump-hb", opt.dump_hb, "write the happens-before graph as Graphviz DOT to FILE (- for stdout)");
+    check->add_option("--p2p-model", opt.p2p_model,
+                      "buffering of point-to-point sends for the deadlock check: eager (a send completes at once) or rendezvous (a blocking send "
+                      "waits for its receive); overrides the file's `p2p_model`, default rendezvous")
+        ->check(CLI::IsMember({"eager", "rendezvous"}));
     std::vector<std::string> paths;
     auto* test = app.add_subcommand("test", "check files (or directories) against their `expect:`; closing line 'N passed, N failed'");
     test->add_option("paths", paths, "files or directories")->required();
