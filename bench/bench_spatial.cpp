@@ -3,6 +3,7 @@
 // usage: spmd_bench [OPS...]          (default: 10000 100000 1000000)
 //        spmd_bench --yaml OPS > f.yaml  (the same program as YAML, to time `spmdcheck check` end to end)
 //        spmd_bench --temporal [OPS...]  (temporal check of generated async-overlap programs, 2 streams + comm)
+//        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
 #include <sys/resource.h>
@@ -31,6 +32,30 @@ int main(int argc, char** argv) {
     spmd::bench::GenOptions g;
     g.layers = static_cast<int>(std::max(1L, std::atol(argv[2]) / 22));
     std::fputs(spmd::print_program(spmd::bench::make_transformer(g)).c_str(), stdout);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--pipeline") {
+    std::vector<long> ts;
+    for (int i = 2; i < argc; ++i) ts.push_back(std::atol(argv[i]));
+    if (ts.empty()) ts = {10'000, 100'000, 1'000'000};
+    std::printf("%10s %8s %14s %14s %14s\n", "events", "ranks", "eager (ms)", "rendezv. (ms)", "peak RSS (MiB)");
+    for (long t : ts) {
+      spmd::Program p = spmd::bench::make_pipeline(8, static_cast<int>(std::max(1L, t / 88)));
+      double ms[2];
+      for (int k = 0; k < 2; ++k) {
+        spmd::TemporalOptions o;
+        o.p2p_model = k == 0 ? spmd::P2PModel::Eager : spmd::P2PModel::Rendezvous;
+        auto t0 = std::chrono::steady_clock::now();
+        auto diags = spmd::check_temporal(p, o);
+        auto t1 = std::chrono::steady_clock::now();
+        if (!diags.empty()) {
+          std::fprintf(stderr, "pipeline program is expected to be clean, got %zu diagnostics: %s\n", diags.size(), diags[0].message.c_str());
+          return 1;
+        }
+        ms[k] = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      }
+      std::printf("%10zu %8d %14.1f %14.1f %14ld\n", p.ops.size(), 8, ms[0], ms[1], peak_rss_mib());
+    }
     return 0;
   }
   bool temporal = argc > 1 && std::string(argv[1]) == "--temporal";
