@@ -90,9 +90,8 @@ class Loader {
       // yaml-cpp lets an unclosed quote swallow the rest of the file; say so where it opens.
       if (v.IsScalar() && opens_quote(v) && !closes_quote(v))
         fail(v, "invalid YAML: the quoted string that starts here is never closed (it swallows the rest of the file)");
-      if (key == "schedule" || key == "train" || key == "backward")
-        fail(k, "`" + key + "` is not supported yet: pipeline schedules and training arrive with the schedule and autograd "
-                "analyzers");
+      if (key == "train" || key == "backward")
+        fail(k, "`" + key + "` is not supported yet: training programs arrive with the autograd analyzer");
     });
     if (auto n = root["name"]; n.IsDefined()) {
       if (!n.IsScalar()) fail(n, "`name` must be a string");
@@ -105,9 +104,16 @@ class Loader {
     if (auto n = root["tensors"]; n.IsDefined() && !n.IsNull()) load_tensors(n);
     auto ops = root["ops"];
     auto programs = root["programs"];
-    if (ops.IsDefined() && programs.IsDefined()) fail(programs, "give either `ops` (one program for every rank) or `programs` (per-rank programs), not both");
-    if (!ops.IsDefined() && !programs.IsDefined()) fail(root, "missing key `ops`: the list of ops every rank runs (or `programs:` for per-rank programs)");
-    if (ops.IsDefined()) {
+    if (auto sched = root["schedule"]; sched.IsDefined()) {
+      if (ops.IsDefined() || programs.IsDefined())
+        fail(sched, "a `schedule` expands to per-stage programs: give it instead of `ops` or `programs`, not with them");
+      load_schedule(sched);
+      ops = YAML::Node();
+    } else if (ops.IsDefined() && programs.IsDefined()) fail(programs, "give either `ops` (one program for every rank) or `programs` (per-rank programs), not both");
+    if (!p_.schedule.present && !ops.IsDefined() && !programs.IsDefined()) fail(root, "missing key `ops`: the list of ops every rank runs (or `programs:` for per-rank programs)");
+    if (p_.schedule.present) {
+      // The programs come from the schedule (expanded by schedules/, which the loader does not see).
+    } else if (ops.IsDefined()) {
       load_ops(ops);
       p_.programs.push_back({loc_of(ops), {}, 0, static_cast<std::uint32_t>(p_.ops.size())});
     } else {
@@ -358,6 +364,48 @@ class Loader {
     for (const auto& item : n) load_op(item);
   }
 
+  // schedule: {kind: 1F1B, axis: pp, microbatches: 8, virtual_stages: 2} or {csv: file.csv, axis: pp}
+  void load_schedule(const YAML::Node& n) {
+    if (!n.IsMap()) fail(n, "`schedule` must be a mapping, e.g. {kind: 1F1B, axis: pp, microbatches: 8} or {csv: schedule.csv}");
+    ScheduleSpec& sp = p_.schedule;
+    sp.present = true;
+    sp.loc = loc_of(n);
+    for_each_key(n, {"kind", "axis", "microbatches", "virtual_stages", "csv"}, "`schedule`", [](const YAML::Node&, const YAML::Node&) {});
+    auto kind = n["kind"], csv = n["csv"];
+    if (kind.IsDefined() == csv.IsDefined()) fail(n, "`schedule` needs exactly one of `kind` (a generator) and `csv` (a PyTorch pipelining CSV file)");
+    std::string axis = "pp";
+    if (auto a = n["axis"]; a.IsDefined()) {
+      if (!a.IsScalar()) fail(a, "`axis` of `schedule` must be a mesh axis name");
+      axis = a.Scalar();
+    }
+    int ax = -1;
+    for (std::size_t i = 0; i < p_.mesh.size(); ++i)
+      if (p_.mesh[i].name == axis) ax = static_cast<int>(i);
+    if (ax < 0) fail(n["axis"].IsDefined() ? n["axis"] : n, "the schedule's axis '" + axis + "' is not a mesh axis" + suggestion(axis, p_.axis_names()));
+    if (!p_.exprs.is_const(p_.mesh[static_cast<std::size_t>(ax)].size))
+      fail_at(p_.mesh[static_cast<std::size_t>(ax)].loc, "the pipeline axis " + axis + " needs a concrete size");
+    sp.axis = ax;
+    sp.ranks = p_.exprs.value(p_.mesh[static_cast<std::size_t>(ax)].size);
+    if (kind.IsDefined()) {
+      if (!kind.IsScalar()) fail(kind, "`kind` must be GPipe, 1F1B, Interleaved1F1B or ZBH1");
+      static const std::vector<std::string> kinds = {"GPipe", "1F1B", "Interleaved1F1B", "ZBH1", "ZeroBubble", "ZB-H1"};
+      if (std::find(kinds.begin(), kinds.end(), kind.Scalar()) == kinds.end())
+        fail(kind, "unknown schedule kind '" + kind.Scalar() + "'" + suggestion(kind.Scalar(), kinds) + " (kinds: GPipe, 1F1B, Interleaved1F1B, ZBH1)");
+      sp.kind = kind.Scalar();
+      auto m = n["microbatches"];
+      if (!m.IsDefined()) fail(n, "a generated schedule needs `microbatches`");
+      sp.microbatches = attr_int(m, "`microbatches`", 1, 1 << 20);
+      if (auto v = n["virtual_stages"]; v.IsDefined()) sp.virtual_stages = attr_int(v, "`virtual_stages`", 1, 64);
+      sp.kind_loc = loc_of(kind);
+    } else {
+      if (!csv.IsScalar() || csv.Scalar().empty()) fail(csv, "`csv` must be a file name (relative to this file)");
+      sp.csv = csv.Scalar();
+      sp.csv_loc = loc_of(csv);
+      for (const char* k : {"microbatches", "virtual_stages"})
+        if (n[k].IsDefined()) fail(n[k], std::string("`") + k + "` comes from the CSV file; remove it");
+    }
+  }
+
   void load_programs(const YAML::Node& n) {
     if (!n.IsSequence() || n.size() == 0) fail(n, "`programs` must be a non-empty list of {ranks: {axis: coordinate}, ops: [...]}");
     p_.per_rank = true;
@@ -543,7 +591,7 @@ class Loader {
         return;
       case AttrType::Name:
         if (!v.IsScalar() || v.Scalar().empty()) fail(v, what + " must be a name");
-        (n == "handle" ? a.handle : n == "group" ? a.group : a.stream) = p_.intern(v.Scalar());
+        (n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : a.stream) = p_.intern(v.Scalar());
         return;
       case AttrType::Names:
         a.handles = static_cast<std::uint32_t>(p_.name_lists.size());

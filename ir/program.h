@@ -75,6 +75,7 @@ struct OpAttrs {
   std::uint32_t handles = kNoIndex;    // `handles`: index into Program::name_lists
   std::uint32_t bad_axis = kNoIndex;   // an `axis` the mesh lacks: index into Program::bad_axes (a finding, not a load error)
   NameId handle = -1, stream = -1, group = -1;  // group: a batched point-to-point group (batch_isend_irecv)
+  NameId matches = -1, label = -1;              // Recv: the name its Send must send; Step: its label (e.g. 1F3)
   double number = 0;                   // scalar / scale / p / eps
   Placement to{}, from{};
   ReduceOp rop = ReduceOp::Sum;
@@ -110,6 +111,17 @@ struct RankProgram {
 
 enum class P2PModel : std::uint8_t { Eager, Rendezvous };
 
+// `schedule:` in a program: a generated or imported pipeline schedule (expanded by schedules/).
+struct ScheduleSpec {
+  bool present = false;
+  std::string kind;           // GPipe | 1F1B | Interleaved1F1B | ZBH1 (empty with csv)
+  std::string csv;            // a PyTorch pipelining CSV file, relative to the program file
+  int axis = -1;              // the pipeline mesh axis
+  std::int64_t ranks = 0;     // its size
+  std::int64_t microbatches = 0, virtual_stages = 1;
+  Loc loc, kind_loc, csv_loc;
+};
+
 struct Program {
   std::string file;
   std::string title;  // `name:` of the program
@@ -122,6 +134,7 @@ struct Program {
   std::unordered_map<std::string, NameId> name_ids;
   std::vector<TensorDecl> tensors;
   std::vector<Op> ops;
+  ScheduleSpec schedule;
   std::vector<RankProgram> programs;       // always at least one (SPMD `ops:` is one program for all ranks)
   bool per_rank = false;                   // written with `programs:`
   bool has_p2p_model = false;

@@ -433,6 +433,7 @@ class Checker {
       case OpKind::GELU:
       case OpKind::ReLU:
       case OpKind::FP8Quantize: return nonlinear();
+      case OpKind::Step: return step_rule();
       case OpKind::Dropout: return dropout();
       case OpKind::LayerNorm:
       case OpKind::RMSNorm: return norm();
@@ -571,6 +572,14 @@ class Checker {
       if (pin(0, a).is_p())
         return partial_misuse(0, a, pin(0, a).op == ReduceOp::Sum ? "a nonlinear op on a pending sum is not the sum of its parts"
                                                                    : "a nonlinear op on a pending reduction is not the reduction of its parts");
+  }
+
+  // An opaque step: its output has the type of its first input; nothing is known to be linear.
+  void step_rule() {
+    out() = in(0);
+    for (int i = 0; i < n_in(); ++i)
+      for (int a = 0; a < axes(); ++a)
+        if (pin(i, a).is_p()) return partial_misuse(i, a, "an opaque compute step is not known to be linear in a pending sum");
   }
 
   void linear() {

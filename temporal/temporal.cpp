@@ -103,7 +103,6 @@ struct Rank {
   bool group_end = false;             // the pending wait is the end of a batched group
   std::unordered_map<NameId, int> chains;
   std::unordered_map<NameId, int> live;        // handle name -> its latest instance
-  std::unordered_map<NameId, Buffer> buffers;  // buffers are per rank
   std::unordered_map<std::int64_t, int> seq;   // collective group -> next sequence number
   NameId group = -1;                           // the open batched group
   std::vector<int> group_insts;
@@ -124,6 +123,9 @@ class Engine {
   }
 
   void run() {
+    events_.reserve(p_.ops.size() + 16);
+    edges_.reserve(2 * p_.ops.size() + 16);
+    bufs_.reserve(p_.ops.size() + 16);
     static_matching();
     ranks_.resize(static_cast<std::size_t>(space_.count()));
     for (int r = 0; r < space_.count(); ++r) {
@@ -170,7 +172,13 @@ class Engine {
     return std::move(diags_);
   }
 
-  const Graph& graph() const { return graph_; }
+  // The happens-before graph (program order, issue, completion -> Wait, Send -> Recv, collective
+  // hubs) as a Boost.Graph adjacency list; built on request (the checks use the clocks).
+  Graph graph() const {
+    Graph g(events_.size());
+    for (auto [a, b] : edges_) boost::add_edge(static_cast<std::size_t>(a), static_cast<std::size_t>(b), g);
+    return g;
+  }
   const std::vector<Event>& events() const { return events_; }
   const std::vector<Chain>& chains() const { return chains_; }
   std::string rank_label(int r) const { return space_.label(p_, r); }
@@ -201,7 +209,24 @@ class Engine {
     std::vector<P2PLeftover> leftovers;
     match_p2p(p_, space_, matches, leftovers);
     std::map<std::pair<int, int>, int> count;  // (src, dst) -> matched transfers
-    for (const auto& m : matches) ++count[{m.src, m.dst}];
+    std::set<std::pair<int, int>> named;       // (send op, recv op) pairs already reported
+    for (const auto& m : matches) {
+      int k = ++count[{m.src, m.dst}];
+      // A Recv that names the tensor it expects (`matches:`) must get that tensor from FIFO pairing.
+      const Op& rv = p_.ops[static_cast<std::size_t>(m.recv_op)];
+      const Op& sd = p_.ops[static_cast<std::size_t>(m.send_op)];
+      NameId sent = p_.ins(sd)[0];
+      if (rv.attrs.matches < 0 || rv.attrs.matches == sent || !named.insert({m.send_op, m.recv_op}).second) continue;
+      Diagnostic d = diag(CheckId::P2PMismatch, rv, m.recv_op,
+                          fmt::format("Recv on rank {} expects {} from rank {}, but FIFO pairing per (src, dst) delivers {}: it is the {} Recv from {} "
+                                      "and meets the {} Send to it",
+                                      lbl(m.dst), p_.name(rv.attrs.matches), lbl(m.src), p_.name(sent), ordinal(k), lbl(m.src), ordinal(k)));
+      d.tensor = p_.name(p_.outs(rv)[0]);
+      d.notes.push_back({sd.loc, fmt::format("rank {} sends {} here", lbl(m.src), p_.name(sent))});
+      d.notes.push_back({rv.loc, "fix: post the receives in the order the peer posts its sends (there are no tags)"});
+      d.ranks = {lbl(m.src), lbl(m.dst)};
+      diags_.push_back(std::move(d));
+    }
     for (const auto& l : leftovers) {
       const Op& op = p_.ops[static_cast<std::size_t>(l.op)];
       int src = l.is_send ? l.rank : l.peer, dst = l.is_send ? l.peer : l.rank;
@@ -281,10 +306,9 @@ class Engine {
     std::uint32_t stamp = ++ch.vc[static_cast<std::size_t>(chain)];
     int id = static_cast<int>(events_.size());
     events_.push_back({op, chain, stamp, kind});
-    boost::add_vertex(graph_);
-    if (ch.last >= 0) boost::add_edge(static_cast<std::size_t>(ch.last), static_cast<std::size_t>(id), graph_);
+    if (ch.last >= 0) edges_.push_back({ch.last, id});
     for (int x : from)
-      if (x >= 0 && x != ch.last) boost::add_edge(static_cast<std::size_t>(x), static_cast<std::size_t>(id), graph_);
+      if (x >= 0 && x != ch.last) edges_.push_back({x, id});
     ch.last = id;
     return id;
   }
@@ -387,9 +411,9 @@ class Engine {
     // Issued from the program's default stream: everything before it there happens before its start.
     int calling = chain_of(r, compute_);
     const Chain& cc = chains_[static_cast<std::size_t>(calling)];
-    VC before = cc.vc;
     int from = cc.last;
-    int ev = add_event(i, chain, &before, std::span<const int>(&from, 1));
+    // (no chain is added from here on, so the calling chain's clock can be joined in place)
+    int ev = add_event(i, chain, calling == chain ? nullptr : &cc.vc, std::span<const int>(&from, 1));
     if (!implicit) {
       auto live = R.live.find(op.attrs.handle);
       if (live != R.live.end() && insts_[static_cast<std::size_t>(live->second)].wait_event < 0) {
@@ -460,13 +484,12 @@ class Engine {
       for (int x : done.eps) complete_ep(x, &done.vc);
       int hub = static_cast<int>(events_.size());
       events_.push_back({i, -1, 0, EventKind::Hub});
-      boost::add_vertex(graph_);
       hubs_[hub] = fmt::format("{} #{}", coll_str(op), eps_[static_cast<std::size_t>(e)].seq + 1);
       for (int x : done.eps) {
         Endpoint& m = eps_[static_cast<std::size_t>(x)];
         // Async: issue -> hub (the hub is where it completes); synchronous: hub -> the op's one event.
-        if (m.event >= 0 && m.inst >= 0) boost::add_edge(static_cast<std::size_t>(m.event), static_cast<std::size_t>(hub), graph_);
-        else if (m.event >= 0) boost::add_edge(static_cast<std::size_t>(hub), static_cast<std::size_t>(m.event), graph_);
+        if (m.event >= 0 && m.inst >= 0) edges_.push_back({m.event, hub});
+        else if (m.event >= 0) edges_.push_back({hub, m.event});
         VC().swap(m.vc);
       }
     }
@@ -476,12 +499,11 @@ class Engine {
   // A Send meets its Recv: the Recv completes after the Send was posted; a rendezvous Send
   // completes once the Recv is posted.
   void transfer(int s, int rv) {
-    VC sent = eps_[static_cast<std::size_t>(s)].vc;
-    VC posted = eps_[static_cast<std::size_t>(rv)].vc;
-    complete_ep(rv, &sent);
-    if (!eps_[static_cast<std::size_t>(s)].complete) complete_ep(s, &posted);
+    // (complete_ep never adds endpoints, so these references stay valid)
+    complete_ep(rv, &eps_[static_cast<std::size_t>(s)].vc);
+    if (!eps_[static_cast<std::size_t>(s)].complete) complete_ep(s, &eps_[static_cast<std::size_t>(rv)].vc);
     int a = eps_[static_cast<std::size_t>(s)].event, b = eps_[static_cast<std::size_t>(rv)].event;
-    if (a >= 0 && b >= 0) boost::add_edge(static_cast<std::size_t>(a), static_cast<std::size_t>(b), graph_);
+    if (a >= 0 && b >= 0) edges_.push_back({a, b});
     VC().swap(eps_[static_cast<std::size_t>(s)].vc);
     VC().swap(eps_[static_cast<std::size_t>(rv)].vc);
   }
@@ -492,7 +514,7 @@ class Engine {
     if (ep.inst >= 0) {
       VC v = ep.vc;
       if (extra) join(v, *extra);
-      complete_inst(ep.inst, v);
+      complete_inst(ep.inst, std::move(v));
       return;
     }
     // A synchronous op: its one event happens now, on its rank's stream.
@@ -511,10 +533,10 @@ class Engine {
     }
   }
 
-  void complete_inst(int inst, const VC& v) {
+  void complete_inst(int inst, VC v) {
     Instance& h = insts_[static_cast<std::size_t>(inst)];
     h.complete = true;
-    h.done_vc = v;
+    h.done_vc = std::move(v);
     Rank& R = ranks_[static_cast<std::size_t>(h.rank)];
     if (R.blocked && !R.waiting.empty() &&
         std::all_of(R.waiting.begin(), R.waiting.end(), [&](int x) { return insts_[static_cast<std::size_t>(x)].complete; })) {
@@ -636,7 +658,7 @@ class Engine {
 
   // Checks the access y against the buffer's earlier accesses on this rank, then records it.
   void access(int r, NameId buf, Access y, const Op& yop) {
-    auto& b = ranks_[static_cast<std::size_t>(r)].buffers[buf];
+    Buffer& b = buffer(r, buf);
     if (b.last_write && b.last_write->event != y.event && !ended_before(*b.last_write, y.event)) report(r, buf, *b.last_write, y, yop);
     if (y.write)
       for (const auto& x : b.reads)
@@ -653,6 +675,20 @@ class Engine {
                       b.reads.end());
       b.reads.push_back(y);
     }
+  }
+
+  // Buffers are per rank; most names live on one rank, so each name heads a short list of (rank, buffer).
+  Buffer& buffer(int r, NameId n) {
+    if (static_cast<std::size_t>(n) >= buf_head_.size()) buf_head_.resize(std::max(p_.names.size(), static_cast<std::size_t>(n) + 1), -1);
+    int* link = &buf_head_[static_cast<std::size_t>(n)];
+    while (*link >= 0) {
+      BufSlot& sl = bufs_[static_cast<std::size_t>(*link)];
+      if (sl.rank == r) return sl.b;
+      link = &sl.next;
+    }
+    *link = static_cast<int>(bufs_.size());
+    bufs_.push_back({r, -1, {}});
+    return bufs_.back().b;
   }
 
   std::string inst_name(int inst) const {
@@ -916,9 +952,15 @@ class Engine {
   std::vector<Endpoint> eps_;
   std::unordered_map<std::int64_t, Slot> slots_;
   std::unordered_map<std::int64_t, Channel> channels_;
+  struct BufSlot {
+    int rank, next;
+    Buffer b;
+  };
+  std::vector<int> buf_head_;     // name -> first slot
+  std::vector<BufSlot> bufs_;
   std::vector<std::pair<int, int>> waits_;  // (event, op) of every Wait, in order
   std::unordered_map<int, std::string> hubs_;
-  Graph graph_;
+  std::vector<std::pair<int, int>> edges_;
   std::vector<Diagnostic> diags_;
   std::map<std::string, std::pair<Diagnostic, std::vector<int>>> local_;
 };
@@ -949,8 +991,9 @@ void dot_graph(const Program& program, const Engine& e, std::ostream& out) {
   }
   for (std::size_t i = 0; i < ev.size(); ++i)
     if (ev[i].chain < 0) out << "  e" << i << " [shape=ellipse, label=\"" << e.hub_label(static_cast<int>(i)) << "\"];\n";
-  auto [it, end] = boost::edges(e.graph());
-  for (; it != end; ++it) out << "  e" << boost::source(*it, e.graph()) << " -> e" << boost::target(*it, e.graph()) << ";\n";
+  Graph g = e.graph();
+  auto [it, end] = boost::edges(g);
+  for (; it != end; ++it) out << "  e" << boost::source(*it, g) << " -> e" << boost::target(*it, g) << ";\n";
   out << "}\n";
 }
 
