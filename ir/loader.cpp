@@ -108,7 +108,6 @@ class Loader {
       if (ops.IsDefined() || programs.IsDefined())
         fail(sched, "a `schedule` expands to per-stage programs: give it instead of `ops` or `programs`, not with them");
       load_schedule(sched);
-      ops = YAML::Node();
     } else if (ops.IsDefined() && programs.IsDefined()) fail(programs, "give either `ops` (one program for every rank) or `programs` (per-rank programs), not both");
     if (!p_.schedule.present && !ops.IsDefined() && !programs.IsDefined()) fail(root, "missing key `ops`: the list of ops every rank runs (or `programs:` for per-rank programs)");
     if (p_.schedule.present) {

@@ -37,7 +37,7 @@ std::pair<std::int64_t, int> RankSpace::group(int rep, std::uint32_t mask) const
 }
 
 std::string RankSpace::label(const Program& p, int rep) const {
-  if (axes.empty()) return "rank 0";
+  if (axes.empty()) return "{}";
   std::string s = "{";
   for (std::size_t i = 0; i < axes.size(); ++i)
     s += (i ? ", " : "") + p.mesh[static_cast<std::size_t>(axes[i])].name + ": " + std::to_string((rep / stride[i]) % sizes[i]);

@@ -18,7 +18,8 @@
 
 namespace spmd {
 
-inline constexpr int kMaxRepresentatives = 1 << 16;
+// Vector clocks have one component per (rank, stream), so memory grows with representatives squared.
+inline constexpr int kMaxRepresentatives = 4096;
 
 // The programs of `p`: its `programs:` list, or one program over every op for a plain `ops:` list
 // (also for programs built in code that never filled Program::programs).
@@ -37,7 +38,7 @@ struct RankSpace {
   int with(int rep, std::span<const std::pair<int, std::int64_t>> coords) const;
   // The collective group of `rep` over the mesh axes in `mask`: (key, number of representative members).
   std::pair<std::int64_t, int> group(int rep, std::uint32_t mask) const;
-  // "{pp: 1}" (relevant axes only); "rank 0" for a one-rank space.
+  // "{pp: 1}" (relevant axes only); "{}" for a one-rank space.
   std::string label(const Program& p, int rep) const;
 };
 

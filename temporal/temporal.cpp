@@ -200,14 +200,18 @@ class Engine {
     std::string s = fmt::format("{} over {}", op_name(op.kind), axes_str(op.attrs.axes));
     if (op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter || op.kind == OpKind::Reduce)
       s += fmt::format(" ({})", reduce_name(op.attrs.rop));
+    if (op.kind == OpKind::Broadcast || op.kind == OpKind::Scatter) s += fmt::format(" (src {})", std::max(0, op.attrs.rank));
+    if (op.kind == OpKind::Reduce || op.kind == OpKind::Gather) s += fmt::format(" (dst {})", std::max(0, op.attrs.rank));
     return s;
   }
   std::string lbl(int r) const { return space_.label(p_, r); }
 
   void static_matching() {
+    std::size_t first_static = diags_.size();
     std::vector<P2PMatch> matches;
     std::vector<P2PLeftover> leftovers;
     match_p2p(p_, space_, matches, leftovers);
+    for (const auto& l : leftovers) leftover_.insert({l.rank, l.op});
     std::map<std::pair<int, int>, int> count;  // (src, dst) -> matched transfers
     std::set<std::pair<int, int>> named;       // (send op, recv op) pairs already reported
     for (const auto& m : matches) {
@@ -238,8 +242,8 @@ class Engine {
         d.message = fmt::format("Send of {} from rank {} to rank {} has no matching Recv: {} posts {} Recv{} from {}, and this is Send number {} to it "
                                 "(sends and receives pair in FIFO order per (src, dst))",
                                 tensor, lbl(src), lbl(dst), lbl(dst), n, n == 1 ? "" : "s", lbl(src), n + 1);
-        d.notes.push_back({op.loc, fmt::format("fix: add {{op: Recv, out: {}, peer: {}}} to the program of rank {}, or remove this Send", tensor,
-                                               lbl(src), lbl(dst))});
+        d.notes.push_back({op.loc, fmt::format("fix: add {{op: Recv, out: {}_recv, peer: {}}} to the program of rank {}, or remove this Send",
+                                               tensor, lbl(src), lbl(dst))});
       } else {
         d.message = fmt::format("Recv of {} on rank {} from rank {} has no matching Send: {} posts {} Send{} to {}, and this is Recv number {} from it "
                                 "(sends and receives pair in FIFO order per (src, dst))",
@@ -258,7 +262,7 @@ class Engine {
     for (const auto& c : pairs) {
       const Op& a = p_.ops[static_cast<std::size_t>(c.op_a)];
       const Op& b = p_.ops[static_cast<std::size_t>(c.op_b)];
-      if (a.kind == b.kind && a.attrs.axes == b.attrs.axes && a.attrs.rop == b.attrs.rop) continue;  // shapes: the spatial checker
+      if (a.kind == b.kind && a.attrs.axes == b.attrs.axes && a.attrs.rop == b.attrs.rop && a.attrs.rank == b.attrs.rank) continue;  // shapes: spatial
       if (!seen.insert({c.rank_a, c.rank_b, a.attrs.axes & b.attrs.axes}).second) continue;
       Diagnostic d = diag(CheckId::CollectiveMismatch, b, c.op_b,
                           fmt::format("{} is the {} collective of rank {} in its group, but rank {} issues {} at that position: collectives pair "
@@ -285,6 +289,27 @@ class Engine {
       diags_.push_back(std::move(d));
     }
     static_blame_ |= !leftovers.empty();
+    // Ranks that run one program repeat one finding at one op: report it once, naming the ranks.
+    std::vector<Diagnostic> merged;
+    std::map<std::tuple<int, std::uint32_t, std::uint32_t>, std::pair<std::size_t, int>> at;
+    for (std::size_t k = first_static; k < diags_.size(); ++k) {
+      Diagnostic& d = diags_[k];
+      auto key = std::make_tuple(static_cast<int>(d.id), d.loc.line, d.loc.col);
+      auto it = at.find(key);
+      if (it == at.end()) {
+        at.emplace(key, std::make_pair(merged.size(), 0));
+        merged.push_back(std::move(d));
+        continue;
+      }
+      Diagnostic& m = merged[it->second.first];
+      ++it->second.second;
+      for (auto& r : d.ranks)
+        if (std::find(m.ranks.begin(), m.ranks.end(), r) == m.ranks.end()) m.ranks.push_back(r);
+    }
+    for (auto& [key, v] : at)
+      if (v.second) merged[v.first].message += fmt::format(" (and {} more like it on other ranks running this program)", v.second);
+    diags_.resize(first_static);
+    for (auto& d : merged) diags_.push_back(std::move(d));
   }
 
   // ---- events and clocks ------------------------------------------------------------------
@@ -707,9 +732,12 @@ class Engine {
     return fmt::format("{} (line {}, stream {})", op_name(op.kind), op.loc.line, s);
   }
 
-  std::string wait_fix(int inst) const {
+  std::string wait_fix(int inst, int ychain = -1) const {
     const Instance& h = insts_[static_cast<std::size_t>(inst)];
     if (h.name < 0) return fmt::format("end the batched group {} before this op", p_.name(op_at(h.op).attrs.group));
+    if (h.wait_event >= 0 && ychain >= 0 && events_[static_cast<std::size_t>(h.wait_event)].chain != ychain)
+      return fmt::format("move the {} of {} (line {}) to stream {}, before this op (a Wait orders only the stream it runs on)", op_name(op_at(h.wait_op).kind),
+                         p_.name(h.name), op_at(h.wait_op).loc.line, stream_name(ychain));
     return fmt::format("insert {{op: Wait, handle: {}}} before this op", p_.name(h.name));
   }
 
@@ -747,18 +775,23 @@ class Engine {
       msg = fmt::format("{} ({}) writes {} while {} may still be writing it: two in-flight async ops write one buffer", op_name(yop.kind),
                         insts_[static_cast<std::size_t>(y.inst)].name >= 0 ? "handle " + inst_name(y.inst) : inst_name(y.inst), b, describe(x));
       notes.push_back({xop.loc, fmt::format("{} is written asynchronously here", b)});
-      notes.push_back({yop.loc, fmt::format("fix: write into a separate buffer, or {}", wait_fix(x.inst))});
+      notes.push_back({yop.loc, fmt::format("fix: write into a separate buffer, or {}", wait_fix(x.inst, events_[static_cast<std::size_t>(y.event)].chain))});
     } else if (x.inst >= 0 && x.write) {
       id = CheckId::MissingWait;
-      msg = fmt::format("{} {} {} on stream {}, but {} may still be writing it: no Wait({}) on stream {} before this {}", op_name(yop.kind), yverb, b,
-                        ystream, describe(x), inst_name(x.inst), ystream, y.write ? "write" : "read");
+      msg = insts_[static_cast<std::size_t>(x.inst)].name >= 0
+                ? fmt::format("{} {} {} on stream {}, but {} may still be writing it: no Wait({}) on stream {} before this {}", op_name(yop.kind), yverb, b,
+                              ystream, describe(x), inst_name(x.inst), ystream, y.write ? "write" : "read")
+                : fmt::format("{} {} {} on stream {}, but {} may still be writing it: the end of {} does not order stream {} before this {}",
+                              op_name(yop.kind), yverb, b, ystream, describe(x), inst_name(x.inst), ystream, y.write ? "write" : "read");
       notes.push_back({xop.loc, fmt::format("{} is written asynchronously here ({})", b,
                                             insts_[static_cast<std::size_t>(x.inst)].name >= 0 ? "handle " + inst_name(x.inst) : inst_name(x.inst))});
       wait_notes(x, y, notes);
       const Instance& h = insts_[static_cast<std::size_t>(x.inst)];
-      notes.push_back({yop.loc, h.name >= 0 ? fmt::format("fix: insert {{op: Wait, handle: {}{}}} before this op", p_.name(h.name),
-                                                          ystream == "compute" ? "" : fmt::format(", stream: {}", ystream))
-                                            : "fix: " + wait_fix(x.inst)});
+      int ychain = events_[static_cast<std::size_t>(y.event)].chain;
+      bool moved = h.wait_event >= 0 && events_[static_cast<std::size_t>(h.wait_event)].chain != ychain;
+      notes.push_back({yop.loc, h.name >= 0 && !moved ? fmt::format("fix: insert {{op: Wait, handle: {}{}}} before this op", p_.name(h.name),
+                                                                    ystream == "compute" ? "" : fmt::format(", stream: {}", ystream))
+                                                      : "fix: " + wait_fix(x.inst, ychain)});
     } else {
       id = CheckId::DataRace;
       std::string xverb = x.write ? "writes" : "reads";
@@ -768,7 +801,7 @@ class Engine {
                           op_name(yop.kind), yverb, b, ystream, describe(x), inst_name(x.inst));
         notes.push_back({xop.loc, fmt::format("{} is read asynchronously from here until Wait({})", b, inst_name(x.inst))});
         wait_notes(x, y, notes);
-        notes.push_back({yop.loc, fmt::format("fix: {}, or write into a fresh buffer", wait_fix(x.inst))});
+        notes.push_back({yop.loc, fmt::format("fix: {}, or write into a fresh buffer", wait_fix(x.inst, events_[static_cast<std::size_t>(y.event)].chain))});
       } else {
         msg = fmt::format("{} {} {} on stream {}, and {} {} it, with no happens-before order between them", op_name(yop.kind), yverb, b, ystream,
                           describe(x), xverb);
@@ -811,16 +844,21 @@ class Engine {
     return out;
   }
 
+  std::string kind_word(const Endpoint& ep, const char* op) const {
+    if (ep.inst < 0) return op;
+    return insts_[static_cast<std::size_t>(ep.inst)].name >= 0 ? fmt::format("the async {}", op) : fmt::format("the batched {}", op);
+  }
+
   std::string why_blocked(int e) const {
     const Endpoint& ep = eps_[static_cast<std::size_t>(e)];
     const Op& op = op_at(ep.op);
     switch (ep.kind) {
       case EpKind::Send:
-        return fmt::format("{} to {} (line {}) waits for {} to post the matching Recv (a blocking send under the rendezvous model)",
-                           ep.inst >= 0 ? "the async Send" : "Send", lbl(ep.peer), op.loc.line, lbl(ep.peer));
+        return fmt::format("{} to {} (line {}) waits for {} to post the matching Recv (a blocking send under the rendezvous model)", kind_word(ep, "Send"),
+                           lbl(ep.peer), op.loc.line, lbl(ep.peer));
       case EpKind::Recv:
-        return fmt::format("{} from {} (line {}) waits for {} to post the matching Send", ep.inst >= 0 ? "the async Recv" : "Recv", lbl(ep.peer),
-                           op.loc.line, lbl(ep.peer));
+        return fmt::format("{} from {} (line {}) waits for {} to post the matching Send", kind_word(ep, "Recv"), lbl(ep.peer), op.loc.line,
+                           lbl(ep.peer));
       case EpKind::Collective: {
         std::string missing;
         auto w = waits_for(e);
@@ -860,9 +898,12 @@ class Engine {
     std::vector<std::vector<int>> edges(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) {
       if (!ranks_[static_cast<std::size_t>(r)].blocked) continue;
-      for (int e : blocked_eps(r))
+      for (int e : blocked_eps(r)) {
+        // A Send or Recv that static matching left without a partner waits forever: unmatched-p2p says so.
+        if (leftover_.count({eps_[static_cast<std::size_t>(e)].rank, eps_[static_cast<std::size_t>(e)].op})) continue;
         for (int s : waits_for(e))
           if (!ranks_[static_cast<std::size_t>(s)].done) edges[static_cast<std::size_t>(r)].push_back(s);
+      }
     }
     // Iterative DFS; a back edge closes a cycle.
     std::vector<int> color(static_cast<std::size_t>(n), 0), parent(static_cast<std::size_t>(n), -1);
@@ -904,7 +945,7 @@ class Engine {
     for (int r : cycle) chain += lbl(r) + " -> ";
     chain += lbl(cycle.front());
     int first = cycle.front();
-    bool sends = false, colls = false;
+    bool sync_sends = false, async_sends = false, p2p = false, colls = false;
     Diagnostic d = diag(CheckId::Deadlock, op_at(blocked_op(first)), blocked_op(first),
                         fmt::format("deadlock under the {} model: a cycle of waits {} (each rank waits for the next); none of them can move", model_ == P2PModel::Eager ? "eager" : "rendezvous",
                                     chain));
@@ -912,8 +953,11 @@ class Engine {
       d.notes.push_back({blocked_loc(r), fmt::format("rank {} is blocked here: {}", lbl(r), rank_state(r))});
       d.ranks.push_back(lbl(r));
       for (int e : blocked_eps(r)) {
-        sends |= eps_[static_cast<std::size_t>(e)].kind == EpKind::Send;
-        colls |= eps_[static_cast<std::size_t>(e)].kind == EpKind::Collective;
+        const Endpoint& ep = eps_[static_cast<std::size_t>(e)];
+        sync_sends |= ep.kind == EpKind::Send && (ep.inst < 0 || insts_[static_cast<std::size_t>(ep.inst)].name < 0);
+        async_sends |= ep.kind == EpKind::Send && ep.inst >= 0 && insts_[static_cast<std::size_t>(ep.inst)].name >= 0;
+        p2p |= ep.kind != EpKind::Collective;
+        colls |= ep.kind == EpKind::Collective;
       }
     }
     int others = 0;
@@ -921,9 +965,14 @@ class Engine {
       if (ranks_[static_cast<std::size_t>(r)].blocked && std::find(cycle.begin(), cycle.end(), r) == cycle.end() && others++ < 4)
         d.notes.push_back({blocked_loc(r), fmt::format("rank {} is also blocked: {}", lbl(r), rank_state(r))});
     std::string fix;
-    if (sends)
+    if (colls && p2p)
+      fix = "a rank blocked in point-to-point cannot arrive at a collective, nor the reverse: move the Send after the collective, or post the "
+            "Recv before it, in the same order on every rank";
+    else if (sync_sends)
       fix = "order sends and receives by rank parity (even ranks send first, odd ranks receive first, as Megatron does), post them together "
             "in one batched group (`group:`), or make the sends asynchronous (`handle:`) and wait after the receives";
+    else if (async_sends)
+      fix = "wait for the isends after posting the receives: under the rendezvous model an isend completes only once its Recv is posted";
     else if (colls)
       fix = "issue the collectives in one order on every rank (a rank blocked in one group cannot arrive at another)";
     else
@@ -944,6 +993,7 @@ class Engine {
   std::uint32_t relevant_ = 0;
   bool multi_ = false;
   bool static_blame_ = false;
+  std::set<std::pair<int, int>> leftover_;  // (rank, op) of Sends and Recvs with no partner
   std::vector<Rank> ranks_;
   std::deque<int> ready_;
   std::vector<Event> events_;

@@ -283,3 +283,17 @@ TEST_CASE("OverlapRegion: compute that runs while named async ops are in flight"
   CHECK(tids(pre + "  - {op: Wait, handle: h}\n  - {op: OverlapRegion, in: [x], out: [x], handles: [h]}\n") == std::set<std::string>{"invalid-wait"});
   CHECK(tids(pre + "  - {op: OverlapRegion, in: [x], out: [x], handles: [k]}\n  - {op: Wait, handle: h}\n") == std::set<std::string>{"invalid-wait"});
 }
+
+TEST_CASE("review regressions: roots must agree, a self-send is unmatched not a deadlock, a Wait on another stream is moved") {
+  std::string b0 = "      - {op: Broadcast, in: [x], out: a, axis: pp, src: 0}\n";
+  CHECK(all_ids(two(b0, b0)) == kNone);
+  CHECK(all_ids(two(b0, "      - {op: Broadcast, in: [x], out: a, axis: pp, src: 1}\n")) == std::set<std::string>{"collective-mismatch"});
+  CHECK(all_ids("mesh: {cp: 2}\ntensors: {x: {shape: [4]}}\nops: [{op: Send, in: [x], peer: {}}]\n") == std::set<std::string>{"unmatched-p2p"});
+  auto d = check_temporal(load_program_string(two("      - {op: Send, in: [x], peer: {pp: 1}, handle: s}\n      - {op: Wait, handle: s, stream: side}\n"
+                                                  "      - {op: GELU, in: [x], out: x}\n",
+                                                  kRecv1),
+                                              "t.yaml"));
+  REQUIRE(d.size() == 1);
+  CHECK(check_name(d[0].id) == "data-race");
+  CHECK(d[0].notes.back().message.find("move the Wait of s (line 8) to stream compute") != std::string::npos);
+}
