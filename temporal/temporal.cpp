@@ -1,6 +1,7 @@
 // temporal/temporal.cpp - the rank simulation, vector clocks, access checks, matching and deadlocks.
 #include "temporal/temporal.h"
 
+#include <boost/container/small_vector.hpp>
 #include <boost/graph/adjacency_list.hpp>
 #include <fmt/format.h>
 
@@ -78,7 +79,7 @@ struct Slot {
 
 struct Buffer {
   std::optional<Access> last_write;
-  std::vector<Access> reads;
+  boost::container::small_vector<Access, 2> reads;  // most buffers are read once or twice
 };
 
 struct Chain {
@@ -101,7 +102,7 @@ struct Rank {
   int wait_op = -1;                   // the Wait / WaitAll (or the last member of the group)
   int wait_chain = -1;
   bool group_end = false;             // the pending wait is the end of a batched group
-  std::unordered_map<NameId, int> chains;
+  std::vector<std::pair<NameId, int>> chains;  // stream -> chain (a rank has a few streams)
   std::unordered_map<NameId, int> live;        // handle name -> its latest instance
   std::unordered_map<std::int64_t, int> seq;   // collective group -> next sequence number
   NameId group = -1;                           // the open batched group
@@ -315,10 +316,10 @@ class Engine {
   // ---- events and clocks ------------------------------------------------------------------
   int chain_of(int r, NameId stream) {
     Rank& R = ranks_[static_cast<std::size_t>(r)];
-    auto it = R.chains.find(stream);
-    if (it != R.chains.end()) return it->second;
+    for (auto [s, c] : R.chains)
+      if (s == stream) return c;
     int c = static_cast<int>(chains_.size());
-    R.chains.emplace(stream, c);
+    R.chains.emplace_back(stream, c);
     chains_.push_back({r, stream, {}, -1});
     return c;
   }
