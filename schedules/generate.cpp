@@ -21,11 +21,12 @@ Action act(ActionType t, int stage, int mb) {
 }
 
 // GPipe (Huang et al. 2019; torch.distributed.pipelining.ScheduleGPipe): all forwards, then all
-// backwards, in microbatch order. 4 ranks, 4 microbatches:
+// backwards, in microbatch order. Timeline, 4 ranks, 4 microbatches (time across, . = bubble):
 //   rank 0: F0 F1 F2 F3 .  .  .  .  .  .  B0 B1 B2 B3
 //   rank 1: .  F0 F1 F2 F3 .  .  .  .  B0 B1 B2 B3
 //   rank 2: .  .  F0 F1 F2 F3 .  .  B0 B1 B2 B3
 //   rank 3: .  .  .  F0 F1 F2 F3 B0 B1 B2 B3
+// (docs/schedules.md shows the action order per rank, as `spmdcheck schedule show` prints it.)
 std::vector<Action> gpipe(int r, int, int m) {
   std::vector<Action> row;
   for (int i = 0; i < m; ++i) row.push_back(act(ActionType::F, r, i));
@@ -78,9 +79,10 @@ std::vector<Action> interleaved(int r, int p, int m, int v) {
 // ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", handcrafted schedule 1): 1F1B with each
 // backward split into I (input gradient, on the critical path) and W (weight gradient, deferrable);
 // rank r defers its W by P - r - 1 backward steps, so the W fill the drain bubbles while the memory
-// held stays that of 1F1B. 4 ranks, 6 microbatches (rank 0 shown; I = input grad, W = weight grad):
-//   rank 0: F0 F1 F2 F3 .  I0 F4 .  I1 F5 .  I2 W0 .  I3 W1 .  I4 W2 I5 W3 W4 W5
-//   rank 3: .  .  .  F0 I0 W0 F1 I1 W1 F2 I2 W2 ...
+// held stays that of 1F1B. Action order, 4 ranks, 4 microbatches:
+//   rank 0: F0 F1 F2 F3 I0 I1 I2 I3 W0 W1 W2 W3
+//   rank 1: F0 F1 F2 I0 F3 I1 I2 W0 I3 W1 W2 W3
+//   rank 3: F0 I0 W0 F1 I1 W1 F2 I2 W2 F3 I3 W3
 std::vector<Action> zb_h1(int r, int p, int m) {
   std::vector<Action> base = one_f_one_b(r, p, m), row;
   int delay = p - r - 1, next_w = 0, done_i = 0;
