@@ -90,9 +90,23 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
         return a.reduction == Reduction::Mean ? std::nullopt : std::optional<std::string>(a.reduction == Reduction::Sum ? "sum" : "none");
       if (n == "layout")
         return a.layout == AttnLayout::BHSD ? std::nullopt : std::optional<std::string>(a.layout == AttnLayout::BSHD ? "bshd" : "sbhd");
-      return std::nullopt;
+      return a.choice < spec.choices.size() ? std::optional(spec.choices[a.choice]) : std::nullopt;
   }
   return std::nullopt;
+}
+
+void print_ops(std::ostringstream& o, const Program& p, const char* key, const std::vector<Op>& ops) {
+  o << key << ":" << (ops.empty() ? " []" : "") << "\n";
+  for (const auto& op : ops) {
+    const OpInfo& info = op_info(op.kind);
+    o << "  - {op: " << info.name;
+    if (op.n_in) o << ", in: " << names_list(p, p.ins(op));
+    if (op.n_out == 1) o << ", out: " << p.name(p.outs(op)[0]);
+    else if (op.n_out > 1) o << ", out: " << names_list(p, p.outs(op));
+    for (const auto& spec : info.attrs)
+      if (auto v = attr_value(p, op, spec)) o << ", " << spec.name << ": " << *v;
+    o << "}\n";
+  }
 }
 
 }  // namespace
@@ -128,17 +142,7 @@ std::string print_program(const Program& p) {
       o << "}\n";
     }
   }
-  o << "ops:" << (p.ops.empty() ? " []" : "") << "\n";
-  for (const auto& op : p.ops) {
-    const OpInfo& info = op_info(op.kind);
-    o << "  - {op: " << info.name;
-    if (op.n_in) o << ", in: " << names_list(p, p.ins(op));
-    if (op.n_out == 1) o << ", out: " << p.name(p.outs(op)[0]);
-    else if (op.n_out > 1) o << ", out: " << names_list(p, p.outs(op));
-    for (const auto& spec : info.attrs)
-      if (auto v = attr_value(p, op, spec)) o << ", " << spec.name << ": " << *v;
-    o << "}\n";
-  }
+  print_ops(o, p, "ops", p.ops);
   if (!p.outputs.empty()) {
     o << "outputs:\n";
     for (const auto& od : p.outputs) {
@@ -149,6 +153,10 @@ std::string print_program(const Program& p) {
       o << "}\n";
     }
   }
+  if (p.loss >= 0) o << "loss: " << p.name(p.loss) << "\n";
+  if (p.train) o << "train: true\n";
+  if (p.has_backward) print_ops(o, p, "backward", p.backward);
+  if (p.has_grad_sync) print_ops(o, p, "grad_sync", p.grad_sync);
   if (p.has_expect) {
     o << "expect: [";
     for (std::size_t i = 0; i < p.expect.size(); ++i) o << (i ? ", " : "") << p.expect[i];
