@@ -1,4 +1,4 @@
-// cli/driver.cpp - subcommands check, test and ops.
+// cli/driver.cpp - subcommands check, test, backward and ops.
 #include "cli/driver.h"
 
 #include <CLI/CLI.hpp>
@@ -12,8 +12,11 @@
 #include <set>
 #include <sstream>
 
+#include "autograd/autograd.h"
+#include "autograd/derive.h"
 #include "cli/render.h"
 #include "ir/loader.h"
+#include "ir/printer.h"
 #include "spatial/spatial.h"
 #include "temporal/temporal.h"
 
@@ -39,7 +42,12 @@ struct Options {
   unsigned z3_timeout_ms = 10000;
   std::size_t max_diagnostics = 50;
   std::string dump_hb;  // --dump-hb FILE ("-" = stdout)
+  bool backward = false;  // --backward: derive and check the backward even without `train: true`
 };
+
+bool has_errors(const std::vector<Diagnostic>& d) {
+  return std::any_of(d.begin(), d.end(), [](const Diagnostic& x) { return x.severity == Severity::Error; });
+}
 
 // Loads and checks one file; `dot`, when set, receives the happens-before graph.
 FileResult check_file(const std::string& path, const Options& opt, std::ostream* dot = nullptr) {
@@ -57,13 +65,49 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
   so.z3_timeout_ms = opt.z3_timeout_ms;
   r.diags = check_spatial(r.program, so);
   for (auto& d : check_temporal(r.program, {dot})) r.diags.push_back(std::move(d));
+  const Program& p = r.program;
+  if (p.train || p.has_backward || opt.backward) {
+    try {
+      if (p.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
+      TrainingCheck t = check_training(p, {opt.z3_timeout_ms});
+      for (auto& d : t.diags) r.diags.push_back(std::move(d));
+      if (t.built)
+        for (auto& d : check_temporal(t.program))
+          if (d.op >= static_cast<int>(t.first_backward)) r.diags.push_back(std::move(d));
+    } catch (const LoadError& e) {
+      r.load_failed = true;
+      r.load_error = e;
+      r.load_message = render_load_error(path, e);
+      return r;
+    }
+  }
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   return r;
 }
 
-bool has_errors(const std::vector<Diagnostic>& d) {
-  return std::any_of(d.begin(), d.end(), [](const Diagnostic& x) { return x.severity == Severity::Error; });
+// `spmdcheck backward FILE`: the program with its derived backward, as YAML.
+int cmd_backward(const std::string& path, const Options& opt, std::ostream& out) {
+  Program p;
+  try {
+    p = load_program_file(path);
+    if (p.loss < 0) throw LoadError({}, "deriving the backward needs a `loss:` in the program (the tensor the backward starts from)");
+    SpatialTypes types;
+    SpatialOptions so;
+    so.z3_timeout_ms = opt.z3_timeout_ms;
+    so.types = &types;
+    auto diags = check_spatial(p, so);
+    if (has_errors(diags)) {
+      out << render_text(path, diags) << path << ": error: the forward has errors, so its backward is not derived\n";
+      return kFindings;
+    }
+    out << print_program(derive_backward(p, types).program);
+    return kClean;
+  } catch (const LoadError& e) {
+    out << render_load_error(path, e);
+    return kBadInput;
+  }
 }
+
 
 int cmd_check(const std::vector<std::string>& files, const std::string& format, const Options& opt, std::ostream& out) {
   int code = kClean;
@@ -208,6 +252,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     check->add_option("--z3-timeout", opt.z3_timeout_ms, "solver time limit per obligation, in milliseconds (a timeout is reported, never passed)");
     check->add_option("--max-diagnostics", opt.max_diagnostics, "show at most N diagnostics per file");
     check->add_option("--dump-hb", opt.dump_hb, "write the happens-before graph as Graphviz DOT to FILE (- for stdout)");
+    check->add_flag("--backward", opt.backward, "derive the backward from `loss:` and check it too (as `train: true`)");
+    std::string bwd_file;
+    auto* backward = app.add_subcommand("backward", "print FILE with its derived backward (`backward:`) as YAML");
+    backward->add_option("file", bwd_file, "program file (declares `loss:`)")->required();
     std::vector<std::string> paths;
     auto* test = app.add_subcommand("test", "check files (or directories) against their `expect:`; closing line 'N passed, N failed'");
     test->add_option("paths", paths, "files or directories")->required();
@@ -231,6 +279,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     }
     if (*check) return cmd_check(files, format, opt, out);
     if (*test) return cmd_test(paths, opt, out);
+    if (*backward) return cmd_backward(bwd_file, opt, out);
     if (*ops) {
       out << (markdown ? ops_markdown() : ops_text());
       return kClean;
