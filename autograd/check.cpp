@@ -405,7 +405,8 @@ class TrainingChecker {
       for (std::size_t k = 0; k < op.n_in && next < 0; ++k) {
         std::int64_t s = src_[op.first + k];
         const ValueType* ty = type_of(s);
-        if (ty && ty->pl[static_cast<std::size_t>(a)].is_p()) next = s;
+        bool backward_value = s >= 0 ? out_op_[static_cast<std::size_t>(s)] >= first_bwd_ : s <= -2 && static_cast<std::size_t>(-s - 2) + 1 == t.tensors.size();
+        if (ty && backward_value && ty->pl[static_cast<std::size_t>(a)].is_p()) next = s;
       }
       if (next < 0) {
         std::string where;
