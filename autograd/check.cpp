@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <limits>
 #include <string>
 #include <unordered_set>
 
@@ -82,8 +83,14 @@ class TrainingChecker {
     std::vector<Diagnostic> spatial = check_spatial(t, so);
     index(t);
     if (hand_) match_duals(t, ft, r.diags);
+    // After a duality finding, the placement errors further down the backward are its consequences.
+    int first_dual = std::numeric_limits<int>::max();
+    for (const auto& d : r.diags) first_dual = std::min(first_dual, d.op < static_cast<int>(first_bwd_) ? static_cast<int>(first_bwd_) : d.op);
     for (auto& d : spatial) {
       if (d.op < static_cast<int>(first_bwd_) || flagged_.count(d.op)) continue;
+      bool placement = d.id == CheckId::PartialMisuse || d.id == CheckId::InvariantMix || d.id == CheckId::IllegalCollective ||
+                       d.id == CheckId::PlacementMismatch || d.id == CheckId::LayoutConflict;
+      if (placement && d.op >= first_dual) continue;
       if (!hand_ && static_cast<std::size_t>(d.op) < first_sync_) {
         const Op& f = p_.ops[static_cast<std::size_t>(forward_op_[static_cast<std::size_t>(d.op) - first_bwd_])];
         d.message = fmt::format("in the derived backward of {} (line {}): {}", op_name(f.kind), f.loc.line, d.message);
