@@ -155,10 +155,12 @@ class Deriver {
       s = base + "." + std::to_string(++n);
     }
   }
+  // A backward op runs where its forward op ran (as PyTorch's autograd runs a backward on its forward's stream).
   Op make(OpKind k) const {
     Op o;
     o.kind = k;
     o.loc = op_->loc;
+    o.attrs.stream = op_->attrs.stream;
     return o;
   }
   NameId emit(Op o, std::initializer_list<NameId> ins, NameId out) {
@@ -384,7 +386,17 @@ class Deriver {
       t.attrs.dims = ints({-1, -2});
       return emit(t, {fin(k)}, tmp(in_name(k), "T"));
     };
-    contribute_in(0, exact(0), [&](NameId dst) {
+    // A replicated operand that keeps its batch dims meets the other's batch shard: its contribution is that
+    // shard (then made a pending sum); a summed batch dim gives the pending sum directly.
+    auto pred = [&](int k, int rk) {
+      Placements w = exact(k);
+      for (int a = 0; a < axes(); ++a) {
+        Placement o = tout().pl[static_cast<std::size_t>(a)];
+        if (rk == ro && o.is_s() && o.dim < ro - 2 && tin(k).pl[static_cast<std::size_t>(a)].is_r()) w[static_cast<std::size_t>(a)] = o;
+      }
+      return w;
+    };
+    contribute_in(0, pred(0, ra), [&](NameId dst) {
       NameId bt = transposed(1);
       Op m = make(OpKind::MatMul);
       if (ra == ro) {
@@ -398,7 +410,7 @@ class Deriver {
       s.attrs.dims = ints(lead);
       emit(s, {prod}, dst);
     });
-    contribute_in(1, exact(1), [&](NameId dst) {
+    contribute_in(1, pred(1, rb), [&](NameId dst) {
       NameId at = transposed(0);
       Op m = make(OpKind::MatMul);
       if (rb == ro) {

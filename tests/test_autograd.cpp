@@ -108,6 +108,34 @@ ops:
 loss: loss
 )",
                {{"x.grad", "S(2)"}, {"w.grad", "S(0)"}}, {{"AllReduce", 1}});
+  // a batched replicated operand against a batch shard: its gradient is the shard, made a pending sum
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8, 16], placement: {a: S(0)}}
+  w: {shape: [4, 16, 32]}
+ops:
+  - {op: MatMul, in: [x, w], out: y}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1, 2]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}, {"w.grad", "P(sum)"}}, {{"Convert", 2}});
+}
+
+TEST_CASE("a backward op runs on its forward op's stream") {
+  Program p = load_program_string(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8]}
+ops:
+  - {op: GELU, in: [x], out: y, stream: side}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1], stream: side}
+loss: loss
+)",
+                                  "t.yaml");
+  SpatialTypes ty;
+  SpatialOptions so;
+  so.types = &ty;
+  REQUIRE(check_spatial(p, so).empty());
+  Program d = derive_backward(p, ty).program;
+  REQUIRE(!d.backward.empty());
+  for (const auto& op : d.backward) CHECK(d.name(op.attrs.stream) == "side");
 }
 
 TEST_CASE("VJP Add, Sub, Multiply with broadcasting and scalars") {
