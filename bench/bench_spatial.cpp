@@ -5,6 +5,7 @@
 //        spmd_bench --temporal [OPS...]  (temporal check of generated async-overlap programs, 2 streams + comm)
 //        spmd_bench --schedule STAGES MICROBATCHES VIRTUAL (generate, validate, lower and check an interleaved 1F1B)
 //        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
+//        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
 #include <sys/resource.h>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autograd.h"
 #include "bench/generator.h"
 #include "ir/printer.h"
 #include "schedules/schedule.h"
@@ -81,8 +83,30 @@ int main(int argc, char** argv) {
     return 0;
   }
   bool temporal = argc > 1 && std::string(argv[1]) == "--temporal";
+  bool backward = argc > 1 && std::string(argv[1]) == "--backward";
   std::vector<long> targets;
-  for (int i = temporal ? 2 : 1; i < argc; ++i) targets.push_back(std::atol(argv[i]));
+  for (int i = temporal || backward ? 2 : 1; i < argc; ++i) targets.push_back(std::atol(argv[i]));
+  if (backward) {
+    if (targets.empty()) targets = {10'000, 100'000, 1'000'000};
+    std::printf("%12s %14s %16s %12s %14s\n", "forward ops", "training ops", "derive+check ms", "ns/fwd op", "peak RSS (MiB)");
+    for (long t : targets) {
+      spmd::bench::GenOptions g;
+      g.layers = static_cast<int>(std::max(1L, t / 22));
+      spmd::Program p = spmd::bench::make_training(g);
+      auto t0 = std::chrono::steady_clock::now();
+      spmd::TrainingCheck r = spmd::check_training(p);
+      auto t1 = std::chrono::steady_clock::now();
+      if (!r.built || !r.diags.empty()) {
+        std::fprintf(stderr, "training program is expected to be clean, got %zu diagnostics: %s\n", r.diags.size(),
+                     r.diags.empty() ? "(not built)" : r.diags[0].message.c_str());
+        return 1;
+      }
+      double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      std::printf("%12zu %14zu %16.1f %12.1f %14ld\n", p.ops.size(), r.program.ops.size(), ms, ms * 1e6 / static_cast<double>(p.ops.size()),
+                  peak_rss_mib());
+    }
+    return 0;
+  }
   if (temporal) {
     if (targets.empty()) targets = {10'000, 100'000, 1'000'000};
     std::printf("%10s %12s %10s %14s\n", "events", "check (ms)", "ns/event", "peak RSS (MiB)");

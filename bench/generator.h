@@ -62,13 +62,13 @@ inline Program make_transformer(const GenOptions& g) {
   Placements rr{};
   Placements col{Placement::r(), Placement::s(1)};
   Placements row{Placement::r(), Placement::s(0)};
-  b.tensor("x0", {B, S, H}, dp0);
+  b.tensor("x_in", {B, S, H}, dp0);
   std::uint32_t last = b.ints({-1});
   std::uint32_t split = b.shape({B, S, NH, D});
   std::uint32_t merge = b.shape({B, S, H});
   std::uint32_t swap12 = b.ints({1, 2});
   auto axis_tp = [](Op& o) { o.attrs.axes = 1u << 1; };
-  std::string x = "x0";
+  std::string x = "x_in";
   for (int l = 0; l < g.layers; ++l) {
     std::string L = std::to_string(l);
     auto n = [&](const char* s) { return b.name(std::string(s) + L); };
@@ -112,6 +112,35 @@ inline Program make_transformer(const GenOptions& g) {
 }  // namespace spmd::bench
 
 namespace spmd::bench {
+
+// make_transformer as a training program: every weight is a parameter, the loss is the mean of the
+// last activations (P(avg) over dp), and grad_sync all-reduces each parameter gradient over dp (and
+// over tp for the LayerNorm weights, which are R over tp and see tp-partial gradients). Correct.
+inline Program make_training(const GenOptions& g) {
+  Program p = make_transformer(g);
+  Builder b(p);
+  for (auto& t : p.tensors) t.param = p.name(t.name) != "x_in";
+  NameId last = p.outputs.back().name;
+  p.outputs.clear();
+  Op mean;
+  mean.kind = OpKind::Mean;
+  mean.loc = {static_cast<std::uint32_t>(p.ops.size() + 1), 5};
+  mean.attrs.dims = b.ints({0, 1, 2});
+  NameId loss = b.name("loss");
+  p.add_op(mean, std::vector<NameId>{last}, std::vector<NameId>{loss});
+  p.loss = loss;
+  p.train = true;
+  p.has_grad_sync = true;
+  for (const auto& t : p.tensors) {
+    if (!t.param) continue;
+    NameId gr = b.name(p.name(t.name) + ".grad");
+    Op ar;
+    ar.kind = OpKind::AllReduce;
+    ar.attrs.axes = 1u | (t.placement[1].is_r() ? 2u : 0u);
+    p.add_op(p.grad_sync, ar, std::vector<NameId>{gr}, std::vector<NameId>{gr});
+  }
+  return p;
+}
 
 // An overlap program: `layers` steps of a data-parallel backward where each layer's weight gradient is
 // all-reduced asynchronously (in place) while the next layer's backward runs on the compute stream, with a

@@ -1,4 +1,4 @@
-// cli/driver.cpp - subcommands check, test and ops.
+// cli/driver.cpp - subcommands check, test, backward and ops.
 #include "cli/driver.h"
 
 #include <CLI/CLI.hpp>
@@ -13,9 +13,12 @@
 #include <set>
 #include <sstream>
 
+#include "autograd/autograd.h"
+#include "autograd/derive.h"
 #include "cli/render.h"
 #include "ir/loader.h"
 #include "schedules/schedule.h"
+#include "ir/printer.h"
 #include "spatial/spatial.h"
 #include "temporal/temporal.h"
 
@@ -45,7 +48,12 @@ struct Options {
   std::string dump_hb;  // --dump-hb FILE ("-" = stdout)
   std::string p2p_model;  // --p2p-model eager|rendezvous (overrides the file's `p2p_model`)
   std::string trace;      // --trace FILE: a Chrome trace of the (first) schedule checked
+  bool backward = false;  // --backward: derive and check the backward even without `train: true`
 };
+
+bool has_errors(const std::vector<Diagnostic>& d) {
+  return std::any_of(d.begin(), d.end(), [](const Diagnostic& x) { return x.severity == Severity::Error; });
+}
 
 bool write_file(const std::string& path, const std::string& text, std::ostream& err) {
   std::ofstream f(path);
@@ -138,13 +146,49 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
   to.dot = dot;
   if (!opt.p2p_model.empty()) to.p2p_model = opt.p2p_model == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
   for (auto& d : check_temporal(r.program, to)) r.diags.push_back(std::move(d));
+  const Program& p = r.program;
+  if (p.train || p.has_backward || opt.backward) {
+    try {
+      if (p.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
+      TrainingCheck t = check_training(p, {opt.z3_timeout_ms});
+      for (auto& d : t.diags) r.diags.push_back(std::move(d));
+      if (t.built)
+        for (auto& d : check_temporal(t.program))
+          if (d.op >= static_cast<int>(t.first_backward)) r.diags.push_back(std::move(d));
+    } catch (const LoadError& e) {
+      r.load_failed = true;
+      r.load_error = e;
+      r.load_message = render_load_error(path, e);
+      return r;
+    }
+  }
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   return r;
 }
 
-bool has_errors(const std::vector<Diagnostic>& d) {
-  return std::any_of(d.begin(), d.end(), [](const Diagnostic& x) { return x.severity == Severity::Error; });
+// `spmdcheck backward FILE`: the program with its derived backward, as YAML.
+int cmd_backward(const std::string& path, const Options& opt, std::ostream& out) {
+  Program p;
+  try {
+    p = load_program_file(path);
+    if (p.loss < 0) throw LoadError({}, "deriving the backward needs a `loss:` in the program (the tensor the backward starts from)");
+    SpatialTypes types;
+    SpatialOptions so;
+    so.z3_timeout_ms = opt.z3_timeout_ms;
+    so.types = &types;
+    auto diags = check_spatial(p, so);
+    if (has_errors(diags)) {
+      out << render_text(path, diags) << path << ": error: the forward has errors, so its backward is not derived\n";
+      return kFindings;
+    }
+    out << print_program(derive_backward(p, types).program);
+    return kClean;
+  } catch (const LoadError& e) {
+    out << render_load_error(path, e);
+    return kBadInput;
+  }
 }
+
 
 int cmd_check(const std::vector<std::string>& files, const std::string& format, const Options& opt, std::ostream& out) {
   int code = kClean;
@@ -297,6 +341,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                       "buffering of point-to-point sends for the deadlock check: eager (a send completes at once) or rendezvous (a blocking send "
                       "waits for its receive); overrides the file's `p2p_model`, default rendezvous")
         ->check(CLI::IsMember({"eager", "rendezvous"}));
+    check->add_flag("--backward", opt.backward, "derive the backward from `loss:` and check it too (as `train: true`)");
+    std::string bwd_file;
+    auto* backward = app.add_subcommand("backward", "print FILE with its derived backward (`backward:`) as YAML");
+    backward->add_option("file", bwd_file, "program file (declares `loss:`)")->required();
     std::vector<std::string> paths;
     auto* test = app.add_subcommand("test", "check files (or directories) against their `expect:`; closing line 'N passed, N failed'");
     test->add_option("paths", paths, "files or directories")->required();
@@ -368,6 +416,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       if (!trace.empty() && !write_file(trace, schedule_trace(sc), err)) return kBadInput;
       return kClean;
     }
+    if (*backward) return cmd_backward(bwd_file, opt, out);
     if (*ops) {
       out << (markdown ? ops_markdown() : ops_text());
       return kClean;

@@ -84,14 +84,13 @@ class Loader {
     if (!root.IsDefined() || root.IsNull()) fail_at({1, 1}, "empty program: expected a mapping with at least `mesh` and `ops`");
     if (!root.IsMap()) fail(root, "a program must be a mapping (name, mesh, sizes, tensors, ops, outputs), got " + kind_of(root));
     static const std::vector<std::string> top = {"name", "description", "mesh", "sizes", "tensors", "ops", "outputs",
-                                                 "expect", "programs", "schedule", "train", "backward", "p2p_model"};
+                                                 "expect", "programs", "schedule", "train", "backward", "p2p_model",
+                                                 "loss", "grad_sync"};
     for_each_key(root, top, "the program", [&](const YAML::Node& k, const YAML::Node& v) {
       const std::string& key = k.Scalar();
       // yaml-cpp lets an unclosed quote swallow the rest of the file; say so where it opens.
       if (v.IsScalar() && opens_quote(v) && !closes_quote(v))
         fail(v, "invalid YAML: the quoted string that starts here is never closed (it swallows the rest of the file)");
-      if (key == "train" || key == "backward")
-        fail(k, "`" + key + "` is not supported yet: training programs arrive with the autograd analyzer");
     });
     if (auto n = root["name"]; n.IsDefined()) {
       if (!n.IsScalar()) fail(n, "`name` must be a string");
@@ -127,6 +126,7 @@ class Loader {
       p_.p2p_model_loc = loc_of(m);
     }
     if (auto n = root["outputs"]; n.IsDefined() && !n.IsNull()) load_outputs(n);
+    load_training(root);
     if (auto n = root["expect"]; n.IsDefined()) load_expect(n);
   }
 
@@ -493,7 +493,7 @@ class Loader {
     for (std::size_t i = 0; i < outs.size(); ++i)
       for (std::size_t j = 0; j < i; ++j)
         if (outs[i] == outs[j]) fail(item["out"], where + " writes '" + p_.name(outs[i]) + "' twice");
-    p_.add_op(op, ins, outs);
+    p_.add_op(*target_, op, ins, outs);
   }
 
   std::int64_t attr_int(const YAML::Node& v, const std::string& what, std::int64_t lo, std::int64_t hi) {
@@ -610,9 +610,92 @@ class Loader {
         else if (n == "rng") a.rng_per_rank = s == "per_rank";
         else if (n == "reduction") a.reduction = s == "sum" ? Reduction::Sum : s == "none" ? Reduction::None : Reduction::Mean;
         else if (n == "layout") a.layout = s == "bshd" ? AttnLayout::BSHD : s == "sbhd" ? AttnLayout::SBHD : AttnLayout::BHSD;
+        else a.choice = static_cast<std::uint8_t>(std::find(spec.choices.begin(), spec.choices.end(), s) - spec.choices.begin());
         return;
       }
     }
+  }
+
+  // ---- training: loss, train, backward, grad_sync ---------------------------------------------
+  void load_training(const YAML::Node& root) {
+    if (!root["loss"].IsDefined() && !root["train"].IsDefined() && !root["backward"].IsDefined() && !root["grad_sync"].IsDefined()) return;
+    std::unordered_set<NameId> defined;
+    for (const auto& t : p_.tensors) defined.insert(t.name);
+    for (const auto& op : p_.ops)
+      for (NameId o : p_.outs(op)) defined.insert(o);
+    auto sorted_names = [&](const std::unordered_set<NameId>& s) {
+      std::vector<std::string> v;
+      for (NameId id : s) v.push_back(p_.name(id));
+      std::sort(v.begin(), v.end());
+      return v;
+    };
+    auto loss = root["loss"];
+    if (loss.IsDefined()) {
+      if (!loss.IsScalar() || loss.Scalar().empty()) fail(loss, "`loss` must name the tensor the backward starts from, e.g. loss: loss");
+      auto it = p_.name_ids.find(loss.Scalar());
+      if (it == p_.name_ids.end() || !defined.count(it->second))
+        fail(loss, "loss '" + loss.Scalar() + "' is neither a declared tensor nor written by any op" + suggestion(loss.Scalar(), sorted_names(defined)));
+      p_.loss = it->second;
+      p_.loss_loc = loc_of(loss);
+    }
+    auto need_loss = [&](const YAML::Node& k, const std::string& what) {
+      if (p_.loss < 0) fail(k, what + " needs a `loss:` (the tensor the backward starts from, e.g. loss: loss)");
+    };
+    if (auto t = root["train"]; t.IsDefined()) {
+      p_.train = load_bool(t, "`train`");
+      p_.train_loc = loc_of(t);
+      if (p_.train) need_loss(t, "`train: true`");
+    }
+    // Gradient names: `<tensor>.grad`, as PyTorch's x.grad. The backward starts from `<loss>.grad`.
+    auto is_grad = [&](NameId id) {
+      const std::string& n = p_.name(id);
+      if (n.size() <= 5 || n.compare(n.size() - 5, 5, ".grad") != 0) return false;
+      auto it = p_.name_ids.find(n.substr(0, n.size() - 5));
+      return it != p_.name_ids.end() && defined.count(it->second) > 0;
+    };
+    auto load_list = [&](const YAML::Node& n, std::vector<Op>& list, const std::string& key, bool any_grad) {
+      if (n.IsNull()) return;
+      if (!n.IsSequence()) fail(n, "`" + key + "` must be a list of ops like {op: MatMul, in: [y.grad, w], out: x.grad}");
+      if (n.size() > kMaxOps) fail(n, "`" + key + "` has too many ops");
+      target_ = &list;
+      for (const auto& item : n) {
+        load_op(item);
+        const Op& op = list.back();
+        for (NameId in : p_.ins(op))
+          if (!defined.count(in) && !(any_grad && is_grad(in))) {
+            std::vector<std::string> cands = sorted_names(defined);
+            fail(item["in"].IsDefined() ? item["in"] : item,
+                 "`" + key + "` op " + std::string(op_name(op.kind)) + " reads '" + p_.name(in) +
+                     "', which no declaration, forward op or earlier " + key + " op defines" + suggestion(p_.name(in), cands) +
+                     " (gradients are named <tensor>.grad; the backward starts from " + p_.name(p_.loss) + ".grad)");
+          }
+        for (NameId o : p_.outs(op)) defined.insert(o);
+      }
+      target_ = &p_.ops;
+    };
+    if (auto b = root["backward"]; b.IsDefined()) {
+      auto key = find_key(root, "backward");
+      need_loss(key, "`backward:`");
+      p_.has_backward = true;
+      p_.backward_loc = loc_of(key);
+      defined.insert(p_.intern(p_.name(p_.loss) + ".grad"));
+      load_list(b, p_.backward, "backward", false);
+    }
+    if (auto g = root["grad_sync"]; g.IsDefined()) {
+      auto key = find_key(root, "grad_sync");
+      need_loss(key, "`grad_sync:`");
+      p_.has_grad_sync = true;
+      p_.grad_sync_loc = loc_of(key);
+      load_list(g, p_.grad_sync, "grad_sync", !p_.has_backward);
+    }
+  }
+
+  static YAML::Node find_key(const YAML::Node& map, const std::string& key) {
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const YAML::Node k = it->first;
+      if (k.IsScalar() && k.Scalar() == key) return k;
+    }
+    return map;
   }
 
   // ---- outputs and expectations -------------------------------------------------------------
@@ -692,6 +775,7 @@ class Loader {
 
   Program& p_;
   const std::string& text_;
+  std::vector<Op>* target_ = &p_.ops;  // where load_op appends
 };
 
 // YAML forbids tabs in indentation; yaml-cpp reports them only as a vague "illegal map value".

@@ -25,6 +25,7 @@ inline constexpr std::size_t kMaxOps = 10'000'000;
 using NameId = std::int32_t;
 inline constexpr std::uint32_t kNoIndex = std::numeric_limits<std::uint32_t>::max();
 inline constexpr std::int16_t kUnset = std::numeric_limits<std::int16_t>::min();
+inline constexpr std::uint8_t kNoChoice = 0xFF;
 
 enum class DType : std::uint8_t { F32, F64, BF16, F16, FP8E4M3, FP8E5M2, I64, I32, I8, Bool };
 std::string_view dtype_name(DType d);
@@ -91,6 +92,7 @@ struct OpAttrs {
   bool vocab_parallel : 1 = false;
   bool rng_per_rank : 1 = false;
   bool dst_invariant : 1 = false;     // AllReduce/AllGather `dst: I`
+  std::uint8_t choice = kNoChoice;    // any other enum attribute (`of`, `wrt`): index into its choices
 };
 
 struct Op {
@@ -152,13 +154,28 @@ struct Program {
     Loc loc;
   };
   std::vector<BadAxis> bad_axes;
+  // Training (docs/format.md, "Training"): the loss the backward starts from, whether to derive the
+  // backward, a hand-written backward, and the gradient synchronization run before the optimizer.
+  // Their ops share `operands` and the side tables with `ops`; the checks of `ops` never see them.
+  NameId loss = -1;
+  Loc loss_loc;
+  bool train = false;
+  Loc train_loc;
+  bool has_backward = false;
+  Loc backward_loc;
+  std::vector<Op> backward;
+  bool has_grad_sync = false;
+  Loc grad_sync_loc;
+  std::vector<Op> grad_sync;
   bool has_expect = false;
   std::vector<std::string> expect;         // check IDs, as written
   Loc expect_loc;
 
   NameId intern(const std::string& n);
   // Appends `op` (kind, location, attributes) with its operands; returns the stored op.
-  Op& add_op(Op op, std::span<const NameId> ins, std::span<const NameId> outs);
+  Op& add_op(Op op, std::span<const NameId> ins, std::span<const NameId> outs) { return add_op(ops, op, ins, outs); }
+  // The same, appending to another op list of this program (`backward`, `grad_sync`).
+  Op& add_op(std::vector<Op>& list, Op op, std::span<const NameId> ins, std::span<const NameId> outs);
   std::span<const NameId> ins(const Op& op) const { return {operands.data() + op.first, op.n_in}; }
   std::span<const NameId> outs(const Op& op) const { return {operands.data() + op.first + op.n_in, op.n_out}; }
   const std::string& name(NameId id) const { return names[static_cast<std::size_t>(id)]; }

@@ -7,7 +7,8 @@
 namespace spmd {
 
 std::vector<RankProgram> rank_programs(const Program& p) {
-  if (!p.programs.empty()) return p.programs;
+  // An `ops:` program is every op (programs built in code may append ops after loading).
+  if (p.per_rank && !p.programs.empty()) return p.programs;
   return {RankProgram{Loc{}, {}, 0, static_cast<std::uint32_t>(p.ops.size())}};
 }
 

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <iterator>
 #include <numeric>
 #include <set>
@@ -54,9 +55,16 @@ std::vector<Loc> var_locs(const Program& p) {
 
 class Checker {
  public:
-  Checker(const Program& p, const SpatialOptions& o) : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms) {}
+  Checker(const Program& p, const SpatialOptions& o)
+      : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms), types_(o.types) {}
 
   std::vector<Diagnostic> run() {
+    if (types_) {
+      types_->decls.clear();
+      types_->outs.clear();
+      types_->out_base.assign(p_.ops.size(), 0);
+      types_->outs.reserve(p_.ops.size());
+    }
     declare_sizes();
     RankSpace space = make_rank_space(p_);
     std::vector<P2PMatch> matches;
@@ -83,6 +91,7 @@ class Checker {
       env_.assign(p_.names.size(), Value());
       origins_.clear();
       for (const auto& t : p_.tensors) declare(t);
+      recording_decls_ = false;  // declarations are exported once (every program declares the same)
       states.push_back({std::move(env_), std::move(origins_), prog.first_op, prog.first_op + prog.n_ops});
     }
     bool force = false;  // no program could advance: let waiting Recvs go on without a Send's type
@@ -111,6 +120,7 @@ class Checker {
       check_outputs();
     }
     compare_collectives(pairs, space);
+    if (types_) types_->exprs = pool_;
     obl_.solve(diags_);
     sort_and_cap(diags_, diags_.size());
     // Programs share declarations and outputs: report each finding once.
@@ -340,6 +350,17 @@ class Checker {
     op_idx_ = -1;
     if (!check_local(v, name, t.placement_loc)) v.poisoned = true;
     env_[static_cast<std::size_t>(t.name)] = v;
+    if (types_ && recording_decls_) types_->decls.push_back(type_of(v));
+  }
+
+  static ValueType type_of(const Value& v) {
+    ValueType t;
+    t.shape = v.shape;
+    t.rank = v.rank;
+    t.pl = v.pl;
+    t.dtype = v.dtype;
+    t.ok = v.defined && !v.poisoned;
+    return t;
   }
 
   // ---- the op loop --------------------------------------------------------------------------
@@ -369,6 +390,7 @@ class Checker {
       w->second.poisoned |= poisoned || !w->second.defined;
     }
     auto outs = p_.outs(*op_);
+    if (types_) types_->out_base[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(types_->outs.size());
     if (op_->kind == OpKind::OverlapRegion) {
       // Opaque compute writing its outputs in place: they keep their values (and must exist).
       for (NameId n : outs)
@@ -378,6 +400,8 @@ class Checker {
           env_[static_cast<std::size_t>(n)].defined = true;
           env_[static_cast<std::size_t>(n)].poisoned = true;
         }
+      if (types_)
+        for (NameId n : outs) types_->outs.push_back(type_of(env_[static_cast<std::size_t>(n)]));
       return;
     }
     for (std::size_t k = 0; k < outs.size(); ++k) {
@@ -391,6 +415,7 @@ class Checker {
       }
       v.defined = true;
       env_[static_cast<std::size_t>(outs[k])] = v;
+      if (types_) types_->outs.push_back(type_of(v));
     }
   }
 
@@ -466,6 +491,13 @@ class Checker {
       case OpKind::Reinterpret: return reinterpret();
       case OpKind::Convert: return convert();
       case OpKind::SPMDGuard: return guard();
+      case OpKind::Expand: return expand();
+      case OpKind::PointwiseGrad: return pointwise_grad();
+      case OpKind::NormGrad: return norm_grad();
+      case OpKind::AttentionGrad: return attention_grad();
+      case OpKind::EmbeddingGrad: return embedding_grad();
+      case OpKind::CrossEntropyGrad: return cross_entropy_grad();
+      case OpKind::TopKGrad: return topk_grad();
       case OpKind::ZeROGatherParam:
       case OpKind::ZeROScatterGrad:
       case OpKind::ZeROPartitionOptState:
@@ -595,10 +627,48 @@ class Checker {
   }
 
   void loss_scale() {
-    out() = in(0);
+    Value& o = out() = in(0);
     for (int a = 0; a < axes(); ++a)
       if (pin(0, a).is_p() && !pin(0, a).linear_partial() && at().number < 0)
         return partial_misuse(0, a, "a negative scale swaps max and min, so the pending reduction changes meaning");
+    if (!at().axes) return;
+    // `axis` states the normalization: divide by the ranks of these axes, turning per-rank values that are
+    // pending over them into summands of the normalized loss. It must cover exactly the pending axes.
+    std::uint32_t pending = 0;
+    for (int a = 0; a < axes(); ++a)
+      if (pin(0, a).linear_partial()) pending |= 1u << a;
+    std::uint32_t missing = pending & ~at().axes, extra = at().axes & ~pending;
+    std::string all = mask_names(pending);
+    std::vector<std::string> list;
+    for (int a = 0; a < axes(); ++a)
+      if (pending & (1u << a)) list.push_back(axn(a));
+    std::string axis_attr;
+    for (const auto& x : list) axis_attr += (axis_attr.empty() ? "" : ", ") + x;
+    if (list.size() != 1) axis_attr = "[" + axis_attr + "]";
+    if (missing) {
+      int a = std::countr_zero(missing);
+      std::vector<Note> notes;
+      origin_note(notes, in(0), a);
+      notes.push_back(fix(fmt::format("normalize over every axis the loss is pending over: `axis: {}` with scale 1/({})", axis_attr, all)));
+      report(CheckId::LossScaling,
+             fmt::format("LossScale normalizes {} over {}, but it is {} over {} too: the pending sum over {} is never divided by its size, so "
+                         "the loss and every gradient are {} times too large (Megatron's context-parallel loss scaling divided by dp instead "
+                         "of dp x cp)",
+                         iname(0), mask_names(at().axes), ps(pin(0, a)), mask_names(missing), mask_names(missing), dstr(mask_size(missing))),
+             iname(0), std::move(notes));
+      return;
+    }
+    if (extra) {
+      int a = std::countr_zero(extra);
+      report(CheckId::LossScaling,
+             fmt::format("LossScale normalizes {} over {}, but it is {} over {}, not a pending sum: dividing by the size of an axis the loss is "
+                         "not summed over makes it {} times too small",
+                         iname(0), mask_names(at().axes), ps(pin(0, a)), axn(a), dstr(mask_size(extra))),
+             iname(0), {fix(pending ? fmt::format("`axis: {}`", axis_attr) : "drop `axis` (and the division) on this LossScale")});
+      return;
+    }
+    for (int a = 0; a < axes(); ++a)
+      if (pending & (1u << a)) set_from(o, a, Placement::p(ReduceOp::Sum), 0);
   }
 
   void dropout() {
@@ -1668,14 +1738,15 @@ class Checker {
       Placement p = pin(0, a);
       std::string why = fmt::format("Convert over {} from {} to {}", axn(a), ps(p), ps(t));
       if (p == t) continue;
-      bool legal = (p.is_i() && t.is_r()) || (p.is_r() && t.is_s()) || (p.is_v() && t.is_p()) || (p.is_r() && t.is_v());
+      bool legal = (p.is_i() && t.is_r()) || (p.is_r() && t.is_s()) || (p.is_v() && t.is_p()) || (p.is_r() && t.is_v()) ||
+                   (p.is_s() && t.is_p() && t.op == ReduceOp::Sum);  // S(d) -> P: the shard in its slot of a zero tensor
       if (!legal) {
         std::string hint = p.is_p()           ? fix_allreduce(iname(0), a, p)
                            : p.is_r() && t.is_p() ? "R -> P multiplies the global value by the axis size; if that is meant, use Reinterpret"
                            : p.is_s() && t.is_r() ? fix_allgather(iname(0), a, p.dim)
                            : p.is_r() && t.is_i() ? "R -> I would drop the gradient's AllReduce; produce I directly (e.g. AllReduce with dst: I)"
                            : p.is_i()             ? fmt::format("convert I to R first ({{op: Convert, ..., axis: {}, to: R}}), then to {}", axn(a), ps(t))
-                                                  : "Convert takes I -> R, R -> S(d), V -> P and R -> V";
+                                                  : "Convert takes I -> R, R -> S(d), S(d) -> P, V -> P and R -> V";
         return illegal(fmt::format("Convert over {} cannot turn {} ({}) into {} without communication", axn(a), iname(0), ps(p), ps(t)), a, hint);
       }
       if (t.is_s() && !can_add_shard(o, t.dim, a)) return;
@@ -1734,6 +1805,198 @@ class Checker {
       Placement p = pin(0, a);
       if (p.is_p()) return partial_misuse(0, a, "the max of a pending sum is not the max of its summands");
       if (p.is_s()) set_new(o, a, Placement::p(ReduceOp::Max), fmt::format("AmaxUpdate of a tensor sharded {} over {} is each rank's own max", ps(p), axn(a)));
+    }
+  }
+
+  // ---- gradient ops (the VJPs derived backward programs are made of) --------------------------
+  void expand() {
+    const Value& x = in(0);
+    const auto& shape = p_.shapes[at().shape];
+    int ro = static_cast<int>(shape.size()), ri = x.rank;
+    if (ro < ri) return report(CheckId::ShapeMismatch, fmt::format("Expand of {} {} to {}: the target has fewer dims", iname(0), sstr(x.dims()), sstr(shape)), iname(0));
+    Value& o = out() = x;
+    set_shape(o, shape);
+    for (int d = 0; d < ri; ++d) {
+      ExprId e = x.shape[static_cast<std::size_t>(d)];
+      if (is_one(e)) continue;
+      if (!same_dim(e, shape[static_cast<std::size_t>(d + ro - ri)], fmt::format("Expand keeps dim {} of {}", d, iname(0)), iname(0))) return;
+    }
+    for (int a = 0; a < axes(); ++a) {
+      Placement p = pin(0, a);
+      if (p.is_p() && !p.linear_partial() && at().has_number && at().number < 0)
+        return partial_misuse(0, a, "a negative scale swaps max and min");
+      if (p.is_s() && is_one(x.shape[static_cast<std::size_t>(p.dim)]) && !is_one(shape[static_cast<std::size_t>(p.dim + ro - ri)]))
+        return layout_conflict(fmt::format("Expand grows dim {} of {}, which is sharded over {}", p.dim, iname(0), axn(a)), iname(0), 0, a, "");
+      set_from(o, a, shift(p, ri, ro), 0);
+    }
+  }
+
+  // Shapes of two inputs must agree exactly (a gradient and the value it is the gradient of).
+  bool same_shape(int i, int j) {
+    if (in(i).rank != in(j).rank) {
+      report(CheckId::ShapeMismatch, fmt::format("{} needs {} and {} of the same shape, got {} and {}", opname(), iname(i), iname(j), sstr(in(i).dims()),
+                                                 sstr(in(j).dims())),
+             iname(i));
+      return false;
+    }
+    for (int d = 0; d < in(i).rank; ++d)
+      if (!same_dim(in(i).shape[static_cast<std::size_t>(d)], in(j).shape[static_cast<std::size_t>(d)],
+                    fmt::format("{} dim {} of {} against {}", opname(), d, iname(i), iname(j)), iname(i)))
+        return false;
+    return true;
+  }
+
+  // dy * f'(x): nonlinear in x (no P), then the Multiply rule.
+  void pointwise_grad() {
+    for (int a = 0; a < axes(); ++a)
+      if (pin(1, a).is_p()) return partial_misuse(1, a, "the derivative of a nonlinear op at a pending sum is not the sum of derivatives");
+    if (!same_shape(0, 1)) return;
+    add_like(true);
+  }
+
+  void norm_grad() {
+    std::vector<int> dims;
+    if (!attr_dims(in(1).rank, dims, iname(1))) return;
+    for (int a = 0; a < axes(); ++a) {
+      if (pin(1, a).is_p()) return partial_misuse(1, a, "the gradient of a normalization depends on the statistics of the whole value");
+      for (int i = 0; i < 2; ++i)
+        for (int d : dims)
+          if (pin(i, a).is_s(d)) return sharded_dim(i, a, d, "the gradient of a normalization reduces over the normalized dims");
+      if (n_in() == 3) {
+        Placement w = pin(2, a);
+        if (w.is_p()) return partial_misuse(2, a, "a norm's affine weight must be a whole value");
+        if (w.is_s()) return sharded_dim(2, a, w.dim, "the weight spans the normalized dims");
+      }
+    }
+    if (!same_shape(0, 1)) return;
+    add_like(true);
+    if (!failed_ && n_in() == 3)
+      for (int a = 0; a < axes(); ++a)
+        if (pin(2, a).is_v() && !pl_of(out(), a).is_v()) set_new(out(), a, Placement::v(), "a per-rank norm weight gives per-rank gradients");
+  }
+
+  void attention_grad() {
+    int b = 0, h = 1, s = 2, dd = 3;
+    if (at().layout == AttnLayout::BSHD) s = 1, h = 2;
+    if (at().layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
+    int wrt = at().choice < 3 ? at().choice : 0;  // q, k, v
+    for (int i = 0; i < 4; ++i)
+      if (in(i).rank != 4) return report(CheckId::ShapeMismatch, fmt::format("AttentionGrad {} must have rank 4, got shape {}", iname(i), sstr(in(i).dims())), iname(i));
+    Value& o = out() = in(1 + wrt);
+    o.dtype = in(0).dtype;
+    for (int a = 0; a < axes(); ++a) {
+      Placement dy = pin(0, a), q = pin(1, a), k = pin(2, a), v = pin(3, a);
+      for (int i = 1; i < 4; ++i)
+        if (pin(i, a).is_p()) return partial_misuse(i, a, "attention is nonlinear in q, k and v");
+      Placement f, res[3] = {q, k, v};
+      if (q.is_i() && k.is_i() && v.is_i()) f = q;
+      else if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) f = q;
+      else if (q.is_s(s) && k.is_r() && v.is_r() && !at().causal) f = q, res[1] = res[2] = Placement::p();
+      else if (q.is_r() && k.is_r() && v.is_s(dd)) f = v, res[0] = res[1] = Placement::p();
+      else if ((q.is_v() || q.is_r()) && (k.is_v() || k.is_r()) && (v.is_v() || v.is_r())) f = Placement::v(), res[0] = res[1] = res[2] = Placement::v();
+      else
+        return layout_conflict(fmt::format("AttentionGrad gets q {}, k {}, v {} over {}: attention does not take these together", ps(q), ps(k), ps(v), axn(a)),
+                               iname(1), 1, a, "");
+      Placement r;
+      if (dy == f) r = res[wrt];
+      else if (dy.is_p() && dy.linear_partial() && f.is_r()) r = dy;
+      else if (dy.is_v() && f.varying()) r = Placement::v();
+      else {
+        std::vector<Note> notes;
+        origin_note(notes, in(0), a);
+        return report(CheckId::PlacementMismatch,
+                      fmt::format("AttentionGrad expects {} placed like the attention output ({} over {}), but it is {}", iname(0), ps(f), axn(a), ps(dy)),
+                      iname(0), std::move(notes));
+      }
+      if (r == pin(1 + wrt, a)) set_from(o, a, r, 1 + wrt);
+      else set_new(o, a, r, fmt::format("the attention gradient with respect to {} is {} over {}", iname(1 + wrt), ps(r), axn(a)));
+    }
+  }
+
+  void embedding_grad() {
+    const Value& w = in(2);
+    if (w.rank != 2) return report(CheckId::ShapeMismatch, fmt::format("EmbeddingGrad weight {} must be [vocab, hidden], got shape {}", iname(2), sstr(w.dims())), iname(2));
+    Value& o = out() = w;
+    o.dtype = in(0).dtype;
+    int last = in(0).rank - 1;
+    for (int a = 0; a < axes(); ++a) {
+      Placement dy = pin(0, a), ids = pin(1, a), pw = pin(2, a);
+      bool ids_whole = ids.is_r() || ids.is_i();
+      if (ids.is_p()) return partial_misuse(1, a, "token ids cannot be a pending sum");
+      if (pw.is_s(0)) {
+        if (!ids_whole || !(dy.is_r() || dy.is_i()))
+          return layout_conflict(fmt::format("EmbeddingGrad for the vocab-sharded {} over {} needs whole ids and a whole dy, got ids {} and dy {}", iname(2),
+                                             axn(a), ps(ids), ps(dy)),
+                                 iname(0), 0, a, fmt::format("all-reduce {} over {} first", iname(0), axn(a)));
+        set_from(o, a, pw, 2);
+      } else if (pw.is_s(1)) {
+        if (!dy.is_s(last)) return layout_conflict(fmt::format("EmbeddingGrad for {} (S(1) over {}) needs dy S({}), got {}", iname(2), axn(a), last, ps(dy)), iname(0), 0, a, "");
+        set_from(o, a, pw, 2);
+      } else if (pw.is_i()) {
+        if (!(dy.is_i() && ids_whole)) return report(CheckId::InvariantMix, fmt::format("EmbeddingGrad for the invariant {} over {} needs dy I, got {}", iname(2), axn(a), ps(dy)), iname(0));
+        set_from(o, a, pw, 2);
+      } else if (pw.is_v()) {
+        set_from(o, a, pw, 2);
+      } else if (dy.is_r() && ids_whole) {
+        set_from(o, a, Placement::r(), 2);
+      } else if (dy.is_p() && !dy.linear_partial()) {
+        return partial_misuse(0, a, "a scatter-add does not commute with a pending max or min");
+      } else {
+        set_new(o, a, Placement::p(), fmt::format("EmbeddingGrad sums the rows of {} ({} over {}) on each rank: every rank holds a part of the table's gradient",
+                                                  iname(0), ps(dy), axn(a)));
+      }
+    }
+  }
+
+  void cross_entropy_grad() {
+    const Value& lg = in(1);
+    if (lg.rank < 1) return report(CheckId::ShapeMismatch, fmt::format("CrossEntropyGrad logits {} must have a vocab dim", iname(1)), iname(1));
+    int vd = lg.rank - 1;
+    Value& o = out() = lg;
+    o.dtype = in(0).dtype == DType::F32 ? lg.dtype : in(0).dtype;
+    for (int a = 0; a < axes(); ++a) {
+      Placement dl = pin(0, a), pl = pin(1, a), pb = pin(2, a);
+      if (pl.is_p()) return partial_misuse(1, a, "the loss is nonlinear in the logits");
+      if (pb.is_p()) return partial_misuse(2, a, "labels cannot be a pending sum");
+      if (pl.is_s(vd)) {
+        if (!at().vocab_parallel) return sharded_dim(1, a, vd, "the softmax needs the whole vocabulary (set vocab_parallel: true)");
+        if (dl.is_p()) return partial_misuse(0, a, "the vocab-sharded logits gradient scales each rank's slice by the whole loss gradient",
+                                             fix_allreduce(iname(0), a, dl));
+        set_from(o, a, pl, 1);
+      } else if (dl.is_p()) {
+        if (!dl.linear_partial()) return partial_misuse(0, a, "a pending max or min is not a loss gradient");
+        if (!(pl.is_r() && (pb.is_r() || pb.is_i()))) return partial_misuse(0, a, fmt::format("the logits {} are {} over {}, so each rank's summand is scaled by a different piece", iname(1), ps(pl), axn(a)));
+        set_from(o, a, dl, 0);
+      } else if (pl.is_r() && pb.is_s()) {
+        set_new(o, a, Placement::s(pb.dim), fmt::format("the labels {} are {} over {}: each rank has the gradient of its own tokens' rows", iname(2), ps(pb), axn(a)));
+      } else if (pl.is_r() && dl.is_s()) {
+        set_from(o, a, dl, 0);
+      } else if (pl.is_r() && dl.is_v()) {
+        set_from(o, a, dl, 0);
+      } else {
+        set_from(o, a, pl, 1);
+      }
+    }
+  }
+
+  void topk_grad() {
+    const Value& x = in(1);
+    if (x.rank < 1) return report(CheckId::ShapeMismatch, fmt::format("TopKGrad logits {} must have an expert dim", iname(1)), iname(1));
+    int e = x.rank - 1;
+    Value& o = out() = x;
+    o.dtype = in(0).dtype;
+    for (int a = 0; a < axes(); ++a) {
+      Placement dw = pin(0, a), p = pin(1, a);
+      if (p.is_p()) return partial_misuse(1, a, "top-k of a pending sum is not the top-k of its parts");
+      if (p.is_s(e)) return sharded_dim(1, a, e, "the routing gradient scatters over the whole expert dim");
+      if (dw.is_p()) {
+        if (!p.is_r()) return partial_misuse(0, a, fmt::format("the logits {} are {} over {}", iname(1), ps(p), axn(a)));
+        set_from(o, a, dw, 0);
+      } else if (dw.is_s(e)) {
+        return sharded_dim(0, a, e, "the routing weights' gradient must hold every selected expert");
+      } else {
+        set_from(o, a, dw, 0);
+      }
     }
   }
 
@@ -1813,6 +2076,8 @@ class Checker {
   std::unordered_map<int, std::vector<int>> recv_sends_;  // Recv op -> the Send ops it pairs with (on some rank)
   std::unordered_map<int, Value> sent_;                   // Send op -> the value it sends, once reached
   std::unordered_map<int, Value> watched_;                // collective op -> its input (ops matched across programs)
+  SpatialTypes* types_ = nullptr;
+  bool recording_decls_ = true;
 };
 
 }  // namespace
