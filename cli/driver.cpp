@@ -1,4 +1,4 @@
-// cli/driver.cpp - subcommands check, test, backward and ops.
+// cli/driver.cpp - subcommands check, test, backward, run, schedule and ops.
 #include "cli/driver.h"
 
 #include <CLI/CLI.hpp>
@@ -16,6 +16,7 @@
 #include "autograd/autograd.h"
 #include "autograd/derive.h"
 #include "cli/render.h"
+#include "cli/run.h"
 #include "ir/loader.h"
 #include "schedules/schedule.h"
 #include "ir/printer.h"
@@ -322,6 +323,20 @@ int cmd_test(const std::vector<std::string>& paths, const Options& opt, std::ost
   return failed ? kFindings : kClean;
 }
 
+// `run`: 0 every file agrees, 1 some file differs (or fails on one device), 2 bad input, 4 some file skipped.
+int cmd_run(const std::vector<std::string>& files, const RunOptions& opt, std::ostream& out) {
+  int code = kClean;
+  bool skipped = false;
+  for (const auto& f : files) {
+    RunReport r = run_program_file(f, opt);
+    out << render_run(f, r);
+    if (r.load_error) code = std::max(code, static_cast<int>(kBadInput));
+    else if (r.oracle.verdict == OracleVerdict::Differ || r.oracle.verdict == OracleVerdict::GlobalError) code = std::max(code, static_cast<int>(kFindings));
+    else if (r.oracle.verdict == OracleVerdict::Skipped) skipped = true;
+  }
+  return code == kClean && skipped ? 4 : code;
+}
+
 }  // namespace
 
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -368,6 +383,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     show->add_option("file", show_file, "schedule file")->required();
     show->add_flag("--comms", comms, "show the SEND/RECV actions of a compute-only schedule");
     show->add_option("--trace", trace, "also write a Chrome/Perfetto trace (JSON) to FILE");
+    RunOptions ropt;
+    auto* run = app.add_subcommand("run", "run FILE... per rank and on one device and compare the outputs (exit 0 agree, 1 differ, 4 skipped)");
+    run->add_option("files", files, "program files")->required();
+    run->add_option("--seed", ropt.seed, "input values and the instantiation of symbolic sizes");
+    run->add_option("--z3-timeout", ropt.z3_timeout_ms, "solver time limit per obligation, in milliseconds");
     bool markdown = false;
     auto* ops = app.add_subcommand("ops", "list every op with its operands, attributes and meaning");
     ops->add_flag("--markdown", markdown, "print docs/ops.md");
@@ -417,6 +437,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return kClean;
     }
     if (*backward) return cmd_backward(bwd_file, opt, out);
+    if (*run) return cmd_run(files, ropt, out);
     if (*ops) {
       out << (markdown ? ops_markdown() : ops_text());
       return kClean;

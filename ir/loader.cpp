@@ -3,6 +3,8 @@
 
 #include "ir/ranks.h"
 
+#include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -793,15 +795,64 @@ void reject_tab_indentation(const std::string& text) {
   }
 }
 
+// Counts the documents of a YAML stream (stopping at two) and where they start. YAML::LoadAll loops forever
+// on a stray top-level ',' (yaml-cpp 0.7 re-reads an empty document at the same place; found by fuzzing),
+// so documents are counted with a bounded number of parser calls instead.
+class DocCounter : public YAML::EventHandler {
+ public:
+  int docs = 0;
+  YAML::Mark start[2], first_node[2];
+  void OnDocumentStart(const YAML::Mark& m) override {
+    if (docs < 2) start[docs] = first_node[docs] = m;
+    ++docs;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { node(m); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { node(m); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t, const std::string&) override { node(m); }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override { node(m); }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override { node(m); }
+  void OnMapEnd() override {}
+
+ private:
+  void node(const YAML::Mark& m) {
+    if (docs >= 1 && docs <= 2 && !seen_[docs - 1]) first_node[docs - 1] = m, seen_[docs - 1] = true;
+  }
+  bool seen_[2] = {false, false};
+};
+
 Program load(const std::string& text, const std::string& filename) {
   Program p;
   p.file = filename;
   YAML::Node root;
   try {
-    std::vector<YAML::Node> docs = YAML::LoadAll(text);
-    if (docs.size() > 1) {
+    root = YAML::Load(text);
+    DocCounter count;
+    std::stringstream in(text);
+    YAML::Parser parser(in);
+    for (int calls = 0; calls < 2 && parser.HandleNextDocument(count); ++calls) {
+    }
+    if (count.docs > 1 && count.start[1].pos == count.start[0].pos) {
+      // No progress: text the parser cannot place, such as a ',' outside [ ] or { }.
+      std::uint32_t line = 1, col = 1;
+      for (std::size_t i = 0; i < text.size(); ++i) {
+        char ch = text[i];
+        if (ch == '#') {
+          while (i < text.size() && text[i] != '\n') ++i;
+        }
+        if (i < text.size() && text[i] == '\n') {
+          ++line, col = 1;
+          continue;
+        }
+        if (i < text.size() && ch != ' ' && ch != '\t' && ch != '\r' && ch != '#') break;
+        ++col;
+      }
+      throw LoadError({line, col}, "invalid YAML: text that is not a YAML node here (such as a ',' outside [ ] or { })");
+    }
+    if (count.docs > 1) {
       // Point at the `---` that starts the second document: the last one at or before its first node.
-      YAML::Mark m = docs[1].Mark();
+      YAML::Mark m = count.first_node[1];
       std::uint32_t first_node = static_cast<std::uint32_t>(std::max(0, m.line) + 1), line = 1, sep = 0;
       for (std::size_t i = 0; i < text.size() && line <= first_node; ++i) {
         if ((i == 0 || text[i - 1] == '\n') && text.compare(i, 3, "---") == 0) sep = line;
@@ -810,7 +861,9 @@ Program load(const std::string& text, const std::string& filename) {
       throw LoadError({sep ? sep : first_node, 1},
                       "a program file holds one YAML document; another document starts here");
     }
-    if (!docs.empty()) root = docs[0];
+  } catch (const YAML::DeepRecursion& e) {  // yaml-cpp's guard against stack exhaustion (2000 levels)
+    Loc l{static_cast<std::uint32_t>(std::max(0, e.mark.line) + 1), static_cast<std::uint32_t>(std::max(0, e.mark.column) + 1)};
+    throw LoadError(l, "invalid YAML: nested more than " + std::to_string(e.depth() - 1) + " levels deep");
   } catch (const YAML::Exception& e) {
     reject_tab_indentation(text);  // the likely cause, said plainly
     Loc l{static_cast<std::uint32_t>(std::max(0, e.mark.line) + 1), static_cast<std::uint32_t>(std::max(0, e.mark.column) + 1)};

@@ -56,7 +56,7 @@ std::vector<Loc> var_locs(const Program& p) {
 class Checker {
  public:
   Checker(const Program& p, const SpatialOptions& o)
-      : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms), types_(o.types) {}
+      : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms), types_(o.types), inferred_(o.inferred_outputs) {}
 
   std::vector<Diagnostic> run() {
     if (types_) {
@@ -596,6 +596,24 @@ class Checker {
     return pl;
   }
 
+  // Input i is R over a and is read as its local slice of its dim d, to match a shard over a of the other
+  // operand (R with S(d) gives S(d)). That slice is on this rank only if no axis inner to a already shards
+  // dim d of input i (mesh order, rule (d)); otherwise layout-conflict. Found by the numeric oracle.
+  bool slice_ok(int i, int a, int d, int other) {
+    const Value& v = in(i);
+    if (d < 0 || d >= v.rank || is_one(v.shape[static_cast<std::size_t>(d)])) return true;
+    std::uint32_t m = shard_mask(v, d);
+    for (int b = a + 1; b < axes(); ++b)
+      if (m & (1u << b)) {
+        layout_conflict(fmt::format("{} reads {} (R over {}) as its local slice of dim {} to match {} (sharded over {}), but dim {} of {} is "
+                                    "already sharded over {}, which is inner to {}: the slice a rank needs is held by another rank",
+                                    opname(), iname(i), axn(a), d, iname(other), axn(a), d, iname(i), axn(b), axn(a)),
+                        iname(i), i, b, fmt::format("gather {} over {} first, or shard it over {} as well", iname(i), axn(b), axn(a)));
+        return false;
+      }
+    return true;
+  }
+
   // ---- compute rules ------------------------------------------------------------------------
   void nonlinear() {
     Value& o = out() = in(0);
@@ -741,9 +759,11 @@ class Checker {
       }
       if (x == y) {
         set_from(o, a, x, 0);
-      } else if (x.is_r()) {
+      } else if (x.is_r() || (x.is_v() && y.is_s())) {  // R (or V) with S(d): read as its local slice, so S(d)
+        if (y.is_s() && !slice_ok(0, a, y.dim - (ro - in(0).rank), 1)) return;
         set_from(o, a, y, 1);
-      } else if (y.is_r()) {
+      } else if (y.is_r() || (y.is_v() && x.is_s())) {
+        if (x.is_s() && !slice_ok(1, a, x.dim - (ro - in(1).rank), 0)) return;
         set_from(o, a, x, 0);
       } else if (x.is_s() && y.is_s()) {
         return layout_conflict(fmt::format("{} combines {} (S({}) over {}) with {} (S({}) over {} in the output's dims): the two are split along "
@@ -807,10 +827,6 @@ class Checker {
         set_new(o, a, Placement::p(), fmt::format("MatMul contracts a dim sharded S({}) x S({}) over {}", kA, kB, axn(a)));
         continue;
       }
-      if (x.is_v() || y.is_v()) {
-        set_new(o, a, Placement::v(), fmt::format("MatMul of {} and {} gives per-rank values", ps(x), ps(y)));
-        continue;
-      }
       if (xk || yk) {
         int si = xk ? 0 : 1;
         std::vector<Note> notes;
@@ -823,13 +839,20 @@ class Checker {
                                   kA, iname(0), ps(x), axn(a), kB, iname(1), ps(y), axn(a), axsize(a)),
                       iname(si), std::move(notes));
       }
+      // V with R or V gives V; V with a shard is read like R (its local slice), so the shard stays.
+      if ((x.is_v() && !y.is_s()) || (y.is_v() && !x.is_s())) {
+        set_new(o, a, Placement::v(), fmt::format("MatMul of {} and {} gives per-rank values", ps(x), ps(y)));
+        continue;
+      }
       auto out_dim_a = [&](int d) { return d + (ro - ra); };  // A's batch dims and m
       auto out_dim_b = [&](int d) { return d == nB ? ro - 1 : d + (ro - rb); };
       if (x.is_r() && y.is_r()) {
         set_from(o, a, x, 0);
-      } else if (x.is_s() && y.is_r()) {
+      } else if (x.is_s() && (y.is_r() || y.is_v())) {
+        if (x.dim < mA && !slice_ok(1, a, out_dim_a(x.dim) - (ro - rb), 0)) return;  // a batch shard slices B's batch dim
         set_from(o, a, Placement::s(out_dim_a(x.dim)), 0);
-      } else if (x.is_r() && y.is_s()) {
+      } else if ((x.is_r() || x.is_v()) && y.is_s()) {
+        if (y.dim < kB && !slice_ok(0, a, out_dim_b(y.dim) - (ro - ra), 1)) return;
         set_from(o, a, Placement::s(out_dim_b(y.dim)), 1);
       } else if (x.is_s() && y.is_s() && x.dim != mA && y.dim != nB && out_dim_a(x.dim) == out_dim_b(y.dim)) {
         set_from(o, a, Placement::s(out_dim_a(x.dim)), 0);
@@ -1055,6 +1078,8 @@ class Checker {
       } else if (pw.is_p()) {
         if (!ids_whole) return partial_misuse(1, a, "a lookup by per-rank ids in a pending sum mixes summands");
         set_from(o, a, pw, 1);
+      } else if (pi.is_s()) {
+        set_from(o, a, pi, 0);  // a per-rank table looked up by sharded ids: each rank holds the rows of its own ids
       } else {
         set_new(o, a, Placement::v(), "Embedding with a per-rank table gives per-rank values");
       }
@@ -1129,11 +1154,19 @@ class Checker {
                       iname(0), std::move(notes));
       }
       if (pl == pb || pb.is_r() || pb.is_i()) {
+        if (pl.is_s() && (pb.is_r() || pb.is_i()) && !slice_ok(1, a, pl.dim, 0)) return;
         tok.pl[static_cast<std::size_t>(a)] = pl;
         tok.origin[static_cast<std::size_t>(a)] = lg.origin[static_cast<std::size_t>(a)];
       } else if (pl.is_r() || pl.is_i()) {
+        if (pb.is_s() && !slice_ok(0, a, pb.dim, 1)) return;
         tok.pl[static_cast<std::size_t>(a)] = pb;
         tok.origin[static_cast<std::size_t>(a)] = lb.origin[static_cast<std::size_t>(a)];
+      } else if (pl.is_v() && pb.is_s()) {  // V is read as its local slice, as R is
+        if (!slice_ok(0, a, pb.dim, 1)) return;
+        tok.pl[static_cast<std::size_t>(a)] = pb;
+      } else if (pb.is_v() && pl.is_s()) {
+        if (!slice_ok(1, a, pl.dim, 0)) return;
+        tok.pl[static_cast<std::size_t>(a)] = pl;
       } else if (pl.is_v() || pb.is_v()) {
         tok.pl[static_cast<std::size_t>(a)] = Placement::v();
       } else {
@@ -1344,7 +1377,19 @@ class Checker {
     if (c < 0) return;
     for (int a : coll_axes(true)) {
       Placement p = pl_of(o, a);
-      if (p.is_v()) continue;  // per-rank values stay per-rank (e.g. MoE token exchange)
+      if (p.is_v()) {  // per-rank values stay per-rank (e.g. MoE token exchange), but each rank's split dim shrinks and its concat dim grows
+        if (s == c) continue;
+        ExprId n = axis_size(a), ds = o.shape[static_cast<std::size_t>(s)];
+        std::string what = fmt::format("AllToAll over {} splits dim {} of {} ({}) into {} pieces, so it must be divisible by {}", axn(a), s, iname(0), dstr(ds),
+                                       axsize(a), axsize(a));
+        Decision dec = obl_.decide(OblKind::Divisible, ds, n);
+        if (dec == Decision::Fails) return report(CheckId::ShapeMismatch, what + ", but it is not", iname(0));
+        if (dec == Decision::Deferred && obl_.first_time(OblKind::Divisible, ds, n))
+          obl_.push({OblKind::Divisible, ds, n, CheckId::ShapeMismatch, here(), op_idx_, iname(0), what, {}});
+        o.shape[static_cast<std::size_t>(s)] = pool_.div(ds, n);
+        o.shape[static_cast<std::size_t>(c)] = pool_.mul(o.shape[static_cast<std::size_t>(c)], n);
+        continue;
+      }
       if (!p.is_s(c) || s == c)
         return illegal(fmt::format("AllToAll over {} (split_dim {}, concat_dim {}) of {}, which is {} over {}: AllToAll turns S(concat_dim) into "
                                    "S(split_dim)",
@@ -1750,6 +1795,7 @@ class Checker {
         return illegal(fmt::format("Convert over {} cannot turn {} ({}) into {} without communication", axn(a), iname(0), ps(p), ps(t)), a, hint);
       }
       if (t.is_s() && !can_add_shard(o, t.dim, a)) return;
+      if (p.is_s() && t.is_p() && !can_remove_shard(o, p.dim, a)) return;  // only the innermost shard has a contiguous slot
       set_new(o, a, t, why);
     }
   }
@@ -2003,9 +2049,11 @@ class Checker {
   // ---- postconditions -----------------------------------------------------------------------
   void check_outputs() {
     op_idx_ = -1;
+    if (inferred_) inferred_->clear();
     for (const auto& od : p_.outputs) {
       const Value& v = env_[static_cast<std::size_t>(od.name)];
       const std::string& name = p_.name(od.name);
+      if (inferred_) inferred_->push_back(v.poisoned || !v.defined ? std::nullopt : std::optional<Placements>(v.pl));
       if (v.poisoned || !v.defined) continue;
       for (int a = 0; a < axes(); ++a) {
         Placement want = od.has_placement ? od.placement[static_cast<std::size_t>(a)] : Placement::r();
@@ -2078,6 +2126,7 @@ class Checker {
   std::unordered_map<int, Value> watched_;                // collective op -> its input (ops matched across programs)
   SpatialTypes* types_ = nullptr;
   bool recording_decls_ = true;
+  std::vector<std::optional<Placements>>* inferred_ = nullptr;
 };
 
 }  // namespace

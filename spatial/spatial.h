@@ -8,6 +8,7 @@
 #pragma once
 #include <array>
 #include <span>
+#include <optional>
 #include <vector>
 
 #include "ir/diagnostic.h"
@@ -38,6 +39,10 @@ struct SpatialTypes {
 struct SpatialOptions {
   unsigned z3_timeout_ms = 10000;
   SpatialTypes* types = nullptr;  // when set, receives every value's type
+  // When set, receives the inferred placement of every entry of Program::outputs, in order
+  // (nullopt for an output that is undefined or poisoned by an earlier error). The numeric oracle
+  // assembles an output with no declared placement by this one.
+  std::vector<std::optional<Placements>>* inferred_outputs = nullptr;
 };
 
 std::vector<Diagnostic> check_spatial(const Program& program, const SpatialOptions& options = {});

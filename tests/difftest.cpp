@@ -1,0 +1,726 @@
+// tests/difftest.cpp - random SPMD programs, and the checker judged against the numeric oracle.
+#include "tests/difftest.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "cli/run.h"
+#include "ir/loader.h"
+#include "spatial/spatial.h"
+
+namespace spmd::test {
+
+namespace {
+
+struct Rng {
+  std::uint64_t s;
+  std::uint64_t next() {
+    s += 0x9e3779b97f4a7c15ULL;
+    std::uint64_t x = s;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  }
+  int below(int n) { return n <= 0 ? 0 : static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
+  double unit() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
+  bool chance(double p) { return unit() < p; }
+  template <class T>
+  const T& pick(const std::vector<T>& v) { return v[static_cast<std::size_t>(below(static_cast<int>(v.size())))]; }
+};
+
+using Dims = std::vector<std::int64_t>;
+
+struct GVal {
+  std::string name;
+  Dims shape;
+  bool integer = false;
+};
+
+std::string dims_text(const Dims& d) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+class Gen {
+ public:
+  explicit Gen(std::uint64_t seed) : rng_{seed * 0x2545F4914F6CDD1DULL + 17} {}
+
+  std::string run() {
+    static const std::vector<std::vector<std::pair<std::string, int>>> meshes = {
+        {{"tp", 2}}, {{"tp", 4}}, {{"tp", 3}}, {{"dp", 2}, {"tp", 2}}, {{"dp", 2}, {"tp", 3}}, {{"dp", 2}, {"tp", 4}}, {{"dp", 2}, {"cp", 2}, {"tp", 2}}};
+    mesh_ = rng_.pick(meshes);
+    int n_inputs = 1 + rng_.below(2);
+    for (int i = 0; i < n_inputs; ++i) new_input(random_shape(2 + rng_.below(2)), false);
+    probe();
+    int steps = 2 + rng_.below(8);
+    for (int s = 0; s < steps; ++s) {
+      bool kept_error = false;
+      for (int attempt = 0; attempt < 8; ++attempt) {
+        auto saved = std::make_tuple(decls_.size(), ops_.size(), vals_.size());
+        add_op();
+        if (probe()) break;
+        if (rng_.chance(0.2)) {
+          kept_error = true;
+          break;
+        }
+        decls_.resize(std::get<0>(saved));
+        ops_.resize(std::get<1>(saved));
+        vals_.resize(std::get<2>(saved));
+        probe();
+      }
+      if (kept_error) break;
+    }
+    // Outputs: the last value and up to two others; usually no placement (assembled by the inferred one).
+    std::vector<std::string> outs;
+    std::set<std::string> chosen;
+    auto add_out = [&](const GVal& v) {
+      if (!chosen.insert(v.name).second) return;
+      auto it = pl_.find(v.name);
+      double r = rng_.unit();
+      if (r < 0.65 || it == pl_.end()) outs.push_back(v.name + ": {}");
+      else if (r < 0.9) outs.push_back(v.name + ": {placement: " + pl_text(it->second, v.shape.size()) + "}");
+      else {
+        Placements p{};
+        for (std::size_t a = 0; a < mesh_.size(); ++a) p[a] = random_placement(static_cast<int>(v.shape.size()));
+        outs.push_back(v.name + ": {placement: " + pl_text(p, v.shape.size()) + "}");
+      }
+    };
+    add_out(vals_.back());
+    for (int k = rng_.below(3); k > 0; --k) add_out(rng_.pick(vals_));
+    return yaml(outs);
+  }
+
+ private:
+  // ---- text -----------------------------------------------------------------------------------
+  std::string pl_text(const Placements& p, std::size_t rank) const {
+    std::string s = "{";
+    for (std::size_t a = 0; a < mesh_.size(); ++a) {
+      Placement x = p[a];
+      if (x.is_s() && (x.dim < 0 || static_cast<std::size_t>(x.dim) >= rank)) x = Placement::r();
+      s += (a ? ", " : "") + mesh_[a].first + ": " + to_string(x);
+    }
+    return s + "}";
+  }
+  std::string yaml(const std::vector<std::string>& outs) const {
+    std::string s = "mesh: {";
+    for (std::size_t a = 0; a < mesh_.size(); ++a) s += (a ? ", " : "") + mesh_[a].first + ": " + std::to_string(mesh_[a].second);
+    s += "}\ntensors:\n";
+    for (const auto& d : decls_) s += "  " + d + "\n";
+    s += "ops:\n";
+    for (const auto& o : ops_) s += "  - " + o + "\n";
+    if (!outs.empty()) {
+      s += "outputs:\n";
+      for (const auto& o : outs) s += "  " + o + "\n";
+    }
+    return s;
+  }
+
+  // Loads the program with every value as an output; records the placements the checker infers.
+  // True when the checker reports no spatial error (partial-output of the probe outputs aside).
+  bool probe() {
+    std::vector<std::string> outs;
+    for (const auto& v : vals_) outs.push_back(v.name + ": {}");
+    pl_.clear();
+    try {
+      Program p = load_program_string(yaml(outs), "gen.yaml");
+      std::vector<std::optional<Placements>> inferred;
+      SpatialOptions so;
+      so.inferred_outputs = &inferred;
+      auto diags = check_spatial(p, so);
+      for (std::size_t k = 0; k < p.outputs.size() && k < inferred.size(); ++k)
+        if (inferred[k]) pl_[p.name(p.outputs[k].name)] = *inferred[k];
+      for (const auto& d : diags)
+        if (d.severity == Severity::Error && d.id != CheckId::PartialOutput) return false;
+      return true;
+    } catch (const LoadError&) {
+      return false;
+    }
+  }
+
+  // ---- values ---------------------------------------------------------------------------------
+  std::int64_t random_dim() {
+    static const std::vector<std::int64_t> sizes = {2, 4, 4, 6, 8, 8, 12, 3, 5, 16};
+    return rng_.pick(sizes);
+  }
+  Dims random_shape(int rank) {
+    Dims d;
+    for (int i = 0; i < rank; ++i) d.push_back(random_dim());
+    return d;
+  }
+  Placement random_placement(int rank, ReduceOp* pop = nullptr) {
+    double r = rng_.unit();
+    if (r < 0.42 || rank == 0) return Placement::r();
+    if (r < 0.72) return Placement::s(rng_.below(rank));
+    if (r < 0.85) {
+      ReduceOp op = rng_.chance(0.75) ? ReduceOp::Sum : rng_.pick(std::vector<ReduceOp>{ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min});
+      if (pop) {
+        if (*pop == static_cast<ReduceOp>(255)) *pop = op;
+        op = *pop;  // one reduction kind per tensor: mixed kinds over two axes have no single global value
+      }
+      return Placement::p(op);
+    }
+    if (r < 0.93) return Placement::i();
+    return Placement::v();
+  }
+  std::string fresh(const char* prefix) { return prefix + std::to_string(counter_++); }
+
+  // Declares a new input; `like` copies the placement of an existing value on some axes.
+  std::string new_input(const Dims& shape, bool integer, const GVal* like = nullptr, std::optional<Placements> forced = std::nullopt) {
+    std::string name = fresh(integer ? "ids" : "x");
+    Placements p{};
+    ReduceOp pop = static_cast<ReduceOp>(255);
+    for (std::size_t a = 0; a < mesh_.size(); ++a) {
+      p[a] = integer ? (rng_.chance(0.7) ? Placement::r() : Placement::s(rng_.below(static_cast<int>(shape.size()))))
+                     : random_placement(static_cast<int>(shape.size()), &pop);
+      if (like && rng_.chance(0.6)) {
+        auto it = pl_.find(like->name);
+        if (it != pl_.end()) {
+          Placement q = it->second[a];
+          int shift = static_cast<int>(shape.size()) - static_cast<int>(like->shape.size());
+          if (q.is_s()) q.dim = static_cast<std::int16_t>(q.dim + shift);
+          if (!q.is_s() || (q.dim >= 0 && q.dim < static_cast<int>(shape.size()))) p[a] = q.is_p() ? Placement::r() : q;
+        }
+      }
+    }
+    if (forced) p = *forced;
+    std::string d = name + ": {shape: " + dims_text(shape) + ", placement: " + pl_text(p, shape.size());
+    if (integer) d += ", dtype: i64";
+    d += "}";
+    decls_.push_back(d);
+    vals_.push_back({name, shape, integer});
+    return name;
+  }
+
+  const GVal* pick_value(const std::function<bool(const GVal&)>& ok) {
+    std::vector<const GVal*> c;
+    for (const auto& v : vals_)
+      if (!v.integer && ok(v)) c.push_back(&v);
+    if (c.empty()) return nullptr;
+    if (rng_.chance(0.6)) return c[c.size() - 1 - static_cast<std::size_t>(rng_.below(std::min<int>(3, static_cast<int>(c.size()))))];
+    return rng_.pick(c);
+  }
+  std::optional<Placement> pl_of(const GVal& v, std::size_t a) const {
+    auto it = pl_.find(v.name);
+    if (it == pl_.end()) return std::nullopt;
+    return it->second[a];
+  }
+  std::string axis_attr(std::size_t a) {
+    if (mesh_.size() > 1 && rng_.chance(0.12)) {
+      std::size_t b = (a + 1 + static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size()) - 1))) % mesh_.size();
+      return "[" + mesh_[std::min(a, b)].first + ", " + mesh_[std::max(a, b)].first + "]";
+    }
+    return mesh_[a].first;
+  }
+  void emit(const std::string& op, const std::vector<std::string>& ins, const std::vector<GVal>& outs, const std::string& attrs = "") {
+    std::string s = "{op: " + op + ", in: [";
+    for (std::size_t i = 0; i < ins.size(); ++i) s += (i ? ", " : "") + ins[i];
+    s += "], out: ";
+    if (outs.size() == 1) s += outs[0].name;
+    else {
+      s += "[";
+      for (std::size_t i = 0; i < outs.size(); ++i) s += (i ? ", " : "") + outs[i].name;
+      s += "]";
+    }
+    if (!attrs.empty()) s += ", " + attrs;
+    s += "}";
+    ops_.push_back(s);
+    for (const auto& o : outs) vals_.push_back(o);
+  }
+
+  // ---- ops ------------------------------------------------------------------------------------
+  void add_op() {
+    static const std::vector<std::pair<int, int>> weights = {{0, 10}, {1, 14}, {2, 14}, {3, 8}, {4, 4}, {5, 7}, {6, 4}, {7, 8},
+                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}};
+    int total = 0;
+    for (auto [k, w] : weights) total += w;
+    int r = rng_.below(total), kind = 0;
+    for (auto [k, w] : weights) {
+      if (r < w) {
+        kind = k;
+        break;
+      }
+      r -= w;
+    }
+    switch (kind) {
+      case 0: return unary_op();
+      case 1: return binary_op();
+      case 2: return matmul_op();
+      case 3: return reduce_op();
+      case 4: return softmax_op();
+      case 5: return norm_op();
+      case 6: return transpose_op();
+      case 7: return reshape_op();
+      case 8: return collective_op();
+      case 9: return convert_op(false);
+      case 10: return convert_op(true);
+      case 11: return embedding_op();
+      case 12: return ce_op();
+      case 13: return attention_op();
+      case 14: return topk_op();
+      default: return amax_op();
+    }
+  }
+
+  void unary_op() {
+    const GVal* x = pick_value([](const GVal&) { return true; });
+    if (!x) return;
+    GVal o{fresh("u"), x->shape};
+    std::string xn = x->name;
+    switch (rng_.below(8)) {
+      case 0: return emit("GELU", {xn}, {o});
+      case 1: return emit("SiLU", {xn}, {o});
+      case 2: return emit("ReLU", {xn}, {o});
+      case 3: return emit("Cast", {xn}, {o}, rng_.chance(0.85) ? "dtype: bf16" : "dtype: i32");
+      case 4: return emit("LossScale", {xn}, {o}, rng_.chance(0.8) ? "scale: 2.5" : "scale: -0.5");
+      case 5: return emit("FP8Quantize", {xn}, {o});
+      case 6: return emit("FP8Dequantize", {xn}, {o});
+      default: return emit("Dropout", {xn}, {o}, rng_.chance(0.5) ? "p: 0.25" : "p: 0.25, rng: per_rank");
+    }
+  }
+
+  void binary_op() {
+    const GVal* x = pick_value([](const GVal&) { return true; });
+    if (!x) return;
+    GVal xv = *x;
+    const char* kinds[] = {"Add", "Sub", "Multiply"};
+    std::string k = kinds[rng_.below(3)];
+    GVal o{fresh("e"), xv.shape};
+    double r = rng_.unit();
+    if (r < 0.15) return emit(k, {xv.name}, {o}, rng_.chance(0.7) ? "scalar: 1.5" : "scalar: -2");
+    if (r < 0.5) {
+      const GVal* y = pick_value([&](const GVal& v) { return v.shape == xv.shape && v.name != xv.name; });
+      if (y) {
+        std::string yn = y->name;
+        return rng_.chance(0.5) ? emit(k, {xv.name, yn}, {o}) : emit(k, {yn, xv.name}, {o});
+      }
+    }
+    Dims s = xv.shape;
+    if (!s.empty() && rng_.chance(0.4)) s.erase(s.begin(), s.begin() + 1 + rng_.below(static_cast<int>(s.size())));  // a bias: a suffix
+    if (s.empty() && !xv.shape.empty()) s = {xv.shape.back()};
+    std::string y = new_input(s, false, &xv);
+    return rng_.chance(0.7) ? emit(k, {xv.name, y}, {o}) : emit(k, {y, xv.name}, {o});
+  }
+
+  void matmul_op() {
+    const GVal* x = pick_value([](const GVal& v) { return v.shape.size() >= 2; });
+    if (!x) {
+      x = pick_value([](const GVal& v) { return v.shape.size() == 1; });
+      if (!x) return;
+    }
+    GVal xv = *x;
+    if (xv.shape.size() == 1) {  // make a rank-2 A from scratch
+      std::string a = new_input({random_dim(), xv.shape[0]}, false);
+      xv = vals_.back();
+      (void)a;
+    }
+    std::int64_t k = xv.shape.back(), n = random_dim();
+    Dims bs = {k, n};
+    bool batched = xv.shape.size() >= 3 && rng_.chance(0.2);
+    if (batched) {
+      bs.assign(xv.shape.begin(), xv.shape.end() - 2);
+      bs.push_back(k);
+      bs.push_back(n);
+    }
+    std::string b;
+    const GVal* existing = rng_.chance(0.25) ? pick_value([&](const GVal& v) { return v.shape.size() == 2 && v.shape[0] == k && v.name != xv.name; }) : nullptr;
+    if (existing && !batched) {
+      b = existing->name;
+      n = existing->shape[1];
+    } else {
+      Placements p{};
+      int rb = static_cast<int>(bs.size());
+      for (std::size_t a = 0; a < mesh_.size(); ++a) {
+        auto q = pl_of(xv, a);
+        double r = rng_.unit();
+        if (q && q->is_s(static_cast<int>(xv.shape.size()) - 1) && r < 0.75) p[a] = Placement::s(rb - 2);
+        else if (q && q->is_s() && batched && q->dim < static_cast<int>(xv.shape.size()) - 2 && r < 0.6) p[a] = *q;
+        else if (r < 0.5) p[a] = Placement::r();
+        else if (r < 0.75) p[a] = Placement::s(rb - 1);
+        else if (r < 0.85) p[a] = Placement::s(rb - 2);
+        else if (r < 0.92) p[a] = q && q->is_i() ? Placement::i() : Placement::p();
+        else p[a] = random_placement(rb);
+      }
+      b = new_input(bs, false, nullptr, p);
+    }
+    Dims os(xv.shape.begin(), xv.shape.end() - 1);
+    os.push_back(n);
+    emit("MatMul", {xv.name, b}, {GVal{fresh("m"), os}});
+  }
+
+  void reduce_op() {
+    const GVal* x = pick_value([](const GVal& v) { return !v.shape.empty(); });
+    if (!x) return;
+    GVal xv = *x;
+    int r = static_cast<int>(xv.shape.size());
+    std::vector<int> dims = {rng_.below(r)};
+    if (r >= 2 && rng_.chance(0.3)) {
+      int d2 = rng_.below(r);
+      if (d2 != dims[0]) dims.push_back(d2);
+    }
+    std::sort(dims.begin(), dims.end());
+    bool keep = rng_.chance(0.3);
+    Dims os;
+    for (int d = 0; d < r; ++d) {
+      bool red = std::find(dims.begin(), dims.end(), d) != dims.end();
+      if (!red) os.push_back(xv.shape[static_cast<std::size_t>(d)]);
+      else if (keep) os.push_back(1);
+    }
+    std::string ds = "[";
+    for (std::size_t i = 0; i < dims.size(); ++i) ds += (i ? ", " : "") + std::to_string(dims[i]);
+    ds += "]";
+    emit(rng_.chance(0.5) ? "Sum" : "Mean", {xv.name}, {GVal{fresh("r"), os}}, "dims: " + ds + (keep ? ", keepdim: true" : ""));
+  }
+
+  void softmax_op() {
+    const GVal* x = pick_value([](const GVal& v) { return !v.shape.empty(); });
+    if (!x) return;
+    GVal xv = *x;
+    emit("Softmax", {xv.name}, {GVal{fresh("sm"), xv.shape}}, "dim: " + std::to_string(rng_.below(static_cast<int>(xv.shape.size()))));
+  }
+
+  void norm_op() {
+    const GVal* x = pick_value([](const GVal& v) { return !v.shape.empty(); });
+    if (!x) return;
+    GVal xv = *x;
+    bool ln = rng_.chance(0.5);
+    bool two = xv.shape.size() >= 2 && rng_.chance(0.2);
+    Dims ws = two ? Dims{xv.shape[xv.shape.size() - 2], xv.shape.back()} : Dims{xv.shape.back()};
+    std::vector<std::string> ins = {xv.name};
+    auto weight = [&] {
+      Placements p{};
+      if (rng_.chance(0.25))
+        for (std::size_t a = 0; a < mesh_.size(); ++a) p[a] = random_placement(static_cast<int>(ws.size()));
+      return new_input(ws, false, nullptr, p);
+    };
+    if (rng_.chance(0.6)) {
+      ins.push_back(weight());
+      if (ln && rng_.chance(0.4)) ins.push_back(weight());
+    }
+    emit(ln ? "LayerNorm" : "RMSNorm", ins, {GVal{fresh("n"), xv.shape}}, two ? "dims: [-2, -1]" : "");
+  }
+
+  void transpose_op() {
+    const GVal* x = pick_value([](const GVal& v) { return v.shape.size() >= 2; });
+    if (!x) return;
+    GVal xv = *x;
+    int r = static_cast<int>(xv.shape.size());
+    int d0 = rng_.below(r), d1 = (d0 + 1 + rng_.below(r - 1)) % r;
+    Dims os = xv.shape;
+    std::swap(os[static_cast<std::size_t>(d0)], os[static_cast<std::size_t>(d1)]);
+    emit("Transpose", {xv.name}, {GVal{fresh("t"), os}}, fmt::format("dims: [{}, {}]", d0, d1));
+  }
+
+  void reshape_op() {
+    const GVal* x = pick_value([](const GVal& v) { return !v.shape.empty(); });
+    if (!x) return;
+    GVal xv = *x;
+    Dims os = xv.shape;
+    int r = static_cast<int>(os.size());
+    double c = rng_.unit();
+    if (r >= 2 && c < 0.45) {  // merge two adjacent dims
+      int d = rng_.below(r - 1);
+      os[static_cast<std::size_t>(d)] *= os[static_cast<std::size_t>(d) + 1];
+      os.erase(os.begin() + d + 1);
+    } else if (r < 4 && c < 0.9) {  // split a dim
+      int d = rng_.below(r);
+      std::int64_t n = os[static_cast<std::size_t>(d)];
+      std::int64_t f = n % 2 == 0 && n > 2 ? 2 : n % 3 == 0 && n > 3 ? 3 : 0;
+      if (!f) return;
+      if (rng_.chance(0.5)) f = n / f;
+      os[static_cast<std::size_t>(d)] = n / f;
+      os.insert(os.begin() + d + 1, f);
+    } else {  // flatten
+      std::int64_t n = 1;
+      for (auto v : os) n *= v;
+      os = {n};
+    }
+    std::string t = "shape: " + dims_text(os);
+    emit("Reshape", {xv.name}, {GVal{fresh("v"), os}}, t);
+  }
+
+  void collective_op() {
+    const GVal* x = pick_value([](const GVal& v) { return !v.shape.empty(); });
+    if (!x) return;
+    GVal xv = *x;
+    std::size_t a = static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size())));
+    auto q = pl_of(xv, a);
+    int r = static_cast<int>(xv.shape.size());
+    std::string ax = "axis: " + axis_attr(a);
+    GVal o{fresh("c"), xv.shape};
+    auto reduce_attr = [](Placement p) { return p.is_p() && p.op != ReduceOp::Sum ? fmt::format(", reduce: {}", reduce_name(p.op)) : std::string(); };
+    bool wrong = !q || rng_.chance(0.12);
+    if (!wrong && q->is_p()) {
+      double c = rng_.unit();
+      if (c < 0.6) return emit("AllReduce", {xv.name}, {o}, ax + reduce_attr(*q) + (rng_.chance(0.1) ? ", dst: I" : ""));
+      if (c < 0.92) return emit("ReduceScatter", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)) + reduce_attr(*q));
+      return emit("Reduce", {xv.name}, {o}, ax + ", dst: 0" + reduce_attr(*q));
+    }
+    if (!wrong && q->is_s()) {
+      double c = rng_.unit();
+      if (c < 0.65 || r < 2) return emit("AllGather", {xv.name}, {o}, ax + fmt::format(", dim: {}", q->dim) + (rng_.chance(0.1) ? ", dst: I" : ""));
+      if (c < 0.95) {
+        int s = (q->dim + 1 + rng_.below(r - 1)) % r;
+        return emit("AllToAll", {xv.name}, {o}, ax + fmt::format(", split_dim: {}, concat_dim: {}", s, q->dim));
+      }
+      return emit("Gather", {xv.name}, {o}, ax + fmt::format(", dim: {}, dst: 0", q->dim));
+    }
+    if (!wrong && (q->is_r() || q->is_i())) {
+      double c = rng_.unit();
+      if (c < 0.35) return emit("Convert", {xv.name}, {o}, ax + fmt::format(", to: S({})", rng_.below(r)));
+      if (c < 0.55) return emit("Scatter", {xv.name}, {o}, ax + fmt::format(", dim: {}, src: 0", rng_.below(r)));
+      if (c < 0.7) return emit("Broadcast", {xv.name}, {o}, ax + ", src: 0");
+      if (c < 0.8 && q->is_i()) return emit("Convert", {xv.name}, {o}, ax + ", to: R");
+      if (c < 0.9) return emit("AllReduce", {xv.name}, {o}, ax + (rng_.chance(0.5) ? ", reduce: max" : ", reduce: avg"));
+      return emit("AllReduce", {xv.name}, {o}, ax);
+    }
+    if (!wrong && q->is_v()) {
+      double c = rng_.unit();
+      if (c < 0.5) return emit("AllReduce", {xv.name}, {o}, ax);
+      if (c < 0.8) return emit("ReduceScatter", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)));
+      return emit("Broadcast", {xv.name}, {o}, ax + ", src: 1");
+    }
+    // a random collective, whatever the input
+    switch (rng_.below(6)) {
+      case 0: return emit("AllReduce", {xv.name}, {o}, ax);
+      case 1: return emit("AllGather", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)));
+      case 2: return emit("ReduceScatter", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)));
+      case 3: return emit("Broadcast", {xv.name}, {o}, ax + ", src: 0");
+      case 4:
+        if (r >= 2) return emit("AllToAll", {xv.name}, {o}, ax + fmt::format(", split_dim: 0, concat_dim: {}", r - 1));
+        return emit("Scatter", {xv.name}, {o}, ax + ", dim: 0");
+      default: return emit("Scatter", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)));
+    }
+  }
+
+  void convert_op(bool reinterpret) {
+    const GVal* x = pick_value([](const GVal& v) { return !v.shape.empty(); });
+    if (!x) return;
+    GVal xv = *x;
+    std::size_t a = static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size())));
+    auto q = pl_of(xv, a);
+    std::string to;
+    if (reinterpret) to = rng_.pick(std::vector<std::string>{"R", "P", "V", "I"});
+    else if (q && q->is_i()) to = "R";
+    else if (q && q->is_v()) to = rng_.chance(0.8) ? "P" : "P(max)";
+    else if (q && q->is_r()) to = rng_.chance(0.5) ? "V" : fmt::format("S({})", rng_.below(static_cast<int>(xv.shape.size())));
+    else to = rng_.pick(std::vector<std::string>{"R", "I", "V", "P", "S(0)"});
+    emit(reinterpret ? "Reinterpret" : "Convert", {xv.name}, {GVal{fresh("k"), xv.shape}}, "axis: " + mesh_[a].first + ", to: " + to);
+  }
+
+  void embedding_op() {
+    Dims ids = {random_dim(), random_dim()};
+    std::int64_t vocab = rng_.pick(std::vector<std::int64_t>{8, 12, 16}), h = random_dim();
+    Placements p{};
+    for (std::size_t a = 0; a < mesh_.size(); ++a) {
+      double r = rng_.unit();
+      p[a] = r < 0.4 ? Placement::s(0) : r < 0.6 ? Placement::s(1) : r < 0.95 ? Placement::r() : Placement::p();
+    }
+    std::string idn = new_input(ids, true);
+    std::string w = new_input({vocab, h}, false, nullptr, p);
+    emit("Embedding", {idn, w}, {GVal{fresh("emb"), {ids[0], ids[1], h}}});
+  }
+
+  void ce_op() {
+    const GVal* x = pick_value([](const GVal& v) { return v.shape.size() >= 2 && v.shape.back() >= 2; });
+    if (!x) return;
+    GVal xv = *x;
+    Dims ls(xv.shape.begin(), xv.shape.end() - 1);
+    // labels sharded like the logits' leading dims (mostly)
+    Placements p{};
+    bool vp = false;
+    for (std::size_t a = 0; a < mesh_.size(); ++a) {
+      auto q = pl_of(xv, a);
+      if (q && q->is_s() && q->dim < static_cast<int>(ls.size()) && rng_.chance(0.8)) p[a] = *q;
+      if (q && q->is_s(static_cast<int>(xv.shape.size()) - 1)) vp = true;
+    }
+    std::string lb = new_input(ls, true, nullptr, p);
+    std::string red = rng_.pick(std::vector<std::string>{"", ", reduction: sum", ", reduction: none"});
+    Dims os = red == ", reduction: none" ? ls : Dims{};
+    std::string attrs = (vp || rng_.chance(0.1)) && rng_.chance(0.85) ? "vocab_parallel: true" : "vocab_parallel: false";
+    emit("CrossEntropyLoss", {xv.name, lb}, {GVal{fresh("loss"), os}}, attrs + red);
+  }
+
+  void attention_op() {
+    std::int64_t b = rng_.pick(std::vector<std::int64_t>{2, 4}), h = rng_.pick(std::vector<std::int64_t>{2, 4, 6}), s = rng_.pick(std::vector<std::int64_t>{4, 6, 8}),
+                 d = rng_.pick(std::vector<std::int64_t>{2, 4});
+    Dims shape = {b, h, s, d};
+    std::array<Placements, 3> p{};
+    for (std::size_t a = 0; a < mesh_.size(); ++a) {
+      int pat = rng_.below(6);
+      for (int i = 0; i < 3; ++i) {
+        Placement x = pat == 0 ? Placement::r() : pat == 1 ? Placement::s(1) : pat == 2 ? Placement::s(0) : pat == 3 ? (i == 0 ? Placement::s(2) : Placement::r())
+                    : pat == 4 ? (i == 2 ? Placement::s(3) : Placement::r())
+                               : random_placement(4);
+        p[static_cast<std::size_t>(i)][a] = x;
+      }
+    }
+    std::string q = new_input(shape, false, nullptr, p[0]), k = new_input(shape, false, nullptr, p[1]), v = new_input(shape, false, nullptr, p[2]);
+    emit("FlashAttention", {q, k, v}, {GVal{fresh("att"), shape}}, rng_.chance(0.3) ? "causal: true" : "");
+  }
+
+  void topk_op() {
+    const GVal* x = pick_value([](const GVal& v) { return !v.shape.empty() && v.shape.back() >= 2; });
+    if (!x) return;
+    GVal xv = *x;
+    int k = 1 + rng_.below(static_cast<int>(std::min<std::int64_t>(3, xv.shape.back())));
+    Dims os = xv.shape;
+    os.back() = k;
+    GVal idx{fresh("topi"), os, true};
+    emit("TopKGate", {xv.name}, {GVal{fresh("topv"), os}, idx}, fmt::format("k: {}", k));
+  }
+
+  void amax_op() {
+    const GVal* x = pick_value([](const GVal&) { return true; });
+    if (!x) return;
+    GVal xv = *x;
+    emit("AmaxUpdate", {xv.name}, {GVal{fresh("amax"), {}}});
+  }
+
+  Rng rng_;
+  std::vector<std::pair<std::string, int>> mesh_;
+  std::vector<std::string> decls_, ops_;
+  std::vector<GVal> vals_;
+  std::map<std::string, Placements> pl_;
+  int counter_ = 0;
+};
+
+// ---- judging and minimizing ------------------------------------------------------------------------
+bool is_bad(OracleVerdict v) { return v == OracleVerdict::Differ || v == OracleVerdict::GlobalError; }
+
+// Removes single lines of the tensors/ops/outputs sections while `keep` holds.
+std::string minimize(const std::string& text, const std::function<bool(const std::string&)>& keep) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  auto join = [](const std::vector<std::string>& ls) {
+    std::string s;
+    for (const auto& l : ls) s += l + "\n";
+    return s;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t i = lines.size(); i-- > 0;) {
+      if (lines[i].rfind("  ", 0) != 0) continue;  // section headers stay
+      auto cand = lines;
+      cand.erase(cand.begin() + static_cast<std::ptrdiff_t>(i));
+      // drop a section header left empty
+      for (std::size_t j = 0; j + 1 <= cand.size(); ++j)
+        if (cand[j] == "outputs:" && (j + 1 == cand.size() || cand[j + 1].rfind("  ", 0) != 0)) {
+          cand.erase(cand.begin() + static_cast<std::ptrdiff_t>(j));
+          break;
+        }
+      std::string t = join(cand);
+      if (keep(t)) {
+        lines = std::move(cand);
+        changed = true;
+      }
+    }
+  }
+  return join(lines);
+}
+
+RunReport judge(const std::string& text, std::uint64_t seed) {
+  RunOptions o;
+  o.seed = seed;
+  o.scale = false;
+  return run_program_text(text, "gen.yaml", o);
+}
+
+}  // namespace
+
+std::string generate_program(std::uint64_t seed) { return Gen(seed).run(); }
+
+DiffStats run_difftest(std::uint64_t seed, int count, int seeds, bool verbose) {
+  DiffStats st;
+  for (int i = 0; i < count; ++i) {
+    std::string text = generate_program(seed + static_cast<std::uint64_t>(i));
+    ++st.programs;
+    RunReport first = judge(text, 0);
+    if (first.load_error) {
+      st.soundness.push_back("generator produced an unloadable program (" + std::string(first.load_error->what()) + "):\n" + text);
+      continue;
+    }
+    bool pass = first.checker_ids.empty();
+    std::vector<RunReport> reps{first};
+    for (int s = 1; s < seeds; ++s) reps.push_back(judge(text, static_cast<std::uint64_t>(s)));
+    auto any_bad = std::any_of(reps.begin(), reps.end(), [](const RunReport& r) { return is_bad(r.oracle.verdict); });
+    auto all_agree = std::all_of(reps.begin(), reps.end(), [](const RunReport& r) { return r.oracle.verdict == OracleVerdict::Agree; });
+    // A false alarm needs evidence: every output compared with its single-device value on every seed.
+    auto fully_compared = [](const RunReport& r) { return r.oracle.verdict == OracleVerdict::Agree && r.oracle.notes.empty() && r.oracle.rank_checked == 0; };
+    bool all_compared = std::all_of(reps.begin(), reps.end(), fully_compared);
+    if (pass) {
+      ++st.passed;
+      if (any_bad) {
+        auto keep = [&](const std::string& t) {
+          for (int s = 0; s < seeds; ++s) {
+            RunReport r = judge(t, static_cast<std::uint64_t>(s));
+            if (!r.load_error && r.checker_ids.empty() && is_bad(r.oracle.verdict)) return true;
+          }
+          return false;
+        };
+        std::string small = minimize(text, keep);
+        RunReport why = judge(small, 0);
+        for (int s = 1; s < seeds && !is_bad(why.oracle.verdict); ++s) why = judge(small, static_cast<std::uint64_t>(s));
+        st.soundness.push_back(fmt::format("program {} (seed {}): the checker passes it but {}\n{}", i, seed + static_cast<std::uint64_t>(i), why.oracle.message, small));
+      } else if (all_agree) {
+        ++st.agree;
+      } else {
+        ++st.skipped;
+        for (const auto& r : reps)
+          if (r.oracle.verdict == OracleVerdict::Skipped) {
+            std::string reason = r.oracle.message.substr(0, r.oracle.message.find(':'));
+            ++st.skip_reasons[reason];
+            break;
+          }
+      }
+    } else {
+      ++st.rejected;
+      if (any_bad) {
+        ++st.true_positive;
+      } else if (all_compared) {
+        ++st.false_alarm_candidates;
+        std::string ids;
+        for (const auto& id : first.checker_ids) ids += (ids.empty() ? "" : ", ") + id;
+        std::string key = ids + (first.first_op.empty() ? "" : " at " + first.first_op);
+        auto& slot = st.false_alarms[key];
+        ++slot.first;
+        if (slot.second.empty()) {
+          auto keep = [&](const std::string& t) {
+            RunReport r = judge(t, 0);
+            if (r.load_error || r.checker_ids != first.checker_ids || r.first_op != first.first_op || !fully_compared(r)) return false;
+            for (int s = 1; s < seeds; ++s)
+              if (!fully_compared(judge(t, static_cast<std::uint64_t>(s)))) return false;
+            return true;
+          };
+          slot.second = minimize(text, keep);
+        }
+      } else {
+        ++st.skipped;
+      }
+    }
+    if (verbose && (i + 1) % 500 == 0) fmt::print(stderr, "{} programs: {} passed, {} rejected, {} soundness, {} false-alarm candidates\n", i + 1, st.passed, st.rejected, st.soundness.size(), st.false_alarm_candidates);
+  }
+  return st;
+}
+
+std::string render_stats(const DiffStats& s) {
+  std::string t = fmt::format(
+      "{} programs: {} passed by the checker ({} agree numerically, {} skipped, {} refuted), {} rejected ({} refuted numerically, {} false-alarm "
+      "candidates, {} not comparable)\n",
+      s.programs, s.passed, s.agree, s.passed - s.agree - static_cast<int>(s.soundness.size()), s.soundness.size(), s.rejected, s.true_positive,
+      s.false_alarm_candidates, s.rejected - s.true_positive - s.false_alarm_candidates);
+  for (const auto& [k, v] : s.skip_reasons) t += fmt::format("  skipped: {} x {}\n", v, k);
+  for (const auto& b : s.soundness) t += "SOUNDNESS: " + b + "\n";
+  for (const auto& [k, v] : s.false_alarms) t += fmt::format("false-alarm candidate x{}: {}\n{}", v.first, k, v.second);
+  return t;
+}
+
+}  // namespace spmd::test

@@ -1,0 +1,198 @@
+// tests/test_oracle.cpp - the numeric oracle: its own semantics, every example and test program, and the
+// fixed-seed differential run of the checker against it.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "cli/driver.h"
+#include "cli/run.h"
+#include "interp/interp.h"
+#include "interp/scale.h"
+#include "ir/loader.h"
+#include "tests/difftest.h"
+
+using namespace spmd;
+
+namespace {
+
+std::string src(const std::string& rel) { return std::string(SPMD_SOURCE_DIR) + "/" + rel; }
+
+OracleResult oracle(const std::string& yaml, std::uint64_t seed = 0) {
+  OracleOptions o;
+  o.seed = seed;
+  return run_oracle(load_program_string(yaml, "t.yaml"), o);
+}
+
+const char* kHead = "mesh: {tp: 4}\ntensors:\n  x: {shape: [8, 16], placement: {tp: S(1)}}\n  w: {shape: [16, 4], placement: {tp: S(0)}}\n";
+
+}  // namespace
+
+TEST_CASE("oracle: row-parallel matmul agrees only after the all-reduce") {
+  std::string ok = std::string(kHead) + "ops:\n  - {op: MatMul, in: [x, w], out: p}\n  - {op: AllReduce, in: [p], out: y, axis: tp}\noutputs:\n  y: {}\n";
+  CHECK(oracle(ok).verdict == OracleVerdict::Agree);
+  // P declared: assembled by summing the ranks' pieces, so it agrees too
+  std::string partial = std::string(kHead) + "ops:\n  - {op: MatMul, in: [x, w], out: p}\noutputs:\n  p: {placement: {tp: P}}\n";
+  CHECK(oracle(partial).verdict == OracleVerdict::Agree);
+  // claimed R: the ranks hold different summands
+  std::string missing = std::string(kHead) + "ops:\n  - {op: MatMul, in: [x, w], out: p}\noutputs:\n  p: {placement: {tp: R}}\n";
+  OracleResult r = oracle(missing);
+  CHECK(r.verdict == OracleVerdict::Differ);
+  CHECK(r.message.find("disagree") != std::string::npos);
+}
+
+TEST_CASE("oracle: the bias added before the all-reduce is counted once per rank") {
+  std::string bad = std::string(kHead) +
+                    "  b: {shape: [4]}\nops:\n  - {op: MatMul, in: [x, w], out: p}\n  - {op: Add, in: [p, b], out: q}\n"
+                    "  - {op: AllReduce, in: [q], out: y, axis: tp}\noutputs:\n  y: {}\n";
+  OracleResult r = oracle(bad);
+  CHECK(r.verdict == OracleVerdict::Differ);
+  CHECK(r.message.find("output y differs") != std::string::npos);
+}
+
+TEST_CASE("oracle: collectives, conversions and outputs assembled by placement") {
+  auto agree = [](const std::string& body) { return oracle("mesh: {dp: 2, tp: 2}\ntensors:\n" + body).verdict == OracleVerdict::Agree; };
+  // AllGather of a two-axis shard, inner axis first (outer major)
+  CHECK(agree("  x: {shape: [8, 4], placement: {dp: S(0), tp: S(0)}}\nops:\n  - {op: AllGather, in: [x], out: a, axis: tp, dim: 0}\n"
+              "  - {op: AllGather, in: [a], out: y, axis: dp, dim: 0}\noutputs:\n  y: {}\n"));
+  // ReduceScatter, then AllToAll moving the shard to another dim
+  CHECK(agree("  x: {shape: [8, 4], placement: {tp: P}}\nops:\n  - {op: ReduceScatter, in: [x], out: s, axis: tp, dim: 0}\n"
+              "  - {op: AllToAll, in: [s], out: t, axis: tp, split_dim: 1, concat_dim: 0}\noutputs:\n  t: {placement: {tp: S(1)}}\n"));
+  // Convert R -> S takes the local slice; Mean over a shard is P(avg)
+  CHECK(agree("  x: {shape: [8, 4]}\nops:\n  - {op: Convert, in: [x], out: s, axis: dp, to: S(0)}\n  - {op: Mean, in: [s], out: m, dims: [0]}\n"
+              "  - {op: AllReduce, in: [m], out: y, axis: dp, reduce: avg}\noutputs:\n  y: {}\n"));
+  // R + S(d): the R operand is read as its local slice
+  CHECK(agree("  x: {shape: [8, 4], placement: {tp: S(0)}}\n  b: {shape: [8, 4]}\nops:\n  - {op: Add, in: [x, b], out: y}\n"
+              "outputs:\n  y: {placement: {tp: S(0)}}\n"));
+  // a shard reshaped on its leftmost merged dim keeps its place; on another dim it does not
+  CHECK(agree("  x: {shape: [4, 2, 6], placement: {tp: S(0)}}\nops:\n  - {op: Reshape, in: [x], out: y, shape: [8, 6]}\noutputs:\n  y: {placement: {tp: S(0)}}\n"));
+  CHECK(oracle("mesh: {tp: 2}\ntensors:\n  x: {shape: [4, 6], placement: {tp: S(1)}}\nops:\n  - {op: Reshape, in: [x], out: y, shape: [6, 4]}\n"
+               "outputs:\n  y: {placement: {tp: S(0)}}\n")
+            .verdict == OracleVerdict::Differ);
+}
+
+TEST_CASE("oracle: vocab-parallel cross-entropy and the gathered-logits bug (Megatron #7452)") {
+  std::string head = "mesh: {tp: 4}\ntensors:\n  lg: {shape: [2, 3, 8], placement: {tp: S(2)}}\n  lb: {shape: [2, 3], dtype: i64}\nops:\n";
+  CHECK(oracle(head + "  - {op: CrossEntropyLoss, in: [lg, lb], out: loss, vocab_parallel: true}\noutputs:\n  loss: {}\n").verdict == OracleVerdict::Agree);
+  OracleResult r = oracle(head + "  - {op: AllGather, in: [lg], out: full, axis: tp, dim: 2}\n"
+                                 "  - {op: CrossEntropyLoss, in: [full, lb], out: loss, vocab_parallel: true}\noutputs:\n  loss: {}\n");
+  CHECK(r.verdict == OracleVerdict::Differ);
+  CHECK(r.max_diff == doctest::Approx(std::log(4.0)));
+}
+
+TEST_CASE("oracle: what it cannot compare is skipped, never agreement") {
+  OracleResult v = oracle("mesh: {tp: 2}\ntensors:\n  x: {shape: [4]}\nops:\n  - {op: Convert, in: [x], out: y, axis: tp, to: V}\noutputs:\n  y: {placement: {tp: V}}\n");
+  CHECK(v.verdict == OracleVerdict::Skipped);
+  OracleResult none = oracle("mesh: {tp: 2}\ntensors:\n  x: {shape: [4]}\nops:\n  - {op: GELU, in: [x], out: y}\n");
+  CHECK(none.verdict == OracleVerdict::Skipped);
+  OracleOptions small;
+  small.max_elements = 16;
+  CHECK(run_oracle(load_program_string("mesh: {tp: 2}\ntensors:\n  x: {shape: [64, 64]}\nops: []\noutputs:\n  x: {}\n", "t.yaml"), small).verdict ==
+        OracleVerdict::Skipped);
+}
+
+TEST_CASE("oracle: symbolic sizes take small allowed values, one instantiation per seed") {
+  std::string p = "mesh: {tp: T}\nsizes:\n  T: {in: [1, 2, 4]}\n  H: {min: 8, multiple_of: 8}\ntensors:\n  x: {shape: [4, H], placement: {tp: S(1)}}\n"
+                  "ops:\n  - {op: AllGather, in: [x], out: y, axis: tp, dim: 1}\noutputs:\n  y: {}\n";
+  std::set<std::string> seen;
+  for (std::uint64_t s = 0; s < 6; ++s) {
+    OracleResult r = oracle(p, s);
+    CHECK(r.verdict == OracleVerdict::Agree);
+    seen.insert(r.sizes);
+  }
+  CHECK(seen.size() > 3);
+  // H/3 is not a size for H = 8: the single-device program has no value there
+  std::string inexact = "mesh: {tp: 2}\nsizes:\n  H: {min: 8, multiple_of: 8}\ntensors:\n  x: {shape: [H/3]}\nops: []\noutputs:\n  x: {}\n";
+  CHECK(oracle(inexact, 0).verdict == OracleVerdict::GlobalError);
+}
+
+TEST_CASE("oracle: scaled copies keep the checker's verdict") {
+  std::string text = "mesh: {tp: 4}\nsizes: {B: 8, H: 1024}\ntensors:\n  x: {shape: [B, H], placement: {tp: S(1)}}\nops: []\noutputs:\n  x: {placement: {tp: S(1)}}\n";
+  auto sizes = named_sizes(text);
+  CHECK(sizes.at("H") == 1024);
+  auto t = with_sizes(text, {{"H", 16}});
+  REQUIRE(t);
+  CHECK(load_program_string(*t, "t.yaml").tensors[0].shape.size() == 2);
+  RunReport r = run_program_text(text, "t.yaml");
+  CHECK(r.oracle.verdict == OracleVerdict::Agree);
+  CHECK(r.run_sizes.find("H = ") != std::string::npos);
+}
+
+TEST_CASE("spmdcheck run: exit codes and output") {
+  std::ostringstream out, err;
+  CHECK(run_cli({"run", src("examples/tp/mlp.yaml")}, out, err) == 0);
+  CHECK(out.str().find("agree") != std::string::npos);
+  std::ostringstream out2, err2;
+  CHECK(run_cli({"run", "--seed", "3", src("examples/tp/mlp_bias_before_allreduce.yaml")}, out2, err2) == 1);
+  CHECK(out2.str().find("differ") != std::string::npos);
+  CHECK(out2.str().find("checker: partial-misuse") != std::string::npos);
+  std::ostringstream out3, err3;
+  CHECK(run_cli({"run", src("tests/bad_input/empty_file.yaml")}, out3, err3) == 2);
+  std::ostringstream out4, err4;
+  CHECK(run_cli({"run", src("tests/programs/collectives/gather_ok.yaml")}, out4, err4) == 4);
+}
+
+// Every example and test program: a correct one (no spatial ID expected) agrees on every seed; a spatially
+// buggy one differs on some seed. A file whose numbers cannot show its point says why in a `# oracle:`
+// comment, and the comment must stay true.
+TEST_CASE("oracle: every example and test program") {
+  static const std::set<std::string> spatial = {"shape-mismatch",  "partial-misuse", "sharded-reduction-dim", "layout-conflict", "invariant-mix",
+                                                "illegal-collective", "partial-output", "placement-mismatch", "undefined-tensor"};
+  std::vector<std::string> files;
+  for (const char* dir : {"examples", "tests/programs", "docs/tutorial"})
+    for (const auto& e : std::filesystem::recursive_directory_iterator(src(dir)))
+      if (e.path().extension() == ".yaml") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  CHECK(files.size() > 300);
+  int agree = 0, refuted = 0, explained = 0;
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    bool commented = text.find("# oracle:") != std::string::npos;
+    Program p = load_program_string(text, f);
+    bool buggy = std::any_of(p.expect.begin(), p.expect.end(), [](const std::string& id) { return spatial.count(id) > 0; });
+    bool any_bad = false, all_agree = true;
+    std::string msg;
+    for (std::uint64_t s = 0; s < 4; ++s) {
+      RunOptions o;
+      o.seed = s;
+      RunReport r = run_program_text(text, f, o);
+      bool bad = r.oracle.verdict == OracleVerdict::Differ || r.oracle.verdict == OracleVerdict::GlobalError;
+      any_bad |= bad;
+      all_agree &= r.oracle.verdict == OracleVerdict::Agree;
+      if ((bad && !buggy) || msg.empty()) msg = render_run(f, r);
+    }
+    INFO(msg);
+    if (!buggy) {
+      CHECK_MESSAGE(!any_bad, "a correct program whose numbers differ: " << f);
+      if (all_agree) ++agree;
+      else CHECK_MESSAGE(commented, "a correct program the oracle skips needs a `# oracle:` comment saying why: " << f);
+      if (all_agree) CHECK_MESSAGE(!commented, "stale `# oracle:` comment (the program agrees): " << f);
+      if (!all_agree && commented) ++explained;
+    } else if (any_bad) {
+      ++refuted;
+      CHECK_MESSAGE(!commented, "stale `# oracle:` comment (the numbers do show the bug): " << f);
+    } else {
+      ++explained;
+      CHECK_MESSAGE(commented, "a buggy program whose numbers agree needs a `# oracle:` comment saying why values cannot show it: " << f);
+    }
+  }
+  MESSAGE(files.size() << " programs: " << agree << " correct ones agree, " << refuted << " buggy ones refuted numerically, " << explained
+                       << " explained by a `# oracle:` comment");
+}
+
+TEST_CASE("differential: the checker against the oracle on random programs (fixed seed)") {
+  int count = 10000;
+  if (const char* c = std::getenv("SPMD_DIFFTEST_COUNT")) count = std::atoi(c);
+  auto st = test::run_difftest(20240601, count, 3, false);
+  MESSAGE(test::render_stats(st));
+  CHECK(st.soundness.empty());
+  CHECK(st.passed > count / 4);
+  CHECK(st.rejected > count / 10);
+}
