@@ -154,7 +154,7 @@ class Runner {
         std::uint64_t h = mix(pv ^ static_cast<std::uint64_t>(flat));
         if (t.dtype == DType::Bool) range = 2;
         v.t.data[w] = is_int(t.dtype) ? static_cast<double>(h % static_cast<std::uint64_t>(std::max<std::int64_t>(1, range)))
-                                      : unit(h) * 2.0 - 1.0;
+                                      : unit(h) * 4.0 - 2.0;  // [-2, 2): integer casts are not all 0
         for (int d = static_cast<int>(ls.size()) - 1; d >= 0; --d) {
           if (++idx[static_cast<std::size_t>(d)] < ls[static_cast<std::size_t>(d)]) break;
           idx[static_cast<std::size_t>(d)] = 0;
