@@ -3,6 +3,9 @@
 // usage: spmd_bench [OPS...]          (default: 10000 100000 1000000)
 //        spmd_bench --yaml OPS > f.yaml  (the same program as YAML, to time `spmdcheck check` end to end)
 //        spmd_bench --temporal [OPS...]  (temporal check of generated async-overlap programs, 2 streams + comm)
+//        spmd_bench --schedule STAGES MICROBATCHES VIRTUAL (generate, validate, lower and check an interleaved 1F1B)
+//        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
+//        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
 #include <sys/resource.h>
@@ -13,8 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autograd.h"
 #include "bench/generator.h"
 #include "ir/printer.h"
+#include "schedules/schedule.h"
 #include "spatial/spatial.h"
 #include "temporal/temporal.h"
 
@@ -33,9 +38,75 @@ int main(int argc, char** argv) {
     std::fputs(spmd::print_program(spmd::bench::make_transformer(g)).c_str(), stdout);
     return 0;
   }
+  if (argc == 5 && std::string(argv[1]) == "--schedule") {
+    using clock = std::chrono::steady_clock;
+    auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    auto t0 = clock::now();
+    spmd::Schedule s = spmd::generate_schedule("Interleaved1F1B", std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
+    auto t1 = clock::now();
+    auto v = spmd::validate_schedule(s);
+    auto t2 = clock::now();
+    spmd::Program p = spmd::lower_schedule(s, spmd::P2PModel::Eager);
+    auto t3 = clock::now();
+    auto d = spmd::check_temporal(p);
+    auto t4 = clock::now();
+    if (!v.empty() || !d.empty()) {
+      std::fprintf(stderr, "generated schedule is expected to be clean\n");
+      return 1;
+    }
+    std::printf("actions per rank %zu, lowered ops %zu\ngenerate %.1f ms, validate %.1f ms, lower %.1f ms, temporal %.1f ms, total %.1f ms, peak RSS %ld MiB\n",
+                s.rows[0].size(), p.ops.size(), ms(t0, t1), ms(t1, t2), ms(t2, t3), ms(t3, t4), ms(t0, t4), peak_rss_mib());
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--pipeline") {
+    std::vector<long> ts;
+    for (int i = 2; i < argc; ++i) ts.push_back(std::atol(argv[i]));
+    if (ts.empty()) ts = {10'000, 100'000, 1'000'000};
+    std::printf("%10s %8s %14s %14s %14s\n", "events", "ranks", "eager (ms)", "rendezv. (ms)", "peak RSS (MiB)");
+    for (long t : ts) {
+      spmd::Program p = spmd::bench::make_pipeline(8, static_cast<int>(std::max(1L, t / 88)));
+      double ms[2];
+      for (int k = 0; k < 2; ++k) {
+        spmd::TemporalOptions o;
+        o.p2p_model = k == 0 ? spmd::P2PModel::Eager : spmd::P2PModel::Rendezvous;
+        auto t0 = std::chrono::steady_clock::now();
+        auto diags = spmd::check_temporal(p, o);
+        auto t1 = std::chrono::steady_clock::now();
+        if (!diags.empty()) {
+          std::fprintf(stderr, "pipeline program is expected to be clean, got %zu diagnostics: %s\n", diags.size(), diags[0].message.c_str());
+          return 1;
+        }
+        ms[k] = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      }
+      std::printf("%10zu %8d %14.1f %14.1f %14ld\n", p.ops.size(), 8, ms[0], ms[1], peak_rss_mib());
+    }
+    return 0;
+  }
   bool temporal = argc > 1 && std::string(argv[1]) == "--temporal";
+  bool backward = argc > 1 && std::string(argv[1]) == "--backward";
   std::vector<long> targets;
-  for (int i = temporal ? 2 : 1; i < argc; ++i) targets.push_back(std::atol(argv[i]));
+  for (int i = temporal || backward ? 2 : 1; i < argc; ++i) targets.push_back(std::atol(argv[i]));
+  if (backward) {
+    if (targets.empty()) targets = {10'000, 100'000, 1'000'000};
+    std::printf("%12s %14s %16s %12s %14s\n", "forward ops", "training ops", "derive+check ms", "ns/fwd op", "peak RSS (MiB)");
+    for (long t : targets) {
+      spmd::bench::GenOptions g;
+      g.layers = static_cast<int>(std::max(1L, t / 22));
+      spmd::Program p = spmd::bench::make_training(g);
+      auto t0 = std::chrono::steady_clock::now();
+      spmd::TrainingCheck r = spmd::check_training(p);
+      auto t1 = std::chrono::steady_clock::now();
+      if (!r.built || !r.diags.empty()) {
+        std::fprintf(stderr, "training program is expected to be clean, got %zu diagnostics: %s\n", r.diags.size(),
+                     r.diags.empty() ? "(not built)" : r.diags[0].message.c_str());
+        return 1;
+      }
+      double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      std::printf("%12zu %14zu %16.1f %12.1f %14ld\n", p.ops.size(), r.program.ops.size(), ms, ms * 1e6 / static_cast<double>(p.ops.size()),
+                  peak_rss_mib());
+    }
+    return 0;
+  }
   if (temporal) {
     if (targets.empty()) targets = {10'000, 100'000, 1'000'000};
     std::printf("%10s %12s %10s %14s\n", "events", "check (ms)", "ns/event", "peak RSS (MiB)");

@@ -62,13 +62,13 @@ inline Program make_transformer(const GenOptions& g) {
   Placements rr{};
   Placements col{Placement::r(), Placement::s(1)};
   Placements row{Placement::r(), Placement::s(0)};
-  b.tensor("x0", {B, S, H}, dp0);
+  b.tensor("x_in", {B, S, H}, dp0);
   std::uint32_t last = b.ints({-1});
   std::uint32_t split = b.shape({B, S, NH, D});
   std::uint32_t merge = b.shape({B, S, H});
   std::uint32_t swap12 = b.ints({1, 2});
   auto axis_tp = [](Op& o) { o.attrs.axes = 1u << 1; };
-  std::string x = "x0";
+  std::string x = "x_in";
   for (int l = 0; l < g.layers; ++l) {
     std::string L = std::to_string(l);
     auto n = [&](const char* s) { return b.name(std::string(s) + L); };
@@ -113,6 +113,35 @@ inline Program make_transformer(const GenOptions& g) {
 
 namespace spmd::bench {
 
+// make_transformer as a training program: every weight is a parameter, the loss is the mean of the
+// last activations (P(avg) over dp), and grad_sync all-reduces each parameter gradient over dp (and
+// over tp for the LayerNorm weights, which are R over tp and see tp-partial gradients). Correct.
+inline Program make_training(const GenOptions& g) {
+  Program p = make_transformer(g);
+  Builder b(p);
+  for (auto& t : p.tensors) t.param = p.name(t.name) != "x_in";
+  NameId last = p.outputs.back().name;
+  p.outputs.clear();
+  Op mean;
+  mean.kind = OpKind::Mean;
+  mean.loc = {static_cast<std::uint32_t>(p.ops.size() + 1), 5};
+  mean.attrs.dims = b.ints({0, 1, 2});
+  NameId loss = b.name("loss");
+  p.add_op(mean, std::vector<NameId>{last}, std::vector<NameId>{loss});
+  p.loss = loss;
+  p.train = true;
+  p.has_grad_sync = true;
+  for (const auto& t : p.tensors) {
+    if (!t.param) continue;
+    NameId gr = b.name(p.name(t.name) + ".grad");
+    Op ar;
+    ar.kind = OpKind::AllReduce;
+    ar.attrs.axes = 1u | (t.placement[1].is_r() ? 2u : 0u);
+    p.add_op(p.grad_sync, ar, std::vector<NameId>{gr}, std::vector<NameId>{gr});
+  }
+  return p;
+}
+
 // An overlap program: `layers` steps of a data-parallel backward where each layer's weight gradient is
 // all-reduced asynchronously (in place) while the next layer's backward runs on the compute stream, with a
 // side stream doing independent work; all Waits come before the optimizer step. 8 ops per layer; correct.
@@ -144,6 +173,84 @@ inline Program make_overlap(int layers) {
     Op& w = b.op(OpKind::Wait, {}, {});
     w.attrs.handle = n("h");
     b.op(OpKind::Sub, {n("w"), n("g")}, {n("w")});
+  }
+  return p;
+}
+
+}  // namespace spmd::bench
+
+namespace spmd::bench {
+
+// A pipeline program: `stages` per-rank programs on a pp x dp mesh (dp symmetric), GPipe order,
+// `microbatches` forwards then as many backwards. Each stage receives its activation (async Recv on
+// the comm stream, then Wait), computes on the compute stream, sends forward with an isend; the
+// backward mirrors it; every isend is waited before the step ends, and the weight gradient is
+// all-reduced over dp at the end. About 12 ops per microbatch per stage; correct under both models.
+inline Program make_pipeline(int stages, int microbatches) {
+  Program p;
+  p.file = "pipeline.yaml";
+  p.mesh.push_back({"pp", p.exprs.constant(stages), {}});
+  p.mesh.push_back({"dp", p.exprs.constant(4), {}});
+  Builder b(p);
+  Placements rr{};
+  Placements dpp{Placement::r(), Placement::p()};
+  b.tensor("x", {16, 64}, rr);
+  b.tensor("w", {64, 64}, rr);
+  b.tensor("gw", {64, 64}, dpp);
+  auto peer = [&](int s) {
+    p.coords.push_back({{0, s}});
+    return static_cast<std::uint32_t>(p.coords.size() - 1);
+  };
+  for (int s = 0; s < stages; ++s) {
+    RankProgram rp;
+    rp.selector = {{0, s}};
+    rp.first_op = static_cast<std::uint32_t>(p.ops.size());
+    std::uint32_t prev = s > 0 ? peer(s - 1) : kNoIndex, next = s + 1 < stages ? peer(s + 1) : kNoIndex;
+    std::vector<NameId> sends;
+    auto wait = [&](NameId h) { b.op(OpKind::Wait, {}, {}).attrs.handle = h; };
+    for (int m = 0; m < microbatches; ++m) {
+      std::string M = std::to_string(m);
+      NameId in = b.name("x");
+      if (prev != kNoIndex) {
+        in = b.name("a_in" + M);
+        Op& r = b.op(OpKind::Recv, {}, {in});
+        r.attrs.coords = prev;
+        r.attrs.handle = b.name("hr" + M);
+        wait(r.attrs.handle);
+      }
+      b.op(OpKind::MatMul, {in, b.name("w")}, {b.name("z" + M)});
+      b.op(OpKind::GELU, {b.name("z" + M)}, {b.name("a_out" + M)});
+      if (next != kNoIndex) {
+        Op& sd = b.op(OpKind::Send, {b.name("a_out" + M)}, {});
+        sd.attrs.coords = next;
+        sd.attrs.handle = b.name("hs" + M);
+        sends.push_back(sd.attrs.handle);
+      }
+    }
+    for (int m = 0; m < microbatches; ++m) {
+      std::string M = std::to_string(m);
+      NameId g = b.name("a_out" + M);
+      if (next != kNoIndex) {
+        g = b.name("g_in" + M);
+        Op& r = b.op(OpKind::Recv, {}, {g});
+        r.attrs.coords = next;
+        r.attrs.handle = b.name("hgr" + M);
+        wait(r.attrs.handle);
+      }
+      b.op(OpKind::Multiply, {g, b.name("z" + M)}, {b.name("dz" + M)});
+      b.op(OpKind::MatMul, {b.name("dz" + M), b.name("w")}, {b.name("g_out" + M)});
+      if (prev != kNoIndex) {
+        Op& sd = b.op(OpKind::Send, {b.name("g_out" + M)}, {});
+        sd.attrs.coords = prev;
+        sd.attrs.handle = b.name("hgs" + M);
+        sends.push_back(sd.attrs.handle);
+      }
+    }
+    for (NameId h : sends) wait(h);
+    Op& ar = b.op(OpKind::AllReduce, {b.name("gw")}, {b.name("gw_sum")});
+    ar.attrs.axes = 2;
+    rp.n_ops = static_cast<std::uint32_t>(p.ops.size()) - rp.first_op;
+    p.programs.push_back(rp);
   }
   return p;
 }

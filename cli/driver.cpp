@@ -1,4 +1,4 @@
-// cli/driver.cpp - subcommands check, test, run and ops.
+// cli/driver.cpp - subcommands check, test, backward, run, schedule and ops.
 #include "cli/driver.h"
 
 #include <CLI/CLI.hpp>
@@ -8,13 +8,18 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
 
+#include "autograd/autograd.h"
+#include "autograd/derive.h"
 #include "cli/render.h"
 #include "cli/run.h"
 #include "ir/loader.h"
+#include "schedules/schedule.h"
+#include "ir/printer.h"
 #include "spatial/spatial.h"
 #include "temporal/temporal.h"
 
@@ -34,37 +39,157 @@ struct FileResult {
   Program program;
   std::vector<Diagnostic> diags;
   std::size_t dropped = 0;
+  std::optional<Schedule> schedule;  // a pipeline schedule (a .csv file or `schedule:`)
+  std::vector<Loc> blocked;          // its cells where a deadlock left a rank blocked
 };
 
 struct Options {
   unsigned z3_timeout_ms = 10000;
   std::size_t max_diagnostics = 50;
   std::string dump_hb;  // --dump-hb FILE ("-" = stdout)
+  std::string p2p_model;  // --p2p-model eager|rendezvous (overrides the file's `p2p_model`)
+  std::string trace;      // --trace FILE: a Chrome trace of the (first) schedule checked
+  bool backward = false;  // --backward: derive and check the backward even without `train: true`
 };
+
+bool has_errors(const std::vector<Diagnostic>& d) {
+  return std::any_of(d.begin(), d.end(), [](const Diagnostic& x) { return x.severity == Severity::Error; });
+}
+
+bool write_file(const std::string& path, const std::string& text, std::ostream& err) {
+  std::ofstream f(path);
+  if (!f || !(f << text)) {
+    err << "spmdcheck: cannot write " << path << "\n";
+    return false;
+  }
+  return true;
+}
+
+bool is_csv(const std::string& path) { return fs::path(path).extension() == ".csv"; }
+
+// The schedule a file describes: a CSV file, or a program's `schedule:` (generated or a CSV next to it).
+Schedule schedule_of(const std::string& path, const Program& p) {
+  if (is_csv(path)) return load_schedule_csv(path);
+  const ScheduleSpec& sp = p.schedule;
+  if (!sp.kind.empty()) {
+    try {
+      return generate_schedule(sp.kind, static_cast<int>(sp.ranks), static_cast<int>(sp.microbatches), static_cast<int>(sp.virtual_stages));
+    } catch (const std::invalid_argument& e) {
+      throw LoadError(sp.kind_loc, e.what());
+    }
+  }
+  fs::path csv = fs::path(path).parent_path() / sp.csv;
+  Schedule s;
+  try {
+    s = load_schedule_csv(csv.string());
+  } catch (const LoadError& e) {
+    throw LoadError(sp.csv_loc, e.loc.line ? fmt::format("in {}:{}:{}: {}", csv.string(), e.loc.line, e.loc.col, e.what()) : e.what());
+  }
+  if (static_cast<std::int64_t>(s.rows.size()) != sp.ranks)
+    throw LoadError(sp.csv_loc, fmt::format("{} has {} rows (pipeline ranks), but mesh axis {} has size {}", sp.csv, s.rows.size(),
+                                            p.mesh[static_cast<std::size_t>(sp.axis)].name, sp.ranks));
+  return s;
+}
+
+// Validates a schedule; when it is valid, lowers it to per-rank programs and runs the temporal checks
+// (default model: eager, as PyTorch's runtime posts isend/irecv).
+void check_schedule(FileResult& r, const Options& opt, std::ostream* dot) {
+  const Schedule& s = *r.schedule;
+  r.diags = validate_schedule(s);
+  bool invalid = std::any_of(r.diags.begin(), r.diags.end(), [](const Diagnostic& d) { return d.id == CheckId::ScheduleInvalid; });
+  if (invalid) return;  // the simulation of an incomplete schedule would only repeat it
+  P2PModel model = r.program.has_p2p_model ? r.program.p2p_model : P2PModel::Eager;
+  if (!opt.p2p_model.empty()) model = opt.p2p_model == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
+  Program lowered = lower_schedule(s, model);
+  TemporalOptions to;
+  to.dot = dot;
+  to.p2p_model = model;
+  for (auto& d : check_temporal(lowered, to)) {
+    if (d.id == CheckId::Deadlock)
+      for (const auto& n : d.notes)
+        if (n.message.find("is blocked here") != std::string::npos) r.blocked.push_back(n.loc);
+    r.diags.push_back(std::move(d));
+  }
+}
 
 // Loads and checks one file; `dot`, when set, receives the happens-before graph.
 FileResult check_file(const std::string& path, const Options& opt, std::ostream* dot = nullptr) {
   FileResult r;
   r.file = path;
   try {
-    r.program = load_program_file(path);
+    if (!is_csv(path)) r.program = load_program_file(path);
+    if (is_csv(path) || r.program.schedule.present) r.schedule = schedule_of(path, r.program);
   } catch (const LoadError& e) {
     r.load_failed = true;
     r.load_error = e;
     r.load_message = render_load_error(path, e);
     return r;
   }
+  if (r.schedule) {
+    check_schedule(r, opt, dot);
+    if (!is_csv(path)) {
+      // Positions inside a generated or referenced schedule are grid cells, not lines of this file.
+      Loc at = r.program.schedule.loc;
+      for (auto& d : r.diags) {
+        d.message += r.program.schedule.kind.empty() ? fmt::format(" [at {}:{}:{}]", r.program.schedule.csv, d.loc.line, d.loc.col)
+                                                     : fmt::format(" [schedule rank {}, step {}]", d.loc.line ? d.loc.line - 1 : 0, d.loc.col);
+        d.loc = at;
+        for (auto& n : d.notes) n.loc = at;
+      }
+    }
+    r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
+    return r;
+  }
   SpatialOptions so;
   so.z3_timeout_ms = opt.z3_timeout_ms;
   r.diags = check_spatial(r.program, so);
-  for (auto& d : check_temporal(r.program, {dot})) r.diags.push_back(std::move(d));
+  TemporalOptions to;
+  to.dot = dot;
+  if (!opt.p2p_model.empty()) to.p2p_model = opt.p2p_model == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
+  for (auto& d : check_temporal(r.program, to)) r.diags.push_back(std::move(d));
+  const Program& p = r.program;
+  if (p.train || p.has_backward || opt.backward) {
+    try {
+      if (p.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
+      TrainingCheck t = check_training(p, {opt.z3_timeout_ms});
+      for (auto& d : t.diags) r.diags.push_back(std::move(d));
+      if (t.built)
+        for (auto& d : check_temporal(t.program))
+          if (d.op >= static_cast<int>(t.first_backward)) r.diags.push_back(std::move(d));
+    } catch (const LoadError& e) {
+      r.load_failed = true;
+      r.load_error = e;
+      r.load_message = render_load_error(path, e);
+      return r;
+    }
+  }
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   return r;
 }
 
-bool has_errors(const std::vector<Diagnostic>& d) {
-  return std::any_of(d.begin(), d.end(), [](const Diagnostic& x) { return x.severity == Severity::Error; });
+// `spmdcheck backward FILE`: the program with its derived backward, as YAML.
+int cmd_backward(const std::string& path, const Options& opt, std::ostream& out) {
+  Program p;
+  try {
+    p = load_program_file(path);
+    if (p.loss < 0) throw LoadError({}, "deriving the backward needs a `loss:` in the program (the tensor the backward starts from)");
+    SpatialTypes types;
+    SpatialOptions so;
+    so.z3_timeout_ms = opt.z3_timeout_ms;
+    so.types = &types;
+    auto diags = check_spatial(p, so);
+    if (has_errors(diags)) {
+      out << render_text(path, diags) << path << ": error: the forward has errors, so its backward is not derived\n";
+      return kFindings;
+    }
+    out << print_program(derive_backward(p, types).program);
+    return kClean;
+  } catch (const LoadError& e) {
+    out << render_load_error(path, e);
+    return kBadInput;
+  }
 }
+
 
 int cmd_check(const std::vector<std::string>& files, const std::string& format, const Options& opt, std::ostream& out) {
   int code = kClean;
@@ -85,6 +210,7 @@ int cmd_check(const std::vector<std::string>& files, const std::string& format, 
     }
     FileResult r = check_file(f, opt, dot);
     int c = r.load_failed ? kBadInput : has_errors(r.diags) ? kFindings : kClean;
+    if (!opt.trace.empty() && r.schedule && !write_file(opt.trace, schedule_trace(*r.schedule), out)) c = std::max(c, static_cast<int>(kBadInput));
     code = std::max(code, c);
     if (format == "json") {
       nlohmann::json diags = nlohmann::json::array();
@@ -107,6 +233,9 @@ int cmd_check(const std::vector<std::string>& files, const std::string& format, 
       out << r.load_message;
     } else {
       out << render_text(f, r.diags);
+      if (r.schedule && !r.blocked.empty())
+        out << fmt::format("{}: note: the schedule up to the deadlock (>cell< = where each blocked rank waits):\n{}", f,
+                           schedule_grid(*r.schedule, r.blocked));
       if (r.dropped) out << fmt::format("{}: note: {} more diagnostics not shown (--max-diagnostics)\n", f, r.dropped);
     }
   }
@@ -120,7 +249,7 @@ void collect(const std::string& path, std::vector<std::string>& files) {
     std::vector<std::string> found;
     for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
       auto ext = it->path().extension();
-      if (it->is_regular_file() && (ext == ".yaml" || ext == ".yml")) found.push_back(it->path().string());
+      if (it->is_regular_file() && (ext == ".yaml" || ext == ".yml")) found.push_back(it->path().string());  // CSV files carry no expect:
     }
     std::sort(found.begin(), found.end());
     files.insert(files.end(), found.begin(), found.end());
@@ -223,10 +352,37 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     check->add_option("--z3-timeout", opt.z3_timeout_ms, "solver time limit per obligation, in milliseconds (a timeout is reported, never passed)");
     check->add_option("--max-diagnostics", opt.max_diagnostics, "show at most N diagnostics per file");
     check->add_option("--dump-hb", opt.dump_hb, "write the happens-before graph as Graphviz DOT to FILE (- for stdout)");
+    check->add_option("--p2p-model", opt.p2p_model,
+                      "buffering of point-to-point sends for the deadlock check: eager (a send completes at once) or rendezvous (a blocking send "
+                      "waits for its receive); overrides the file's `p2p_model`, default rendezvous")
+        ->check(CLI::IsMember({"eager", "rendezvous"}));
+    check->add_flag("--backward", opt.backward, "derive the backward from `loss:` and check it too (as `train: true`)");
+    std::string bwd_file;
+    auto* backward = app.add_subcommand("backward", "print FILE with its derived backward (`backward:`) as YAML");
+    backward->add_option("file", bwd_file, "program file (declares `loss:`)")->required();
     std::vector<std::string> paths;
     auto* test = app.add_subcommand("test", "check files (or directories) against their `expect:`; closing line 'N passed, N failed'");
     test->add_option("paths", paths, "files or directories")->required();
     test->add_option("--z3-timeout", opt.z3_timeout_ms, "solver time limit per obligation, in milliseconds");
+    check->add_option("--trace", opt.trace, "for a schedule: write a Chrome/Perfetto trace (JSON) to FILE");
+    auto* sched = app.add_subcommand("schedule", "pipeline schedules: generate, show");
+    sched->require_subcommand(1);
+    std::string kind;
+    int stages = 0, microbatches = 0, virtual_stages = 1;
+    bool comms = false;
+    std::string trace;
+    auto* gen = sched->add_subcommand("gen", "print a generated schedule as PyTorch pipelining CSV");
+    gen->add_option("--kind", kind, "GPipe, 1F1B, Interleaved1F1B or ZBH1")->required();
+    gen->add_option("--stages", stages, "pipeline ranks")->required();
+    gen->add_option("--microbatches", microbatches, "microbatches")->required();
+    gen->add_option("--virtual", virtual_stages, "virtual stages per rank (Interleaved1F1B)");
+    gen->add_flag("--comms", comms, "include SEND/RECV actions (the lowered form)");
+    gen->add_option("--trace", trace, "also write a Chrome/Perfetto trace (JSON) to FILE");
+    std::string show_file;
+    auto* show = sched->add_subcommand("show", "print a schedule (CSV, or a program with `schedule:`) as a per-rank grid");
+    show->add_option("file", show_file, "schedule file")->required();
+    show->add_flag("--comms", comms, "show the SEND/RECV actions of a compute-only schedule");
+    show->add_option("--trace", trace, "also write a Chrome/Perfetto trace (JSON) to FILE");
     RunOptions ropt;
     auto* run = app.add_subcommand("run", "run FILE... per rank and on one device and compare the outputs (exit 0 agree, 1 differ, 4 skipped)");
     run->add_option("files", files, "program files")->required();
@@ -251,6 +407,36 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     }
     if (*check) return cmd_check(files, format, opt, out);
     if (*test) return cmd_test(paths, opt, out);
+    if (*sched) {
+      Schedule sc;
+      if (*gen) {
+        try {
+          sc = generate_schedule(kind, stages, microbatches, virtual_stages);
+        } catch (const std::invalid_argument& e) {
+          err << "spmdcheck: " << e.what() << "\n";
+          return kBadInput;
+        }
+      } else {
+        Program p;
+        try {
+          if (!is_csv(show_file)) p = load_program_file(show_file);
+          if (!is_csv(show_file) && !p.schedule.present) {
+            err << show_file << ": error: the program has no `schedule:`\n";
+            return kBadInput;
+          }
+          sc = schedule_of(show_file, p);
+        } catch (const LoadError& e) {
+          err << render_load_error(show_file, e);
+          return kBadInput;
+        }
+      }
+      if (comms) sc = with_comms(sc);
+      if (*gen) out << schedule_csv(sc);
+      else out << sc.source << ": " << sc.rows.size() << " ranks, " << sc.stages << " stages, " << sc.microbatches << " microbatches\n" << schedule_grid(sc);
+      if (!trace.empty() && !write_file(trace, schedule_trace(sc), err)) return kBadInput;
+      return kClean;
+    }
+    if (*backward) return cmd_backward(bwd_file, opt, out);
     if (*run) return cmd_run(files, ropt, out);
     if (*ops) {
       out << (markdown ? ops_markdown() : ops_text());

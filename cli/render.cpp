@@ -52,7 +52,7 @@ nlohmann::json render_json(const std::string& file, const std::vector<Diagnostic
                    {"message", d.message},
                    {"op", d.op >= 0 ? nlohmann::json(d.op) : nlohmann::json(nullptr)},
                    {"tensor", d.tensor.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.tensor)},
-                   {"ranks", nlohmann::json::array()},
+                   {"ranks", d.ranks},
                    {"notes", notes}});
   }
   return arr;

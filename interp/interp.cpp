@@ -431,7 +431,9 @@ class Runner {
       }
       case OpKind::Wait:
       case OpKind::WaitAll: return;  // async values are available at their op; a Wait moves no data
-      default: throw std::logic_error("step_local: not a local op: " + std::string(op_name(op.kind)));
+      // Opaque ops (OverlapRegion, a schedule's Step) and the gradient ops of derived backwards have no
+      // numeric kernel yet: the program is skipped with the reason, never counted as agreement.
+      default: throw InterpError(std::string(op_name(op.kind)) + " has no numeric kernel in the oracle");
     }
   }
 
@@ -748,6 +750,28 @@ class Runner {
       chunk_range(v.t.shape[static_cast<std::size_t>(d)], n, idx, lo, hi);
       v.t = slice(v.t, d, lo, hi);
       v.mask[static_cast<std::size_t>(d)] |= axes;
+    } else if (to.is_p() && !global_) {
+      // S(d) -> P: each rank's shard in its slot of a zero tensor, so the sum over the axes is the whole.
+      for (int d = 0; d < v.t.rank(); ++d) {
+        std::uint32_t axes = op.attrs.axes & v.mask[static_cast<std::size_t>(d)];
+        if (!axes) continue;
+        std::int64_t n, idx, lo, hi;
+        part(axes, c, n, idx);
+        std::int64_t piece = v.t.shape[static_cast<std::size_t>(d)], full = piece * n;
+        chunk_range(full, n, idx, lo, hi);
+        Shape zs = v.t.shape;
+        zs[static_cast<std::size_t>(d)] = full;
+        Tensor z(zs, 0.0);
+        std::int64_t outer = 1, inner = 1;
+        for (int k = 0; k < d; ++k) outer *= v.t.shape[static_cast<std::size_t>(k)];
+        for (int k = d + 1; k < v.t.rank(); ++k) inner *= v.t.shape[static_cast<std::size_t>(k)];
+        for (std::int64_t o = 0; o < outer; ++o)
+          for (std::int64_t i = 0; i < piece; ++i)
+            for (std::int64_t q = 0; q < inner; ++q)
+              z.data[static_cast<std::size_t>((o * full + lo + i) * inner + q)] = v.t.data[static_cast<std::size_t>((o * piece + i) * inner + q)];
+        v.t = std::move(z);
+        v.mask[static_cast<std::size_t>(d)] &= ~axes;
+      }
     } else if (to.is_v() && global_) {
       t = "Convert to V gives per-rank values with no global value";
     }
@@ -1233,6 +1257,17 @@ std::string op_where(const Program& p, int oi) {
 
 OracleResult run_oracle(const Program& p, const OracleOptions& o) {
   OracleResult res;
+  // What the oracle cannot run is skipped with the reason (never counted as agreement): per-rank
+  // programs and schedules (one program per set of ranks), and ops with no numeric kernel.
+  if (p.per_rank || p.schedule.present) {
+    res.message = p.schedule.present ? "a pipeline schedule has opaque steps and no single-device meaning" : "per-rank programs are not interpreted yet";
+    return res;
+  }
+  for (const auto& op : p.ops)
+    if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step || op_info(op.kind).category == OpCategory::gradient) {
+      res.message = std::string(op_name(op.kind)) + " (line " + std::to_string(op.loc.line) + ") has no numeric kernel in the oracle";
+      return res;
+    }
   auto insts = instantiations(p, o);
   if (insts.empty()) {
     res.message = "no small instantiation of the sizes fits the interpreter (at most " + std::to_string(o.max_ranks) + " ranks and " +

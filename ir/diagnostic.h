@@ -28,6 +28,7 @@ struct Diagnostic {
   int op = -1;             // op index, -1 = none
   std::string tensor;      // empty = none
   std::vector<Note> notes; // related places; a note whose message starts with "fix: " suggests the fix
+  std::vector<std::string> ranks{};  // the ranks involved, e.g. {pp: 0} (per-rank programs)
 };
 
 // A program that cannot be read: YAML syntax, unknown op or key, bad attribute... (exit code 2).

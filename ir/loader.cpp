@@ -1,6 +1,8 @@
 // ir/loader.cpp - YAML -> Program with source positions (yaml-cpp).
 #include "ir/loader.h"
 
+#include "ir/ranks.h"
+
 #include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
@@ -84,15 +86,13 @@ class Loader {
     if (!root.IsDefined() || root.IsNull()) fail_at({1, 1}, "empty program: expected a mapping with at least `mesh` and `ops`");
     if (!root.IsMap()) fail(root, "a program must be a mapping (name, mesh, sizes, tensors, ops, outputs), got " + kind_of(root));
     static const std::vector<std::string> top = {"name", "description", "mesh", "sizes", "tensors", "ops", "outputs",
-                                                 "expect", "programs", "schedule", "train", "backward", "p2p_model"};
+                                                 "expect", "programs", "schedule", "train", "backward", "p2p_model",
+                                                 "loss", "grad_sync"};
     for_each_key(root, top, "the program", [&](const YAML::Node& k, const YAML::Node& v) {
       const std::string& key = k.Scalar();
       // yaml-cpp lets an unclosed quote swallow the rest of the file; say so where it opens.
       if (v.IsScalar() && opens_quote(v) && !closes_quote(v))
         fail(v, "invalid YAML: the quoted string that starts here is never closed (it swallows the rest of the file)");
-      if (key == "programs" || key == "schedule" || key == "train" || key == "backward" || key == "p2p_model")
-        fail(k, "`" + key + "` is not supported yet: this version checks SPMD `ops` programs (per-rank programs, "
-                "schedules and training arrive with the temporal, schedule and autograd analyzers)");
     });
     if (auto n = root["name"]; n.IsDefined()) {
       if (!n.IsScalar()) fail(n, "`name` must be a string");
@@ -104,9 +104,31 @@ class Loader {
     load_mesh(mesh);
     if (auto n = root["tensors"]; n.IsDefined() && !n.IsNull()) load_tensors(n);
     auto ops = root["ops"];
-    if (!ops.IsDefined()) fail(root, "missing key `ops`: the list of ops every rank runs");
-    load_ops(ops);
+    auto programs = root["programs"];
+    if (auto sched = root["schedule"]; sched.IsDefined()) {
+      if (ops.IsDefined() || programs.IsDefined())
+        fail(sched, "a `schedule` expands to per-stage programs: give it instead of `ops` or `programs`, not with them");
+      load_schedule(sched);
+    } else if (ops.IsDefined() && programs.IsDefined()) fail(programs, "give either `ops` (one program for every rank) or `programs` (per-rank programs), not both");
+    if (!p_.schedule.present && !ops.IsDefined() && !programs.IsDefined()) fail(root, "missing key `ops`: the list of ops every rank runs (or `programs:` for per-rank programs)");
+    if (p_.schedule.present) {
+      // The programs come from the schedule (expanded by schedules/, which the loader does not see).
+    } else if (ops.IsDefined()) {
+      load_ops(ops);
+      p_.programs.push_back({loc_of(ops), {}, 0, static_cast<std::uint32_t>(p_.ops.size())});
+    } else {
+      load_programs(programs);
+    }
+    make_rank_space(p_);  // every rank runs exactly one program; peers and selectors need concrete axes
+    if (auto m = root["p2p_model"]; m.IsDefined()) {
+      if (!m.IsScalar() || (m.Scalar() != "eager" && m.Scalar() != "rendezvous"))
+        fail(m, "`p2p_model` must be eager or rendezvous, got " + kind_of(m) + (m.IsScalar() ? suggestion(m.Scalar(), {"eager", "rendezvous"}) : ""));
+      p_.has_p2p_model = true;
+      p_.p2p_model = m.Scalar() == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
+      p_.p2p_model_loc = loc_of(m);
+    }
     if (auto n = root["outputs"]; n.IsDefined() && !n.IsNull()) load_outputs(n);
+    load_training(root);
     if (auto n = root["expect"]; n.IsDefined()) load_expect(n);
   }
 
@@ -207,11 +229,11 @@ class Loader {
   }
 
   // ---- placements ---------------------------------------------------------------------------
-  int axis_index(const YAML::Node& k) {
+  int axis_index(const YAML::Node& k, const std::string& what = "placement") {
     const std::string& name = k.Scalar();
     for (std::size_t i = 0; i < p_.mesh.size(); ++i)
       if (p_.mesh[i].name == name) return static_cast<int>(i);
-    fail(k, "placement names axis '" + name + "', which the mesh lacks" + suggestion(name, p_.axis_names()) +
+    fail(k, what + " names axis '" + name + "', which the mesh lacks" + suggestion(name, p_.axis_names()) +
                 " (mesh axes: " + join(p_.axis_names()) + ")");
   }
 
@@ -343,6 +365,82 @@ class Loader {
     for (const auto& item : n) load_op(item);
   }
 
+  // schedule: {kind: 1F1B, axis: pp, microbatches: 8, virtual_stages: 2} or {csv: file.csv, axis: pp}
+  void load_schedule(const YAML::Node& n) {
+    if (!n.IsMap()) fail(n, "`schedule` must be a mapping, e.g. {kind: 1F1B, axis: pp, microbatches: 8} or {csv: schedule.csv}");
+    ScheduleSpec& sp = p_.schedule;
+    sp.present = true;
+    sp.loc = loc_of(n);
+    for_each_key(n, {"kind", "axis", "microbatches", "virtual_stages", "csv"}, "`schedule`", [](const YAML::Node&, const YAML::Node&) {});
+    auto kind = n["kind"], csv = n["csv"];
+    if (kind.IsDefined() == csv.IsDefined()) fail(n, "`schedule` needs exactly one of `kind` (a generator) and `csv` (a PyTorch pipelining CSV file)");
+    std::string axis = "pp";
+    if (auto a = n["axis"]; a.IsDefined()) {
+      if (!a.IsScalar()) fail(a, "`axis` of `schedule` must be a mesh axis name");
+      axis = a.Scalar();
+    }
+    int ax = -1;
+    for (std::size_t i = 0; i < p_.mesh.size(); ++i)
+      if (p_.mesh[i].name == axis) ax = static_cast<int>(i);
+    if (ax < 0) fail(n["axis"].IsDefined() ? n["axis"] : n, "the schedule's axis '" + axis + "' is not a mesh axis" + suggestion(axis, p_.axis_names()));
+    if (!p_.exprs.is_const(p_.mesh[static_cast<std::size_t>(ax)].size))
+      fail_at(p_.mesh[static_cast<std::size_t>(ax)].loc, "the pipeline axis " + axis + " needs a concrete size");
+    sp.axis = ax;
+    sp.ranks = p_.exprs.value(p_.mesh[static_cast<std::size_t>(ax)].size);
+    if (kind.IsDefined()) {
+      if (!kind.IsScalar()) fail(kind, "`kind` must be GPipe, 1F1B, Interleaved1F1B or ZBH1");
+      static const std::vector<std::string> kinds = {"GPipe", "1F1B", "Interleaved1F1B", "ZBH1", "ZeroBubble", "ZB-H1"};
+      if (std::find(kinds.begin(), kinds.end(), kind.Scalar()) == kinds.end())
+        fail(kind, "unknown schedule kind '" + kind.Scalar() + "'" + suggestion(kind.Scalar(), kinds) + " (kinds: GPipe, 1F1B, Interleaved1F1B, ZBH1)");
+      sp.kind = kind.Scalar();
+      auto m = n["microbatches"];
+      if (!m.IsDefined()) fail(n, "a generated schedule needs `microbatches`");
+      sp.microbatches = attr_int(m, "`microbatches`", 1, 1 << 20);
+      if (auto v = n["virtual_stages"]; v.IsDefined()) sp.virtual_stages = attr_int(v, "`virtual_stages`", 1, 64);
+      sp.kind_loc = loc_of(kind);
+    } else {
+      if (!csv.IsScalar() || csv.Scalar().empty()) fail(csv, "`csv` must be a file name (relative to this file)");
+      sp.csv = csv.Scalar();
+      sp.csv_loc = loc_of(csv);
+      for (const char* k : {"microbatches", "virtual_stages"})
+        if (n[k].IsDefined()) fail(n[k], std::string("`") + k + "` comes from the CSV file; remove it");
+    }
+  }
+
+  void load_programs(const YAML::Node& n) {
+    if (!n.IsSequence() || n.size() == 0) fail(n, "`programs` must be a non-empty list of {ranks: {axis: coordinate}, ops: [...]}");
+    p_.per_rank = true;
+    for (const auto& item : n) {
+      if (!item.IsMap()) fail(item, "a program must be a mapping {ranks: {pp: 0}, ops: [...]}");
+      for_each_key(item, {"ranks", "ops"}, "a program", [](const YAML::Node&, const YAML::Node&) {});
+      RankProgram rp;
+      rp.loc = loc_of(item);
+      auto ranks = item["ranks"];
+      if (!ranks.IsDefined()) fail(item, "a program needs `ranks: {axis: coordinate}` (the ranks that run it)");
+      rp.selector = load_coords(ranks, "`ranks`");
+      auto ops = item["ops"];
+      if (!ops.IsDefined()) fail(item, "a program needs `ops`");
+      rp.first_op = static_cast<std::uint32_t>(p_.ops.size());
+      load_ops(ops);
+      rp.n_ops = static_cast<std::uint32_t>(p_.ops.size()) - rp.first_op;
+      p_.programs.push_back(std::move(rp));
+    }
+  }
+
+  // A coordinate map {axis: int}: axes must exist, coordinates must be in range.
+  std::vector<std::pair<int, std::int64_t>> load_coords(const YAML::Node& v, const std::string& what) {
+    if (!v.IsMap()) fail(v, what + " must be a mapping of mesh coordinates, e.g. {pp: 1}");
+    std::vector<std::pair<int, std::int64_t>> c;
+    for_each_key(v, {}, what, [&](const YAML::Node& k, const YAML::Node& x) {
+      int axis = axis_index(k, what);
+      std::int64_t hi = (1 << 20) - 1;
+      ExprId size = p_.mesh[static_cast<std::size_t>(axis)].size;
+      if (p_.exprs.is_const(size)) hi = p_.exprs.value(size) - 1;
+      c.emplace_back(axis, attr_int(x, "coordinate of axis " + k.Scalar() + " in " + what, 0, hi));
+    });
+    return c;
+  }
+
   void load_op(const YAML::Node& item) {
     if (!item.IsMap()) fail(item, "an op must be a mapping like {op: MatMul, in: [x, w], out: y}, got " + kind_of(item));
     auto opn = item["op"];
@@ -397,7 +495,7 @@ class Loader {
     for (std::size_t i = 0; i < outs.size(); ++i)
       for (std::size_t j = 0; j < i; ++j)
         if (outs[i] == outs[j]) fail(item["out"], where + " writes '" + p_.name(outs[i]) + "' twice");
-    p_.add_op(op, ins, outs);
+    p_.add_op(*target_, op, ins, outs);
   }
 
   std::int64_t attr_int(const YAML::Node& v, const std::string& what, std::int64_t lo, std::int64_t hi) {
@@ -494,23 +592,17 @@ class Loader {
         return;
       case AttrType::Name:
         if (!v.IsScalar() || v.Scalar().empty()) fail(v, what + " must be a name");
-        (n == "handle" ? a.handle : a.stream) = p_.intern(v.Scalar());
+        (n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : a.stream) = p_.intern(v.Scalar());
         return;
       case AttrType::Names:
         a.handles = static_cast<std::uint32_t>(p_.name_lists.size());
         p_.name_lists.push_back(load_names(v, what, false));
         if (p_.name_lists.back().empty()) fail(v, what + " must list at least one name");
         return;
-      case AttrType::Coords: {
-        if (!v.IsMap()) fail(v, what + " must be a mapping of mesh coordinates, e.g. {pp: 1}");
-        std::vector<std::pair<int, std::int64_t>> c;
-        for_each_key(v, {}, what, [&](const YAML::Node& k, const YAML::Node& x) {
-          c.emplace_back(axis_index(k), attr_int(x, "a coordinate", 0, 1 << 20));
-        });
+      case AttrType::Coords:
         a.coords = static_cast<std::uint32_t>(p_.coords.size());
-        p_.coords.push_back(std::move(c));
+        p_.coords.push_back(load_coords(v, what));
         return;
-      }
       case AttrType::Enum: {
         if (!v.IsScalar() || std::find(spec.choices.begin(), spec.choices.end(), v.Scalar()) == spec.choices.end())
           fail(v, what + " must be one of " + attr_type_name(spec) + ", got " + kind_of(v) +
@@ -520,9 +612,92 @@ class Loader {
         else if (n == "rng") a.rng_per_rank = s == "per_rank";
         else if (n == "reduction") a.reduction = s == "sum" ? Reduction::Sum : s == "none" ? Reduction::None : Reduction::Mean;
         else if (n == "layout") a.layout = s == "bshd" ? AttnLayout::BSHD : s == "sbhd" ? AttnLayout::SBHD : AttnLayout::BHSD;
+        else a.choice = static_cast<std::uint8_t>(std::find(spec.choices.begin(), spec.choices.end(), s) - spec.choices.begin());
         return;
       }
     }
+  }
+
+  // ---- training: loss, train, backward, grad_sync ---------------------------------------------
+  void load_training(const YAML::Node& root) {
+    if (!root["loss"].IsDefined() && !root["train"].IsDefined() && !root["backward"].IsDefined() && !root["grad_sync"].IsDefined()) return;
+    std::unordered_set<NameId> defined;
+    for (const auto& t : p_.tensors) defined.insert(t.name);
+    for (const auto& op : p_.ops)
+      for (NameId o : p_.outs(op)) defined.insert(o);
+    auto sorted_names = [&](const std::unordered_set<NameId>& s) {
+      std::vector<std::string> v;
+      for (NameId id : s) v.push_back(p_.name(id));
+      std::sort(v.begin(), v.end());
+      return v;
+    };
+    auto loss = root["loss"];
+    if (loss.IsDefined()) {
+      if (!loss.IsScalar() || loss.Scalar().empty()) fail(loss, "`loss` must name the tensor the backward starts from, e.g. loss: loss");
+      auto it = p_.name_ids.find(loss.Scalar());
+      if (it == p_.name_ids.end() || !defined.count(it->second))
+        fail(loss, "loss '" + loss.Scalar() + "' is neither a declared tensor nor written by any op" + suggestion(loss.Scalar(), sorted_names(defined)));
+      p_.loss = it->second;
+      p_.loss_loc = loc_of(loss);
+    }
+    auto need_loss = [&](const YAML::Node& k, const std::string& what) {
+      if (p_.loss < 0) fail(k, what + " needs a `loss:` (the tensor the backward starts from, e.g. loss: loss)");
+    };
+    if (auto t = root["train"]; t.IsDefined()) {
+      p_.train = load_bool(t, "`train`");
+      p_.train_loc = loc_of(t);
+      if (p_.train) need_loss(t, "`train: true`");
+    }
+    // Gradient names: `<tensor>.grad`, as PyTorch's x.grad. The backward starts from `<loss>.grad`.
+    auto is_grad = [&](NameId id) {
+      const std::string& n = p_.name(id);
+      if (n.size() <= 5 || n.compare(n.size() - 5, 5, ".grad") != 0) return false;
+      auto it = p_.name_ids.find(n.substr(0, n.size() - 5));
+      return it != p_.name_ids.end() && defined.count(it->second) > 0;
+    };
+    auto load_list = [&](const YAML::Node& n, std::vector<Op>& list, const std::string& key, bool any_grad) {
+      if (n.IsNull()) return;
+      if (!n.IsSequence()) fail(n, "`" + key + "` must be a list of ops like {op: MatMul, in: [y.grad, w], out: x.grad}");
+      if (n.size() > kMaxOps) fail(n, "`" + key + "` has too many ops");
+      target_ = &list;
+      for (const auto& item : n) {
+        load_op(item);
+        const Op& op = list.back();
+        for (NameId in : p_.ins(op))
+          if (!defined.count(in) && !(any_grad && is_grad(in))) {
+            std::vector<std::string> cands = sorted_names(defined);
+            fail(item["in"].IsDefined() ? item["in"] : item,
+                 "`" + key + "` op " + std::string(op_name(op.kind)) + " reads '" + p_.name(in) +
+                     "', which no declaration, forward op or earlier " + key + " op defines" + suggestion(p_.name(in), cands) +
+                     " (gradients are named <tensor>.grad; the backward starts from " + p_.name(p_.loss) + ".grad)");
+          }
+        for (NameId o : p_.outs(op)) defined.insert(o);
+      }
+      target_ = &p_.ops;
+    };
+    if (auto b = root["backward"]; b.IsDefined()) {
+      auto key = find_key(root, "backward");
+      need_loss(key, "`backward:`");
+      p_.has_backward = true;
+      p_.backward_loc = loc_of(key);
+      defined.insert(p_.intern(p_.name(p_.loss) + ".grad"));
+      load_list(b, p_.backward, "backward", false);
+    }
+    if (auto g = root["grad_sync"]; g.IsDefined()) {
+      auto key = find_key(root, "grad_sync");
+      need_loss(key, "`grad_sync:`");
+      p_.has_grad_sync = true;
+      p_.grad_sync_loc = loc_of(key);
+      load_list(g, p_.grad_sync, "grad_sync", !p_.has_backward);
+    }
+  }
+
+  static YAML::Node find_key(const YAML::Node& map, const std::string& key) {
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const YAML::Node k = it->first;
+      if (k.IsScalar() && k.Scalar() == key) return k;
+    }
+    return map;
   }
 
   // ---- outputs and expectations -------------------------------------------------------------
@@ -602,6 +777,7 @@ class Loader {
 
   Program& p_;
   const std::string& text_;
+  std::vector<Op>* target_ = &p_.ops;  // where load_op appends
 };
 
 // YAML forbids tabs in indentation; yaml-cpp reports them only as a vague "illegal map value".

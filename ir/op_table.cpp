@@ -108,6 +108,7 @@ std::optional<OpKind> op_by_name(std::string_view name) {
 std::string_view category_name(OpCategory c) {
   switch (c) {
     case OpCategory::compute: return "compute";
+    case OpCategory::gradient: return "gradient";
     case OpCategory::collective: return "collective";
     case OpCategory::p2p: return "point-to-point";
     case OpCategory::async: return "async";

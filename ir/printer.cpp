@@ -73,7 +73,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     case AttrType::DType: return a.has_dtype ? std::optional(std::string(dtype_name(a.dtype))) : std::nullopt;
     case AttrType::Shape: return a.shape != kNoIndex ? std::optional(p.shape_str(p.shapes[a.shape])) : std::nullopt;
     case AttrType::Name: {
-      NameId id = n == "handle" ? a.handle : a.stream;
+      NameId id = n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : a.stream;
       return id >= 0 ? std::optional(p.name(id)) : std::nullopt;
     }
     case AttrType::Names: return a.handles != kNoIndex ? std::optional(names_list(p, p.name_lists[a.handles])) : std::nullopt;
@@ -90,9 +90,23 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
         return a.reduction == Reduction::Mean ? std::nullopt : std::optional<std::string>(a.reduction == Reduction::Sum ? "sum" : "none");
       if (n == "layout")
         return a.layout == AttnLayout::BHSD ? std::nullopt : std::optional<std::string>(a.layout == AttnLayout::BSHD ? "bshd" : "sbhd");
-      return std::nullopt;
+      return a.choice < spec.choices.size() ? std::optional(spec.choices[a.choice]) : std::nullopt;
   }
   return std::nullopt;
+}
+
+void print_ops(std::ostringstream& o, const Program& p, const char* key, const std::vector<Op>& ops, const char* indent = "") {
+  o << indent << key << ":" << (ops.empty() ? " []" : "") << "\n";
+  for (const auto& op : ops) {
+    const OpInfo& info = op_info(op.kind);
+    o << indent << "  - {op: " << info.name;
+    if (op.n_in) o << ", in: " << names_list(p, p.ins(op));
+    if (op.n_out == 1) o << ", out: " << p.name(p.outs(op)[0]);
+    else if (op.n_out > 1) o << ", out: " << names_list(p, p.outs(op));
+    for (const auto& spec : info.attrs)
+      if (auto v = attr_value(p, op, spec)) o << ", " << spec.name << ": " << *v;
+    o << "}\n";
+  }
 }
 
 }  // namespace
@@ -128,17 +142,20 @@ std::string print_program(const Program& p) {
       o << "}\n";
     }
   }
-  o << "ops:" << (p.ops.empty() ? " []" : "") << "\n";
-  for (const auto& op : p.ops) {
-    const OpInfo& info = op_info(op.kind);
-    o << "  - {op: " << info.name;
-    if (op.n_in) o << ", in: " << names_list(p, p.ins(op));
-    if (op.n_out == 1) o << ", out: " << p.name(p.outs(op)[0]);
-    else if (op.n_out > 1) o << ", out: " << names_list(p, p.outs(op));
-    for (const auto& spec : info.attrs)
-      if (auto v = attr_value(p, op, spec)) o << ", " << spec.name << ": " << *v;
-    o << "}\n";
+  if (!p.per_rank) {
+    print_ops(o, p, "ops", p.ops);
+  } else {
+    o << "programs:\n";
+    for (const auto& rp : p.programs) {
+      o << "  - ranks: {";
+      for (std::size_t i = 0; i < rp.selector.size(); ++i)
+        o << (i ? ", " : "") << p.mesh[static_cast<std::size_t>(rp.selector[i].first)].name << ": " << rp.selector[i].second;
+      o << "}\n";
+      std::vector<Op> ops(p.ops.begin() + rp.first_op, p.ops.begin() + rp.first_op + rp.n_ops);
+      print_ops(o, p, "ops", ops, "    ");
+    }
   }
+  if (p.has_p2p_model) o << "p2p_model: " << (p.p2p_model == P2PModel::Eager ? "eager" : "rendezvous") << "\n";
   if (!p.outputs.empty()) {
     o << "outputs:\n";
     for (const auto& od : p.outputs) {
@@ -149,6 +166,10 @@ std::string print_program(const Program& p) {
       o << "}\n";
     }
   }
+  if (p.loss >= 0) o << "loss: " << p.name(p.loss) << "\n";
+  if (p.train) o << "train: true\n";
+  if (p.has_backward) print_ops(o, p, "backward", p.backward);
+  if (p.has_grad_sync) print_ops(o, p, "grad_sync", p.grad_sync);
   if (p.has_expect) {
     o << "expect: [";
     for (std::size_t i = 0; i < p.expect.size(); ++i) o << (i ? ", " : "") << p.expect[i];

@@ -41,14 +41,14 @@ NameId Program::intern(const std::string& n) {
   return it->second;
 }
 
-Op& Program::add_op(Op op, std::span<const NameId> ins, std::span<const NameId> outs) {
+Op& Program::add_op(std::vector<Op>& list, Op op, std::span<const NameId> ins, std::span<const NameId> outs) {
   op.first = static_cast<std::uint32_t>(operands.size());
   op.n_in = static_cast<std::uint8_t>(ins.size());
   op.n_out = static_cast<std::uint8_t>(outs.size());
   operands.insert(operands.end(), ins.begin(), ins.end());
   operands.insert(operands.end(), outs.begin(), outs.end());
-  ops.push_back(op);
-  return ops.back();
+  list.push_back(op);
+  return list.back();
 }
 
 std::vector<std::string> Program::axis_names() const {

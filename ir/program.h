@@ -25,6 +25,7 @@ inline constexpr std::size_t kMaxOps = 10'000'000;
 using NameId = std::int32_t;
 inline constexpr std::uint32_t kNoIndex = std::numeric_limits<std::uint32_t>::max();
 inline constexpr std::int16_t kUnset = std::numeric_limits<std::int16_t>::min();
+inline constexpr std::uint8_t kNoChoice = 0xFF;
 
 enum class DType : std::uint8_t { F32, F64, BF16, F16, FP8E4M3, FP8E5M2, I64, I32, I8, Bool };
 std::string_view dtype_name(DType d);
@@ -74,7 +75,8 @@ struct OpAttrs {
   std::uint32_t coords = kNoIndex;     // `peer`: index into Program::coords
   std::uint32_t handles = kNoIndex;    // `handles`: index into Program::name_lists
   std::uint32_t bad_axis = kNoIndex;   // an `axis` the mesh lacks: index into Program::bad_axes (a finding, not a load error)
-  NameId handle = -1, stream = -1;
+  NameId handle = -1, stream = -1, group = -1;  // group: a batched point-to-point group (batch_isend_irecv)
+  NameId matches = -1, label = -1;              // Recv: the name its Send must send; Step: its label (e.g. 1F3)
   double number = 0;                   // scalar / scale / p / eps
   Placement to{}, from{};
   ReduceOp rop = ReduceOp::Sum;
@@ -90,6 +92,7 @@ struct OpAttrs {
   bool vocab_parallel : 1 = false;
   bool rng_per_rank : 1 = false;
   bool dst_invariant : 1 = false;     // AllReduce/AllGather `dst: I`
+  std::uint8_t choice = kNoChoice;    // any other enum attribute (`of`, `wrt`): index into its choices
 };
 
 struct Op {
@@ -98,6 +101,27 @@ struct Op {
   std::uint32_t first = 0;  // operands: ins then outs, in Program::operands
   Loc loc;
   OpAttrs attrs;
+};
+
+// The ops one group of ranks runs: `ops:` is one program for every rank; `programs:` gives several,
+// each selected by mesh coordinates (an axis not named matches every coordinate).
+struct RankProgram {
+  Loc loc;
+  std::vector<std::pair<int, std::int64_t>> selector;  // (axis, coordinate)
+  std::uint32_t first_op = 0, n_ops = 0;               // a range of Program::ops
+};
+
+enum class P2PModel : std::uint8_t { Eager, Rendezvous };
+
+// `schedule:` in a program: a generated or imported pipeline schedule (expanded by schedules/).
+struct ScheduleSpec {
+  bool present = false;
+  std::string kind;           // GPipe | 1F1B | Interleaved1F1B | ZBH1 (empty with csv)
+  std::string csv;            // a PyTorch pipelining CSV file, relative to the program file
+  int axis = -1;              // the pipeline mesh axis
+  std::int64_t ranks = 0;     // its size
+  std::int64_t microbatches = 0, virtual_stages = 1;
+  Loc loc, kind_loc, csv_loc;
 };
 
 struct Program {
@@ -112,6 +136,12 @@ struct Program {
   std::unordered_map<std::string, NameId> name_ids;
   std::vector<TensorDecl> tensors;
   std::vector<Op> ops;
+  ScheduleSpec schedule;
+  std::vector<RankProgram> programs;       // always at least one (SPMD `ops:` is one program for all ranks)
+  bool per_rank = false;                   // written with `programs:`
+  bool has_p2p_model = false;
+  P2PModel p2p_model = P2PModel::Rendezvous;
+  Loc p2p_model_loc;
   std::vector<NameId> operands;
   std::vector<OutputDecl> outputs;
   std::vector<std::vector<int>> int_lists;
@@ -124,13 +154,28 @@ struct Program {
     Loc loc;
   };
   std::vector<BadAxis> bad_axes;
+  // Training (docs/format.md, "Training"): the loss the backward starts from, whether to derive the
+  // backward, a hand-written backward, and the gradient synchronization run before the optimizer.
+  // Their ops share `operands` and the side tables with `ops`; the checks of `ops` never see them.
+  NameId loss = -1;
+  Loc loss_loc;
+  bool train = false;
+  Loc train_loc;
+  bool has_backward = false;
+  Loc backward_loc;
+  std::vector<Op> backward;
+  bool has_grad_sync = false;
+  Loc grad_sync_loc;
+  std::vector<Op> grad_sync;
   bool has_expect = false;
   std::vector<std::string> expect;         // check IDs, as written
   Loc expect_loc;
 
   NameId intern(const std::string& n);
   // Appends `op` (kind, location, attributes) with its operands; returns the stored op.
-  Op& add_op(Op op, std::span<const NameId> ins, std::span<const NameId> outs);
+  Op& add_op(Op op, std::span<const NameId> ins, std::span<const NameId> outs) { return add_op(ops, op, ins, outs); }
+  // The same, appending to another op list of this program (`backward`, `grad_sync`).
+  Op& add_op(std::vector<Op>& list, Op op, std::span<const NameId> ins, std::span<const NameId> outs);
   std::span<const NameId> ins(const Op& op) const { return {operands.data() + op.first, op.n_in}; }
   std::span<const NameId> outs(const Op& op) const { return {operands.data() + op.first + op.n_in, op.n_out}; }
   const std::string& name(NameId id) const { return names[static_cast<std::size_t>(id)]; }

@@ -7,10 +7,14 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <iterator>
 #include <numeric>
+#include <set>
+#include <unordered_map>
 #include <stdexcept>
 
+#include "ir/ranks.h"
 #include "spatial/obligations.h"
 #include "spatial/spatial.h"
 
@@ -52,16 +56,79 @@ std::vector<Loc> var_locs(const Program& p) {
 class Checker {
  public:
   Checker(const Program& p, const SpatialOptions& o)
-      : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms), inferred_(o.inferred_outputs) {}
+      : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms), types_(o.types), inferred_(o.inferred_outputs) {}
 
   std::vector<Diagnostic> run() {
-    env_.resize(p_.names.size());
+    if (types_) {
+      types_->decls.clear();
+      types_->outs.clear();
+      types_->out_base.assign(p_.ops.size(), 0);
+      types_->outs.reserve(p_.ops.size());
+    }
     declare_sizes();
-    for (const auto& t : p_.tensors) declare(t);
-    for (std::size_t i = 0; i < p_.ops.size(); ++i) step(static_cast<int>(i));
-    check_outputs();
+    RankSpace space = make_rank_space(p_);
+    std::vector<P2PMatch> matches;
+    std::vector<P2PLeftover> leftovers;
+    match_p2p(p_, space, matches, leftovers);
+    for (const auto& m : matches) {
+      auto& v = recv_sends_[m.recv_op];
+      if (std::find(v.begin(), v.end(), m.send_op) == v.end()) v.push_back(m.send_op);
+    }
+    std::vector<CollectivePair> pairs;
+    std::vector<CollectiveCount> counts;
+    match_collectives(p_, space, pairs, counts);
+    for (const auto& c : pairs) watched_[c.op_a] = watched_[c.op_b] = Value();
+
+    // Each program runs with its own copy of the declared tensors. A Recv takes the type of its
+    // Send, so the programs advance in turn; a Recv whose Send has not been reached yet waits.
+    struct State {
+      std::vector<Value> env;
+      std::vector<Origin> origins;
+      std::uint32_t pc, end;
+    };
+    std::vector<State> states;
+    for (const auto& prog : space.programs) {
+      env_.assign(p_.names.size(), Value());
+      origins_.clear();
+      for (const auto& t : p_.tensors) declare(t);
+      recording_decls_ = false;  // declarations are exported once (every program declares the same)
+      states.push_back({std::move(env_), std::move(origins_), prog.first_op, prog.first_op + prog.n_ops});
+    }
+    bool force = false;  // no program could advance: let waiting Recvs go on without a Send's type
+    for (;;) {
+      bool progress = false, pending = false;
+      for (auto& st : states) {
+        if (st.pc == st.end) continue;
+        env_ = std::move(st.env);
+        origins_ = std::move(st.origins);
+        while (st.pc < st.end) {
+          if (!force && recv_waits(static_cast<int>(st.pc))) break;
+          step(static_cast<int>(st.pc++));
+          progress = true;
+          force = false;
+        }
+        pending |= st.pc < st.end;
+        st.env = std::move(env_);
+        st.origins = std::move(origins_);
+      }
+      if (!pending) break;
+      force = !progress;
+    }
+    for (auto& st : states) {
+      env_ = std::move(st.env);
+      origins_ = std::move(st.origins);
+      check_outputs();
+    }
+    compare_collectives(pairs, space);
+    if (types_) types_->exprs = pool_;
     obl_.solve(diags_);
     sort_and_cap(diags_, diags_.size());
+    // Programs share declarations and outputs: report each finding once.
+    diags_.erase(std::unique(diags_.begin(), diags_.end(),
+                             [](const Diagnostic& a, const Diagnostic& b) {
+                               return a.id == b.id && a.loc.line == b.loc.line && a.loc.col == b.loc.col && a.message == b.message;
+                             }),
+                 diags_.end());
     return std::move(diags_);
   }
 
@@ -283,6 +350,17 @@ class Checker {
     op_idx_ = -1;
     if (!check_local(v, name, t.placement_loc)) v.poisoned = true;
     env_[static_cast<std::size_t>(t.name)] = v;
+    if (types_ && recording_decls_) types_->decls.push_back(type_of(v));
+  }
+
+  static ValueType type_of(const Value& v) {
+    ValueType t;
+    t.shape = v.shape;
+    t.rank = v.rank;
+    t.pl = v.pl;
+    t.dtype = v.dtype;
+    t.ok = v.defined && !v.poisoned;
+    return t;
   }
 
   // ---- the op loop --------------------------------------------------------------------------
@@ -302,7 +380,30 @@ class Checker {
       for (auto& o : out_) o = Value();
       apply();
     }
+    if (op_->kind == OpKind::Send && !in_.empty()) {
+      Value v = *in_[0];
+      v.poisoned |= failed_ || poisoned || !v.defined;
+      sent_[i] = v;
+    }
+    if (auto w = watched_.find(i); w != watched_.end() && !in_.empty()) {
+      w->second = *in_[0];
+      w->second.poisoned |= poisoned || !w->second.defined;
+    }
     auto outs = p_.outs(*op_);
+    if (types_) types_->out_base[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(types_->outs.size());
+    if (op_->kind == OpKind::OverlapRegion) {
+      // Opaque compute writing its outputs in place: they keep their values (and must exist).
+      for (NameId n : outs)
+        if (!env_[static_cast<std::size_t>(n)].defined) {
+          report(CheckId::UndefinedTensor,
+                 fmt::format("OverlapRegion writes {} in place, but no declaration or earlier op defines it", p_.name(n)), p_.name(n));
+          env_[static_cast<std::size_t>(n)].defined = true;
+          env_[static_cast<std::size_t>(n)].poisoned = true;
+        }
+      if (types_)
+        for (NameId n : outs) types_->outs.push_back(type_of(env_[static_cast<std::size_t>(n)]));
+      return;
+    }
     for (std::size_t k = 0; k < outs.size(); ++k) {
       Value v;
       if (failed_ || poisoned) {
@@ -314,6 +415,7 @@ class Checker {
       }
       v.defined = true;
       env_[static_cast<std::size_t>(outs[k])] = v;
+      if (types_) types_->outs.push_back(type_of(v));
     }
   }
 
@@ -356,6 +458,7 @@ class Checker {
       case OpKind::GELU:
       case OpKind::ReLU:
       case OpKind::FP8Quantize: return nonlinear();
+      case OpKind::Step: return step_rule();
       case OpKind::Dropout: return dropout();
       case OpKind::LayerNorm:
       case OpKind::RMSNorm: return norm();
@@ -376,7 +479,8 @@ class Checker {
       case OpKind::Gather: return gather();
       case OpKind::Send:
       case OpKind::Wait:
-      case OpKind::WaitAll: return;  // no value produced; their order is the temporal checks' concern
+      case OpKind::WaitAll:
+      case OpKind::OverlapRegion: return;  // no new value; their order is the temporal checks' concern
       case OpKind::Recv: return recv();
       case OpKind::Cast:
       case OpKind::FP8Dequantize: return linear();
@@ -387,7 +491,13 @@ class Checker {
       case OpKind::Reinterpret: return reinterpret();
       case OpKind::Convert: return convert();
       case OpKind::SPMDGuard: return guard();
-      case OpKind::OverlapRegion:
+      case OpKind::Expand: return expand();
+      case OpKind::PointwiseGrad: return pointwise_grad();
+      case OpKind::NormGrad: return norm_grad();
+      case OpKind::AttentionGrad: return attention_grad();
+      case OpKind::EmbeddingGrad: return embedding_grad();
+      case OpKind::CrossEntropyGrad: return cross_entropy_grad();
+      case OpKind::TopKGrad: return topk_grad();
       case OpKind::ZeROGatherParam:
       case OpKind::ZeROScatterGrad:
       case OpKind::ZeROPartitionOptState:
@@ -514,6 +624,14 @@ class Checker {
                                                                    : "a nonlinear op on a pending reduction is not the reduction of its parts");
   }
 
+  // An opaque step: its output has the type of its first input; nothing is known to be linear.
+  void step_rule() {
+    out() = in(0);
+    for (int i = 0; i < n_in(); ++i)
+      for (int a = 0; a < axes(); ++a)
+        if (pin(i, a).is_p()) return partial_misuse(i, a, "an opaque compute step is not known to be linear in a pending sum");
+  }
+
   void linear() {
     Value& o = out() = in(0);
     if (at().has_dtype) o.dtype = at().dtype;
@@ -527,10 +645,48 @@ class Checker {
   }
 
   void loss_scale() {
-    out() = in(0);
+    Value& o = out() = in(0);
     for (int a = 0; a < axes(); ++a)
       if (pin(0, a).is_p() && !pin(0, a).linear_partial() && at().number < 0)
         return partial_misuse(0, a, "a negative scale swaps max and min, so the pending reduction changes meaning");
+    if (!at().axes) return;
+    // `axis` states the normalization: divide by the ranks of these axes, turning per-rank values that are
+    // pending over them into summands of the normalized loss. It must cover exactly the pending axes.
+    std::uint32_t pending = 0;
+    for (int a = 0; a < axes(); ++a)
+      if (pin(0, a).linear_partial()) pending |= 1u << a;
+    std::uint32_t missing = pending & ~at().axes, extra = at().axes & ~pending;
+    std::string all = mask_names(pending);
+    std::vector<std::string> list;
+    for (int a = 0; a < axes(); ++a)
+      if (pending & (1u << a)) list.push_back(axn(a));
+    std::string axis_attr;
+    for (const auto& x : list) axis_attr += (axis_attr.empty() ? "" : ", ") + x;
+    if (list.size() != 1) axis_attr = "[" + axis_attr + "]";
+    if (missing) {
+      int a = std::countr_zero(missing);
+      std::vector<Note> notes;
+      origin_note(notes, in(0), a);
+      notes.push_back(fix(fmt::format("normalize over every axis the loss is pending over: `axis: {}` with scale 1/({})", axis_attr, all)));
+      report(CheckId::LossScaling,
+             fmt::format("LossScale normalizes {} over {}, but it is {} over {} too: the pending sum over {} is never divided by its size, so "
+                         "the loss and every gradient are {} times too large (Megatron's context-parallel loss scaling divided by dp instead "
+                         "of dp x cp)",
+                         iname(0), mask_names(at().axes), ps(pin(0, a)), mask_names(missing), mask_names(missing), dstr(mask_size(missing))),
+             iname(0), std::move(notes));
+      return;
+    }
+    if (extra) {
+      int a = std::countr_zero(extra);
+      report(CheckId::LossScaling,
+             fmt::format("LossScale normalizes {} over {}, but it is {} over {}, not a pending sum: dividing by the size of an axis the loss is "
+                         "not summed over makes it {} times too small",
+                         iname(0), mask_names(at().axes), ps(pin(0, a)), axn(a), dstr(mask_size(extra))),
+             iname(0), {fix(pending ? fmt::format("`axis: {}`", axis_attr) : "drop `axis` (and the division) on this LossScale")});
+      return;
+    }
+    for (int a = 0; a < axes(); ++a)
+      if (pending & (1u << a)) set_from(o, a, Placement::p(ReduceOp::Sum), 0);
   }
 
   void dropout() {
@@ -546,7 +702,7 @@ class Checker {
   void add_like(bool multiply) {
     const std::string op = opname();
     if (n_in() == 1) {
-      Value& o = out() = in(0);
+      out() = in(0);
       if (!at().has_number) return report(CheckId::ShapeMismatch, fmt::format("{} with one input needs `scalar:`", op), iname(0));
       for (int a = 0; a < axes(); ++a) {
         Placement p = pin(0, a);
@@ -1279,13 +1435,60 @@ class Checker {
     }
   }
 
+  // A Recv waits (in the round-robin over programs) until one of its Sends has been reached.
+  bool recv_waits(int i) const {
+    if (p_.ops[static_cast<std::size_t>(i)].kind != OpKind::Recv) return false;
+    auto it = recv_sends_.find(i);
+    if (it == recv_sends_.end()) return false;
+    return std::none_of(it->second.begin(), it->second.end(), [&](int s) { return sent_.count(s) > 0; });
+  }
+
+  // A Recv takes the type of its matching Send (every Send it pairs with, on every rank running
+  // it, must agree); a declared shape, dtype or placement is checked against it (p2p-mismatch).
+  // Without a reached Send (unmatched, or a deadlock) the declared type stands in, else nothing.
   void recv() {
     Value& o = out();
-    if (at().shape == kNoIndex)
-      return report(CheckId::ShapeMismatch,
-                    "Recv without `shape:` takes the type of its matching Send, which needs the temporal analyzer (not in this version); declare "
-                    "`shape:` (and `placement:`) on the Recv",
-                    oname(0));
+    const Value* sent = nullptr;
+    int send_op = -1;
+    if (auto it = recv_sends_.find(op_idx_); it != recv_sends_.end())
+      for (int s : it->second)
+        if (auto v = sent_.find(s); v != sent_.end()) {
+          if (!sent) {
+            sent = &v->second;
+            send_op = s;
+          } else if (!sent->poisoned && !v->second.poisoned) {
+            std::string why = type_difference(*sent, v->second);
+            if (!why.empty())
+              return report(CheckId::P2PMismatch,
+                            fmt::format("Recv of {} pairs with Sends that disagree on different ranks: the Send at line {} sends {}, the Send at line {} "
+                                        "sends {} ({})",
+                                        oname(0), line_of(send_op), type_str(*sent), line_of(s), type_str(v->second), why),
+                            oname(0), {{p_.ops[static_cast<std::size_t>(send_op)].loc, "one Send is here"}, {p_.ops[static_cast<std::size_t>(s)].loc, "the other Send is here"}});
+          }
+        }
+    if (sent && sent->poisoned) {
+      failed_ = true;  // the sent value already has an error: no cascade
+      return;
+    }
+    if (sent) {
+      o.rank = sent->rank;
+      o.shape = sent->shape;
+      o.dtype = sent->dtype;
+      o.uneven = sent->uneven;
+      for (int a = 0; a < axes(); ++a) {
+        Placement pl = sent->pl[static_cast<std::size_t>(a)];
+        o.pl[static_cast<std::size_t>(a)] = pl;
+        if (!pl.is_r())
+          o.origin[static_cast<std::size_t>(a)] =
+              new_origin(here(), oname(0), pl, a, fmt::format("received from the Send at line {}", line_of(send_op)));
+      }
+      check_declared(*sent, send_op);
+      return;
+    }
+    if (at().shape == kNoIndex) {
+      failed_ = true;  // no Send reached it and no declared type: unmatched-p2p or a deadlock says why
+      return;
+    }
     set_shape(o, p_.shapes[at().shape]);
     if (at().has_dtype) o.dtype = at().dtype;
     if (at().placements != kNoIndex) {
@@ -1299,6 +1502,104 @@ class Checker {
         }
         set_new(o, a, pl, fmt::format("declared {} by this Recv", ps(pl)));
       }
+    }
+  }
+
+  std::uint32_t line_of(int op) const { return p_.ops[static_cast<std::size_t>(op)].loc.line; }
+
+  std::string type_str(const Value& v) const {
+    std::string pl;
+    for (int a = 0; a < axes(); ++a) pl += (a ? ", " : "") + axn(a) + ": " + ps(v.pl[static_cast<std::size_t>(a)]);
+    return fmt::format("{} {} {{{}}}", sstr(v.dims()), dtype_name(v.dtype), pl);
+  }
+
+  // Why two values differ (empty: they agree, or their dims differ only symbolically, left to the solver).
+  std::string type_difference(const Value& a, const Value& b, bool placements = true) {
+    if (a.rank != b.rank) return fmt::format("rank {} vs {}", a.rank, b.rank);
+    for (std::size_t d = 0; d < a.rank; ++d)
+      if (obl_.decide(OblKind::Equal, a.shape[d], b.shape[d]) == Decision::Fails)
+        return fmt::format("dim {} is {} vs {}", d, dstr(a.shape[d]), dstr(b.shape[d]));
+    if (a.dtype != b.dtype) return fmt::format("dtype {} vs {}", dtype_name(a.dtype), dtype_name(b.dtype));
+    if (placements)
+      for (int x = 0; x < axes(); ++x)
+        if (!(a.pl[static_cast<std::size_t>(x)] == b.pl[static_cast<std::size_t>(x)]))
+          return fmt::format("{} vs {} over {}", ps(a.pl[static_cast<std::size_t>(x)]), ps(b.pl[static_cast<std::size_t>(x)]), axn(x));
+    return "";
+  }
+
+  // Symbolic dims that may differ: an obligation, proved (or refuted with a counterexample) by Z3.
+  void defer_equal(const Value& a, const Value& b, CheckId id, const std::string& what_a, const std::string& what_b) {
+    if (a.rank != b.rank) return;
+    for (std::size_t d = 0; d < a.rank; ++d)
+      if (obl_.decide(OblKind::Equal, a.shape[d], b.shape[d]) == Decision::Deferred && obl_.first_time(OblKind::Equal, a.shape[d], b.shape[d]))
+        obl_.push({OblKind::Equal, a.shape[d], b.shape[d], id, here(), op_idx_, oname(0),
+                   fmt::format("dim {} of {} ({}) must equal dim {} of {} ({})", d, what_b, dstr(b.shape[d]), d, what_a, dstr(a.shape[d])), {}});
+  }
+
+  // The Recv's declared shape, dtype and placement against what its Send sends.
+  void check_declared(const Value& sent, int send_op) {
+    std::vector<Note> notes{{p_.ops[static_cast<std::size_t>(send_op)].loc, fmt::format("the matching Send (FIFO order per sender and receiver) is here")}};
+    if (at().shape != kNoIndex) {
+      Value want;
+      set_shape(want, p_.shapes[at().shape]);
+      want.dtype = sent.dtype;
+      std::string why = type_difference(sent, want, false);
+      if (!why.empty())
+        return report(CheckId::P2PMismatch,
+                      fmt::format("Recv of {} declares shape {}, but its matching Send sends {} ({})", oname(0), sstr(want.dims()), type_str(sent), why),
+                      oname(0), notes);
+      defer_equal(sent, want, CheckId::P2PMismatch, fmt::format("the value the Send at line {} sends", line_of(send_op)), "the declared shape of " + oname(0));
+    }
+    if (at().has_dtype && at().dtype != sent.dtype)
+      return report(CheckId::P2PMismatch,
+                    fmt::format("Recv of {} declares dtype {}, but its matching Send sends {}", oname(0), dtype_name(at().dtype), type_str(sent)), oname(0),
+                    notes);
+    if (at().placements != kNoIndex) {
+      const Placements& pm = p_.placement_maps[at().placements];
+      for (int a = 0; a < axes(); ++a) {
+        Placement want = pm[static_cast<std::size_t>(a)];
+        if (want.is_s() && want.dim < 0) want.dim = static_cast<std::int16_t>(want.dim + sent.rank);
+        if (!(want == sent.pl[static_cast<std::size_t>(a)]))
+          return report(CheckId::P2PMismatch,
+                        fmt::format("Recv of {} declares {} over {}, but its matching Send sends {}", oname(0), ps(want), axn(a), type_str(sent)),
+                        oname(0), notes);
+      }
+    }
+  }
+
+  // Matched collectives of different programs must agree on shape and dtype (kind, axis and
+  // reduce op are the temporal checker's: it reports those).
+  void compare_collectives(const std::vector<CollectivePair>& pairs, const RankSpace& space) {
+    std::set<std::pair<int, int>> seen;
+    for (const auto& c : pairs) {
+      const Op& a = p_.ops[static_cast<std::size_t>(c.op_a)];
+      const Op& b = p_.ops[static_cast<std::size_t>(c.op_b)];
+      if (a.kind != b.kind || a.attrs.axes != b.attrs.axes || a.attrs.rop != b.attrs.rop) continue;
+      if (!seen.insert({c.op_a, c.op_b}).second) continue;
+      const Value& va = watched_[c.op_a];
+      const Value& vb = watched_[c.op_b];
+      if (va.poisoned || vb.poisoned || !va.defined || !vb.defined) continue;
+      op_ = &b;
+      op_idx_ = c.op_b;
+      std::string why = type_difference(va, vb, false);
+      std::string an = p_.name(p_.ins(a)[0]), bn = p_.name(p_.ins(b)[0]);
+      if (!why.empty()) {
+        Diagnostic d;
+        d.id = CheckId::CollectiveMismatch;
+        d.loc = b.loc;
+        d.op = c.op_b;
+        d.tensor = bn;
+        d.message = fmt::format("{} is the {} collective of its group on rank {} with {} {}, but rank {} issues it with {} {} ({}): the ranks of a "
+                                "group must exchange tensors of one shape and dtype",
+                                op_name(b.kind), ordinal(c.seq + 1), space.label(p_, c.rank_b), bn, type_str(vb), space.label(p_, c.rank_a), an,
+                                type_str(va), why);
+        d.notes.push_back({a.loc, fmt::format("rank {} issues it here", space.label(p_, c.rank_a))});
+        d.ranks = {space.label(p_, c.rank_a), space.label(p_, c.rank_b)};
+        diags_.push_back(std::move(d));
+        continue;
+      }
+      defer_equal(va, vb, CheckId::CollectiveMismatch, fmt::format("{} on rank {} (line {})", an, space.label(p_, c.rank_a), a.loc.line),
+                  fmt::format("{} on rank {}", bn, space.label(p_, c.rank_b)));
     }
   }
 
@@ -1482,17 +1783,19 @@ class Checker {
       Placement p = pin(0, a);
       std::string why = fmt::format("Convert over {} from {} to {}", axn(a), ps(p), ps(t));
       if (p == t) continue;
-      bool legal = (p.is_i() && t.is_r()) || (p.is_r() && t.is_s()) || (p.is_v() && t.is_p()) || (p.is_r() && t.is_v());
+      bool legal = (p.is_i() && t.is_r()) || (p.is_r() && t.is_s()) || (p.is_v() && t.is_p()) || (p.is_r() && t.is_v()) ||
+                   (p.is_s() && t.is_p() && t.op == ReduceOp::Sum);  // S(d) -> P: the shard in its slot of a zero tensor
       if (!legal) {
         std::string hint = p.is_p()           ? fix_allreduce(iname(0), a, p)
                            : p.is_r() && t.is_p() ? "R -> P multiplies the global value by the axis size; if that is meant, use Reinterpret"
                            : p.is_s() && t.is_r() ? fix_allgather(iname(0), a, p.dim)
                            : p.is_r() && t.is_i() ? "R -> I would drop the gradient's AllReduce; produce I directly (e.g. AllReduce with dst: I)"
                            : p.is_i()             ? fmt::format("convert I to R first ({{op: Convert, ..., axis: {}, to: R}}), then to {}", axn(a), ps(t))
-                                                  : "Convert takes I -> R, R -> S(d), V -> P and R -> V";
+                                                  : "Convert takes I -> R, R -> S(d), S(d) -> P, V -> P and R -> V";
         return illegal(fmt::format("Convert over {} cannot turn {} ({}) into {} without communication", axn(a), iname(0), ps(p), ps(t)), a, hint);
       }
       if (t.is_s() && !can_add_shard(o, t.dim, a)) return;
+      if (p.is_s() && t.is_p() && !can_remove_shard(o, p.dim, a)) return;  // only the innermost shard has a contiguous slot
       set_new(o, a, t, why);
     }
   }
@@ -1548,6 +1851,198 @@ class Checker {
       Placement p = pin(0, a);
       if (p.is_p()) return partial_misuse(0, a, "the max of a pending sum is not the max of its summands");
       if (p.is_s()) set_new(o, a, Placement::p(ReduceOp::Max), fmt::format("AmaxUpdate of a tensor sharded {} over {} is each rank's own max", ps(p), axn(a)));
+    }
+  }
+
+  // ---- gradient ops (the VJPs derived backward programs are made of) --------------------------
+  void expand() {
+    const Value& x = in(0);
+    const auto& shape = p_.shapes[at().shape];
+    int ro = static_cast<int>(shape.size()), ri = x.rank;
+    if (ro < ri) return report(CheckId::ShapeMismatch, fmt::format("Expand of {} {} to {}: the target has fewer dims", iname(0), sstr(x.dims()), sstr(shape)), iname(0));
+    Value& o = out() = x;
+    set_shape(o, shape);
+    for (int d = 0; d < ri; ++d) {
+      ExprId e = x.shape[static_cast<std::size_t>(d)];
+      if (is_one(e)) continue;
+      if (!same_dim(e, shape[static_cast<std::size_t>(d + ro - ri)], fmt::format("Expand keeps dim {} of {}", d, iname(0)), iname(0))) return;
+    }
+    for (int a = 0; a < axes(); ++a) {
+      Placement p = pin(0, a);
+      if (p.is_p() && !p.linear_partial() && at().has_number && at().number < 0)
+        return partial_misuse(0, a, "a negative scale swaps max and min");
+      if (p.is_s() && is_one(x.shape[static_cast<std::size_t>(p.dim)]) && !is_one(shape[static_cast<std::size_t>(p.dim + ro - ri)]))
+        return layout_conflict(fmt::format("Expand grows dim {} of {}, which is sharded over {}", p.dim, iname(0), axn(a)), iname(0), 0, a, "");
+      set_from(o, a, shift(p, ri, ro), 0);
+    }
+  }
+
+  // Shapes of two inputs must agree exactly (a gradient and the value it is the gradient of).
+  bool same_shape(int i, int j) {
+    if (in(i).rank != in(j).rank) {
+      report(CheckId::ShapeMismatch, fmt::format("{} needs {} and {} of the same shape, got {} and {}", opname(), iname(i), iname(j), sstr(in(i).dims()),
+                                                 sstr(in(j).dims())),
+             iname(i));
+      return false;
+    }
+    for (int d = 0; d < in(i).rank; ++d)
+      if (!same_dim(in(i).shape[static_cast<std::size_t>(d)], in(j).shape[static_cast<std::size_t>(d)],
+                    fmt::format("{} dim {} of {} against {}", opname(), d, iname(i), iname(j)), iname(i)))
+        return false;
+    return true;
+  }
+
+  // dy * f'(x): nonlinear in x (no P), then the Multiply rule.
+  void pointwise_grad() {
+    for (int a = 0; a < axes(); ++a)
+      if (pin(1, a).is_p()) return partial_misuse(1, a, "the derivative of a nonlinear op at a pending sum is not the sum of derivatives");
+    if (!same_shape(0, 1)) return;
+    add_like(true);
+  }
+
+  void norm_grad() {
+    std::vector<int> dims;
+    if (!attr_dims(in(1).rank, dims, iname(1))) return;
+    for (int a = 0; a < axes(); ++a) {
+      if (pin(1, a).is_p()) return partial_misuse(1, a, "the gradient of a normalization depends on the statistics of the whole value");
+      for (int i = 0; i < 2; ++i)
+        for (int d : dims)
+          if (pin(i, a).is_s(d)) return sharded_dim(i, a, d, "the gradient of a normalization reduces over the normalized dims");
+      if (n_in() == 3) {
+        Placement w = pin(2, a);
+        if (w.is_p()) return partial_misuse(2, a, "a norm's affine weight must be a whole value");
+        if (w.is_s()) return sharded_dim(2, a, w.dim, "the weight spans the normalized dims");
+      }
+    }
+    if (!same_shape(0, 1)) return;
+    add_like(true);
+    if (!failed_ && n_in() == 3)
+      for (int a = 0; a < axes(); ++a)
+        if (pin(2, a).is_v() && !pl_of(out(), a).is_v()) set_new(out(), a, Placement::v(), "a per-rank norm weight gives per-rank gradients");
+  }
+
+  void attention_grad() {
+    int b = 0, h = 1, s = 2, dd = 3;
+    if (at().layout == AttnLayout::BSHD) s = 1, h = 2;
+    if (at().layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
+    int wrt = at().choice < 3 ? at().choice : 0;  // q, k, v
+    for (int i = 0; i < 4; ++i)
+      if (in(i).rank != 4) return report(CheckId::ShapeMismatch, fmt::format("AttentionGrad {} must have rank 4, got shape {}", iname(i), sstr(in(i).dims())), iname(i));
+    Value& o = out() = in(1 + wrt);
+    o.dtype = in(0).dtype;
+    for (int a = 0; a < axes(); ++a) {
+      Placement dy = pin(0, a), q = pin(1, a), k = pin(2, a), v = pin(3, a);
+      for (int i = 1; i < 4; ++i)
+        if (pin(i, a).is_p()) return partial_misuse(i, a, "attention is nonlinear in q, k and v");
+      Placement f, res[3] = {q, k, v};
+      if (q.is_i() && k.is_i() && v.is_i()) f = q;
+      else if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) f = q;
+      else if (q.is_s(s) && k.is_r() && v.is_r() && !at().causal) f = q, res[1] = res[2] = Placement::p();
+      else if (q.is_r() && k.is_r() && v.is_s(dd)) f = v, res[0] = res[1] = Placement::p();
+      else if ((q.is_v() || q.is_r()) && (k.is_v() || k.is_r()) && (v.is_v() || v.is_r())) f = Placement::v(), res[0] = res[1] = res[2] = Placement::v();
+      else
+        return layout_conflict(fmt::format("AttentionGrad gets q {}, k {}, v {} over {}: attention does not take these together", ps(q), ps(k), ps(v), axn(a)),
+                               iname(1), 1, a, "");
+      Placement r;
+      if (dy == f) r = res[wrt];
+      else if (dy.is_p() && dy.linear_partial() && f.is_r()) r = dy;
+      else if (dy.is_v() && f.varying()) r = Placement::v();
+      else {
+        std::vector<Note> notes;
+        origin_note(notes, in(0), a);
+        return report(CheckId::PlacementMismatch,
+                      fmt::format("AttentionGrad expects {} placed like the attention output ({} over {}), but it is {}", iname(0), ps(f), axn(a), ps(dy)),
+                      iname(0), std::move(notes));
+      }
+      if (r == pin(1 + wrt, a)) set_from(o, a, r, 1 + wrt);
+      else set_new(o, a, r, fmt::format("the attention gradient with respect to {} is {} over {}", iname(1 + wrt), ps(r), axn(a)));
+    }
+  }
+
+  void embedding_grad() {
+    const Value& w = in(2);
+    if (w.rank != 2) return report(CheckId::ShapeMismatch, fmt::format("EmbeddingGrad weight {} must be [vocab, hidden], got shape {}", iname(2), sstr(w.dims())), iname(2));
+    Value& o = out() = w;
+    o.dtype = in(0).dtype;
+    int last = in(0).rank - 1;
+    for (int a = 0; a < axes(); ++a) {
+      Placement dy = pin(0, a), ids = pin(1, a), pw = pin(2, a);
+      bool ids_whole = ids.is_r() || ids.is_i();
+      if (ids.is_p()) return partial_misuse(1, a, "token ids cannot be a pending sum");
+      if (pw.is_s(0)) {
+        if (!ids_whole || !(dy.is_r() || dy.is_i()))
+          return layout_conflict(fmt::format("EmbeddingGrad for the vocab-sharded {} over {} needs whole ids and a whole dy, got ids {} and dy {}", iname(2),
+                                             axn(a), ps(ids), ps(dy)),
+                                 iname(0), 0, a, fmt::format("all-reduce {} over {} first", iname(0), axn(a)));
+        set_from(o, a, pw, 2);
+      } else if (pw.is_s(1)) {
+        if (!dy.is_s(last)) return layout_conflict(fmt::format("EmbeddingGrad for {} (S(1) over {}) needs dy S({}), got {}", iname(2), axn(a), last, ps(dy)), iname(0), 0, a, "");
+        set_from(o, a, pw, 2);
+      } else if (pw.is_i()) {
+        if (!(dy.is_i() && ids_whole)) return report(CheckId::InvariantMix, fmt::format("EmbeddingGrad for the invariant {} over {} needs dy I, got {}", iname(2), axn(a), ps(dy)), iname(0));
+        set_from(o, a, pw, 2);
+      } else if (pw.is_v()) {
+        set_from(o, a, pw, 2);
+      } else if (dy.is_r() && ids_whole) {
+        set_from(o, a, Placement::r(), 2);
+      } else if (dy.is_p() && !dy.linear_partial()) {
+        return partial_misuse(0, a, "a scatter-add does not commute with a pending max or min");
+      } else {
+        set_new(o, a, Placement::p(), fmt::format("EmbeddingGrad sums the rows of {} ({} over {}) on each rank: every rank holds a part of the table's gradient",
+                                                  iname(0), ps(dy), axn(a)));
+      }
+    }
+  }
+
+  void cross_entropy_grad() {
+    const Value& lg = in(1);
+    if (lg.rank < 1) return report(CheckId::ShapeMismatch, fmt::format("CrossEntropyGrad logits {} must have a vocab dim", iname(1)), iname(1));
+    int vd = lg.rank - 1;
+    Value& o = out() = lg;
+    o.dtype = in(0).dtype == DType::F32 ? lg.dtype : in(0).dtype;
+    for (int a = 0; a < axes(); ++a) {
+      Placement dl = pin(0, a), pl = pin(1, a), pb = pin(2, a);
+      if (pl.is_p()) return partial_misuse(1, a, "the loss is nonlinear in the logits");
+      if (pb.is_p()) return partial_misuse(2, a, "labels cannot be a pending sum");
+      if (pl.is_s(vd)) {
+        if (!at().vocab_parallel) return sharded_dim(1, a, vd, "the softmax needs the whole vocabulary (set vocab_parallel: true)");
+        if (dl.is_p()) return partial_misuse(0, a, "the vocab-sharded logits gradient scales each rank's slice by the whole loss gradient",
+                                             fix_allreduce(iname(0), a, dl));
+        set_from(o, a, pl, 1);
+      } else if (dl.is_p()) {
+        if (!dl.linear_partial()) return partial_misuse(0, a, "a pending max or min is not a loss gradient");
+        if (!(pl.is_r() && (pb.is_r() || pb.is_i()))) return partial_misuse(0, a, fmt::format("the logits {} are {} over {}, so each rank's summand is scaled by a different piece", iname(1), ps(pl), axn(a)));
+        set_from(o, a, dl, 0);
+      } else if (pl.is_r() && pb.is_s()) {
+        set_new(o, a, Placement::s(pb.dim), fmt::format("the labels {} are {} over {}: each rank has the gradient of its own tokens' rows", iname(2), ps(pb), axn(a)));
+      } else if (pl.is_r() && dl.is_s()) {
+        set_from(o, a, dl, 0);
+      } else if (pl.is_r() && dl.is_v()) {
+        set_from(o, a, dl, 0);
+      } else {
+        set_from(o, a, pl, 1);
+      }
+    }
+  }
+
+  void topk_grad() {
+    const Value& x = in(1);
+    if (x.rank < 1) return report(CheckId::ShapeMismatch, fmt::format("TopKGrad logits {} must have an expert dim", iname(1)), iname(1));
+    int e = x.rank - 1;
+    Value& o = out() = x;
+    o.dtype = in(0).dtype;
+    for (int a = 0; a < axes(); ++a) {
+      Placement dw = pin(0, a), p = pin(1, a);
+      if (p.is_p()) return partial_misuse(1, a, "top-k of a pending sum is not the top-k of its parts");
+      if (p.is_s(e)) return sharded_dim(1, a, e, "the routing gradient scatters over the whole expert dim");
+      if (dw.is_p()) {
+        if (!p.is_r()) return partial_misuse(0, a, fmt::format("the logits {} are {} over {}", iname(1), ps(p), axn(a)));
+        set_from(o, a, dw, 0);
+      } else if (dw.is_s(e)) {
+        return sharded_dim(0, a, e, "the routing weights' gradient must hold every selected expert");
+      } else {
+        set_from(o, a, dw, 0);
+      }
     }
   }
 
@@ -1626,6 +2121,11 @@ class Checker {
   std::vector<const Value*> in_;
   std::array<Value, 2> out_{};
   bool failed_ = false;
+  std::unordered_map<int, std::vector<int>> recv_sends_;  // Recv op -> the Send ops it pairs with (on some rank)
+  std::unordered_map<int, Value> sent_;                   // Send op -> the value it sends, once reached
+  std::unordered_map<int, Value> watched_;                // collective op -> its input (ops matched across programs)
+  SpatialTypes* types_ = nullptr;
+  bool recording_decls_ = true;
   std::vector<std::optional<Placements>>* inferred_ = nullptr;
 };
 

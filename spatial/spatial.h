@@ -6,6 +6,8 @@
 // directly when concrete and by Z3 when symbolic (spatial/obligations.h). A value with an error
 // is not reported again downstream. Diagnostics come back sorted by position.
 #pragma once
+#include <array>
+#include <span>
 #include <optional>
 #include <vector>
 
@@ -14,8 +16,29 @@
 
 namespace spmd {
 
+// The type the checker gave one value: global shape, per-axis placements, dtype. `ok` is false when
+// the value is undefined or carries an error (no type).
+struct ValueType {
+  std::array<ExprId, kMaxRank> shape{};
+  std::uint8_t rank = 0;
+  Placements pl{};
+  DType dtype = DType::F32;
+  bool ok = false;
+  std::span<const ExprId> dims() const { return {shape.data(), rank}; }
+};
+
+// Every value's type, for passes built on the spatial rules (autograd).
+struct SpatialTypes {
+  ExprPool exprs;                       // the program's expressions and the checker's own (shapes refer to it)
+  std::vector<ValueType> decls;         // per tensor declaration
+  std::vector<std::uint32_t> out_base;  // per op: index of its first output in `outs`
+  std::vector<ValueType> outs;          // per op output
+  const ValueType& out(std::size_t op, int k) const { return outs[out_base[op] + static_cast<std::size_t>(k)]; }
+};
+
 struct SpatialOptions {
   unsigned z3_timeout_ms = 10000;
+  SpatialTypes* types = nullptr;  // when set, receives every value's type
   // When set, receives the inferred placement of every entry of Program::outputs, in order
   // (nullopt for an output that is undefined or poisoned by an earlier error). The numeric oracle
   // assembles an output with no declared placement by this one.

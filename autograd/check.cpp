@@ -1,0 +1,450 @@
+// autograd/check.cpp - the training step as one program; gradient duality and synchronization.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <limits>
+#include <string>
+#include <unordered_set>
+
+#include "autograd/autograd.h"
+#include "autograd/derive.h"
+#include "spatial/spatial.h"
+
+namespace spmd {
+
+namespace {
+
+bool is_comm(OpKind k) { return op_info(k).category == OpCategory::collective; }
+
+// What a collective is, for comparing a backward one with the dual of a forward one.
+struct Sig {
+  OpKind kind;
+  std::uint32_t axes = 0;
+  int dim = kUnset, dim2 = kUnset, rank = -1;
+  bool operator==(const Sig& o) const { return kind == o.kind && axes == o.axes && dim == o.dim && dim2 == o.dim2 && rank == o.rank; }
+};
+
+// A forward collective or conversion and the duals that may stand for it in a backward.
+struct Forward {
+  int op;
+  std::vector<Sig> duals;  // acceptable backward collectives (empty: the dual needs no communication)
+  bool required = false;   // the dual communicates, so a backward without it is wrong
+  bool matched = false;
+};
+
+class TrainingChecker {
+ public:
+  TrainingChecker(const Program& p, const TrainingOptions& o) : p_(p), o_(o) {}
+
+  TrainingCheck run() {
+    TrainingCheck r;
+    if (p_.loss < 0) return r;
+    SpatialTypes ft;
+    SpatialOptions so;
+    so.z3_timeout_ms = o_.z3_timeout_ms;
+    so.types = &ft;
+    for (const auto& d : check_spatial(p_, so))
+      if (d.severity == Severity::Error) return r;
+    hand_ = p_.has_backward;
+    Derived derived;
+    if (hand_) {
+      r.program = p_;
+      r.program.exprs = ft.exprs;
+    } else {
+      derived = derive_backward(p_, ft);
+      r.program = std::move(derived.program);
+      forward_op_ = std::move(derived.forward_op);
+    }
+    Program& t = r.program;
+    // The seed: <loss>.grad, the dual of the loss's placement.
+    ValueType lt = final_type(p_, ft, p_.loss, p_.ops.size());
+    TensorDecl seed;
+    seed.name = t.intern(t.name(p_.loss) + ".grad");
+    seed.loc = seed.shape_loc = seed.placement_loc = p_.loss_loc;
+    seed.shape.assign(lt.shape.begin(), lt.shape.begin() + lt.rank);
+    seed.dtype = lt.dtype;
+    for (int a = 0; a < t.axis_count(); ++a) seed.placement[static_cast<std::size_t>(a)] = dual(lt.pl[static_cast<std::size_t>(a)]);
+    t.tensors.push_back(std::move(seed));
+    first_bwd_ = t.ops.size();
+    std::vector<Op> bwd = std::move(t.backward), sync = std::move(t.grad_sync);
+    t.ops.insert(t.ops.end(), bwd.begin(), bwd.end());
+    first_sync_ = t.ops.size();
+    t.ops.insert(t.ops.end(), sync.begin(), sync.end());
+    t.backward.clear();
+    t.grad_sync.clear();
+    t.has_backward = t.has_grad_sync = t.train = false;
+    t.outputs.clear();
+    t.has_expect = false;
+    r.first_backward = first_bwd_;
+    r.built = true;
+
+    so.types = &tt_;
+    std::vector<Diagnostic> spatial = check_spatial(t, so);
+    index(t);
+    if (hand_) match_duals(t, ft, r.diags);
+    // After a duality finding, the placement errors further down the backward are its consequences.
+    int first_dual = std::numeric_limits<int>::max();
+    for (const auto& d : r.diags) first_dual = std::min(first_dual, d.op < static_cast<int>(first_bwd_) ? static_cast<int>(first_bwd_) : d.op);
+    for (auto& d : spatial) {
+      if (d.op < static_cast<int>(first_bwd_) || flagged_.count(d.op)) continue;
+      bool placement = d.id == CheckId::PartialMisuse || d.id == CheckId::InvariantMix || d.id == CheckId::IllegalCollective ||
+                       d.id == CheckId::PlacementMismatch || d.id == CheckId::LayoutConflict;
+      if (placement && d.op >= first_dual) continue;
+      if (!hand_ && static_cast<std::size_t>(d.op) < first_sync_) {
+        const Op& f = p_.ops[static_cast<std::size_t>(forward_op_[static_cast<std::size_t>(d.op) - first_bwd_])];
+        d.message = fmt::format("in the derived backward of {} (line {}): {}", op_name(f.kind), f.loc.line, d.message);
+      }
+      r.diags.push_back(std::move(d));
+    }
+    if (!hand_) self_check(t, r.diags);
+    unsynced(t, r.diags);
+    sort_and_cap(r.diags, r.diags.size());
+    return r;
+  }
+
+ private:
+  // The type of a name's last version among the first `n_ops` ops of p (or its declaration).
+  static ValueType final_type(const Program& p, const SpatialTypes& ty, NameId n, std::size_t n_ops) {
+    for (std::size_t i = n_ops; i-- > 0;) {
+      auto outs = p.outs(p.ops[i]);
+      for (std::size_t k = 0; k < outs.size(); ++k)
+        if (outs[k] == n) return ty.out(i, static_cast<int>(k));
+    }
+    for (std::size_t d = 0; d < p.tensors.size(); ++d)
+      if (p.tensors[d].name == n) return ty.decls[d];
+    return {};
+  }
+
+  // ---- writers of the training step ---------------------------------------------------------------
+  // A writer is an op output (index into tt_.outs, >= 0) or a declaration (-(d + 2)); -1 = none.
+  void index(const Program& t) {
+    std::vector<std::int64_t> cur(t.names.size(), -1);
+    for (std::size_t d = 0; d < t.tensors.size(); ++d) cur[static_cast<std::size_t>(t.tensors[d].name)] = -static_cast<std::int64_t>(d) - 2;
+    src_.assign(t.operands.size(), -1);
+    out_op_.assign(tt_.outs.size(), 0);
+    for (std::size_t i = 0; i < t.ops.size(); ++i) {
+      if (i == first_sync_) before_sync_ = cur;
+      const Op& op = t.ops[i];
+      auto ins = t.ins(op);
+      for (std::size_t k = 0; k < ins.size(); ++k) src_[op.first + k] = cur[static_cast<std::size_t>(ins[k])];
+      auto outs = t.outs(op);
+      for (std::size_t k = 0; k < outs.size(); ++k) {
+        std::size_t w = tt_.out_base[i] + k;
+        out_op_[w] = static_cast<std::uint32_t>(i);
+        cur[static_cast<std::size_t>(outs[k])] = static_cast<std::int64_t>(w);
+      }
+    }
+    if (first_sync_ == t.ops.size()) before_sync_ = cur;
+    final_ = std::move(cur);
+  }
+  const ValueType* type_of(std::int64_t w) const {
+    if (w >= 0) return &tt_.outs[static_cast<std::size_t>(w)];
+    if (w <= -2) return &tt_.decls[static_cast<std::size_t>(-w - 2)];
+    return nullptr;
+  }
+
+  std::string axis_list(const Program& p, std::uint32_t m, const char* sep = " and ") const {
+    std::string s;
+    for (int a = 0; a < p.axis_count(); ++a)
+      if (m & (1u << a)) s += (s.empty() ? "" : sep) + p.mesh[static_cast<std::size_t>(a)].name;
+    return s;
+  }
+  std::string axis_attr(const Program& p, std::uint32_t m) const {
+    std::string s = axis_list(p, m, ", ");
+    return std::popcount(m) > 1 ? "[" + s + "]" : s;
+  }
+  static int norm(int d, int rank) { return d == kUnset ? d : d < 0 ? d + rank : d; }
+
+  // ---- gradient duality (hand-written backward) ---------------------------------------------------
+  // Forward ops whose backward is needed: an output reaches the loss and an input depends on a
+  // floating-point declaration.
+  std::vector<char> relevant(const Program& p, const SpatialTypes& ft) const {
+    std::vector<char> needs(p.names.size(), 0), live(p.names.size(), 0), rel(p.ops.size(), 0);
+    for (std::size_t d = 0; d < p.tensors.size(); ++d) {
+      DType dt = ft.decls[d].dtype;
+      needs[static_cast<std::size_t>(p.tensors[d].name)] = !(dt == DType::I64 || dt == DType::I32 || dt == DType::I8 || dt == DType::Bool);
+    }
+    std::vector<char> op_needs(p.ops.size(), 0);
+    for (std::size_t i = 0; i < p.ops.size(); ++i) {
+      bool any = false;
+      for (NameId n : p.ins(p.ops[i])) any |= needs[static_cast<std::size_t>(n)] != 0;
+      op_needs[i] = any;
+      for (NameId n : p.outs(p.ops[i])) needs[static_cast<std::size_t>(n)] = any;
+    }
+    live[static_cast<std::size_t>(p.loss)] = 1;
+    for (std::size_t i = p.ops.size(); i-- > 0;) {
+      bool reaches = false;
+      for (NameId n : p.outs(p.ops[i])) reaches |= live[static_cast<std::size_t>(n)] != 0;
+      if (!reaches) continue;
+      rel[i] = op_needs[i];
+      for (NameId n : p.ins(p.ops[i])) live[static_cast<std::size_t>(n)] = 1;
+    }
+    return rel;
+  }
+
+  static std::string sig_text(const Program& p, const Sig& s) {
+    std::string t = std::string(op_name(s.kind));
+    std::string ax;
+    for (int a = 0; a < p.axis_count(); ++a)
+      if (s.axes & (1u << a)) ax += (ax.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(a)].name;
+    t += " over " + ax;
+    if (s.kind == OpKind::AllToAll) t += fmt::format(" (split_dim {}, concat_dim {})", s.dim, s.dim2);
+    else if (s.dim != kUnset) t += fmt::format(" (dim {})", s.dim);
+    if (s.rank >= 0) t += fmt::format(" ({} {})", s.kind == OpKind::Broadcast || s.kind == OpKind::Scatter ? "src" : "dst", s.rank);
+    return t;
+  }
+  static std::string sig_yaml(const Program& p, const Sig& s, const std::string& in, const std::string& out) {
+    std::string ax;
+    int n = 0;
+    for (int a = 0; a < p.axis_count(); ++a)
+      if (s.axes & (1u << a)) ax += (ax.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(a)].name, ++n;
+    if (n > 1) ax = "[" + ax + "]";
+    std::string t = fmt::format("{{op: {}, in: [{}], out: {}, axis: {}", op_name(s.kind), in, out, ax);
+    if (s.kind == OpKind::AllToAll) t += fmt::format(", split_dim: {}, concat_dim: {}", s.dim, s.dim2);
+    else if (s.dim != kUnset) t += fmt::format(", dim: {}", s.dim);
+    if (s.rank >= 0) t += fmt::format(", {}: {}", s.kind == OpKind::Broadcast || s.kind == OpKind::Scatter ? "src" : "dst", s.rank);
+    return t + "}";
+  }
+
+  Forward forward_dual(const Program& p, const ValueType& x, std::size_t i) const {
+    const Op& op = p.ops[i];
+    const OpAttrs& a = op.attrs;
+    int d = norm(a.dim, x.rank), d2 = norm(a.dim2, x.rank);
+    Forward f{static_cast<int>(i), {}, false, false};
+    auto need = [&](OpKind k, int dim = kUnset, int dim2 = kUnset, int rank = -1, std::uint32_t axes = 0) {
+      f.duals.push_back({k, axes ? axes : a.axes, dim, dim2, rank});
+      f.required = true;
+    };
+    // Only collectives and conversions have duals that communicate (the table in docs/semantics.md).
+    if (op.kind == OpKind::AllReduce && !a.dst_invariant) need(OpKind::AllReduce);
+    if (op.kind == OpKind::AllGather && !a.dst_invariant) need(OpKind::ReduceScatter, d);
+    if (op.kind == OpKind::ReduceScatter) need(OpKind::AllGather, d);
+    if (op.kind == OpKind::AllToAll) need(OpKind::AllToAll, d2, d);
+    if (op.kind == OpKind::Broadcast) need(OpKind::Reduce, kUnset, kUnset, a.rank);
+    if (op.kind == OpKind::Reduce) need(OpKind::Broadcast, kUnset, kUnset, a.rank);
+    if (op.kind == OpKind::Scatter) need(OpKind::Gather, d, kUnset, a.rank);
+    if (op.kind == OpKind::Gather) need(OpKind::Scatter, d, kUnset, a.rank);
+    if (op.kind == OpKind::Convert)
+      for (int ax = 0; ax < p.axis_count(); ++ax) {
+        if (!(a.axes & (1u << ax))) continue;
+        Placement from = x.pl[static_cast<std::size_t>(ax)];
+        if (from.is_i() && a.to.is_r()) need(OpKind::AllReduce, kUnset, kUnset, -1, 1u << ax);  // Megatron's f
+        if (from.is_r() && a.to.is_s()) f.duals.push_back({OpKind::AllGather, 1u << ax, norm(a.to.dim, x.rank), kUnset, -1});
+      }
+    return f;
+  }
+
+  Sig backward_sig(const Program& t, std::size_t j) const {
+    const Op& op = t.ops[j];
+    const ValueType* x = op.n_in ? type_of(src_[op.first]) : nullptr;
+    int rank = x ? x->rank : 0;
+    Sig s{op.kind, op.attrs.axes, norm(op.attrs.dim, rank), norm(op.attrs.dim2, rank), -1};
+    if (op.kind == OpKind::AllReduce || op.kind == OpKind::AllGather || op.kind == OpKind::ReduceScatter) s.dim2 = kUnset;
+    if (op.kind == OpKind::AllReduce) s.dim = kUnset;
+    if (op.kind == OpKind::Broadcast || op.kind == OpKind::Reduce || op.kind == OpKind::Scatter || op.kind == OpKind::Gather)
+      s.rank = std::max(0, op.attrs.rank);
+    return s;
+  }
+
+  bool is_param_grad(const Program& t, NameId n) const {
+    const std::string& s = t.name(n);
+    if (s.size() <= 5 || s.compare(s.size() - 5, 5, ".grad") != 0) return false;
+    std::string base = s.substr(0, s.size() - 5);
+    for (const auto& d : p_.tensors)
+      if (d.param && p_.name(d.name) == base) return true;
+    return false;
+  }
+
+  void match_duals(const Program& t, const SpatialTypes& ft, std::vector<Diagnostic>& out) {
+    std::vector<char> rel = relevant(p_, ft);
+    std::vector<Forward> fwd;
+    std::vector<const ValueType*> cur(p_.names.size(), nullptr);
+    for (std::size_t d = 0; d < p_.tensors.size(); ++d) cur[static_cast<std::size_t>(p_.tensors[d].name)] = &ft.decls[d];
+    for (std::size_t i = 0; i < p_.ops.size(); ++i) {
+      const ValueType* x = p_.ops[i].n_in ? cur[static_cast<std::size_t>(p_.ins(p_.ops[i])[0])] : nullptr;
+      auto outs = p_.outs(p_.ops[i]);
+      for (std::size_t k = 0; k < outs.size(); ++k) cur[static_cast<std::size_t>(outs[k])] = &ft.out(i, static_cast<int>(k));
+      if (!rel[i] || !x) continue;
+      Forward f = forward_dual(p_, *x, i);
+      if (!f.duals.empty()) {
+        for (auto& s : f.duals) {
+          if (s.kind == OpKind::Broadcast || s.kind == OpKind::Reduce || s.kind == OpKind::Scatter || s.kind == OpKind::Gather) s.rank = std::max(0, s.rank);
+        }
+        fwd.push_back(std::move(f));
+      }
+    }
+    auto bwd_in = [&](std::size_t j) { return t.ops[j].n_in ? t.name(t.ins(t.ops[j])[0]) : std::string("?"); };
+    auto bwd_out = [&](std::size_t j) { return t.ops[j].n_out ? t.name(t.outs(t.ops[j])[0]) : std::string("?"); };
+    for (std::size_t j = first_bwd_; j < first_sync_; ++j) {
+      const Op& op = t.ops[j];
+      if (!is_comm(op.kind)) continue;
+      Sig s = backward_sig(t, j);
+      Forward* hit = nullptr;
+      for (auto it = fwd.rbegin(); it != fwd.rend() && !hit; ++it)
+        if (!it->matched && std::find(it->duals.begin(), it->duals.end(), s) != it->duals.end()) hit = &*it;
+      if (hit) {
+        hit->matched = true;
+        continue;
+      }
+      if ((op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter) && op.n_in && (is_param_grad(t, t.ins(op)[0]) || (op.n_out && is_param_grad(t, t.outs(op)[0]))))
+        continue;  // a gradient synchronization written into the backward
+      Forward* same_axes = nullptr;
+      for (auto it = fwd.rbegin(); it != fwd.rend() && !same_axes; ++it)
+        if (!it->matched && it->required && (it->duals[0].axes & s.axes)) same_axes = &*it;
+      Diagnostic d;
+      d.id = CheckId::GradientDuality;
+      d.loc = op.loc;
+      d.op = static_cast<int>(j);
+      d.tensor = bwd_in(j);
+      flagged_.insert(static_cast<int>(j));
+      if (same_axes) {
+        same_axes->matched = true;
+        const Op& f = p_.ops[static_cast<std::size_t>(same_axes->op)];
+        const Sig& want = same_axes->duals[0];
+        d.message = fmt::format("backward {} is not the dual of the forward {} at line {}: its dual is {}{}", sig_text(t, s), op_name(f.kind),
+                                f.loc.line, sig_text(t, want), why(f.kind, f.attrs.dst_invariant));
+        d.notes.push_back({f.loc, fmt::format("the forward {} whose dual is needed", op_name(f.kind))});
+        d.notes.push_back({op.loc, "fix: replace it with " + sig_yaml(t, want, bwd_in(j), bwd_out(j))});
+      } else {
+        d.message = fmt::format("backward {} is the dual of no forward collective: nothing in the forward made {} need it", sig_text(t, s), bwd_in(j));
+        d.notes.push_back({op.loc, "fix: remove it (if it synchronizes a parameter gradient, move it to `grad_sync:`)"});
+      }
+      out.push_back(std::move(d));
+    }
+    for (const auto& f : fwd) {
+      if (f.matched || !f.required) continue;
+      const Op& op = p_.ops[static_cast<std::size_t>(f.op)];
+      const Sig& want = f.duals[0];
+      std::string x = p_.name(p_.ins(op)[0]), y = op.n_out ? p_.name(p_.outs(op)[0]) : x;
+      Diagnostic d;
+      d.id = CheckId::GradientDuality;
+      d.loc = op.loc;
+      d.op = f.op;
+      d.tensor = y;
+      d.message = fmt::format("the hand-written backward has no dual of this {}: {} is missing{}", op_name(op.kind), sig_text(t, want), why(op.kind, op.attrs.dst_invariant));
+      d.notes.push_back({p_.backward_loc, "fix: insert " + sig_yaml(t, want, y + ".grad", x + ".grad") + " into `backward:` where " + y + ".grad is complete"});
+      out.push_back(std::move(d));
+    }
+  }
+
+  static std::string why(OpKind k, bool dst_i) {
+    switch (k) {
+      case OpKind::AllReduce: return dst_i ? "" : " (the gradient of a replicated value is a partial sum on every rank)";
+      case OpKind::AllGather: return " (each rank's gradient of the gathered tensor is a partial sum that must be reduced, then split)";
+      case OpKind::ReduceScatter: return " (every rank needs the whole gradient of the pending sum)";
+      case OpKind::Convert: return " (Megatron's f: the input gradient is a partial sum over the axis)";
+      default: return "";
+    }
+  }
+
+  // ---- consistency of a derived backward ------------------------------------------------------------
+  void self_check(const Program& t, std::vector<Diagnostic>& out) const {
+    for (std::size_t d = 0; d < p_.tensors.size(); ++d) {
+      auto it = t.name_ids.find(p_.name(p_.tensors[d].name) + ".grad");
+      if (it == t.name_ids.end()) continue;
+      std::int64_t w = before_sync_[static_cast<std::size_t>(it->second)];
+      if (w < 0) continue;
+      const ValueType* g = type_of(w);
+      if (!g->ok) continue;
+      for (int a = 0; a < t.axis_count(); ++a) {
+        Placement want = dual(p_.tensors[d].placement[static_cast<std::size_t>(a)]), have = g->pl[static_cast<std::size_t>(a)];
+        if (have == want || (want.is_v() && have.is_s())) continue;
+        Diagnostic dg;
+        dg.id = CheckId::GradientDuality;
+        dg.loc = p_.tensors[d].loc;
+        dg.tensor = it->first;
+        dg.message = fmt::format("the derived backward gives {} placement {} over {}, but the dual of {}'s placement {} is {}", it->first, to_string(have),
+                                 t.mesh[static_cast<std::size_t>(a)].name, p_.name(p_.tensors[d].name),
+                                 to_string(p_.tensors[d].placement[static_cast<std::size_t>(a)]), to_string(want));
+        out.push_back(std::move(dg));
+        break;
+      }
+    }
+  }
+
+  // ---- gradient synchronization ---------------------------------------------------------------------
+  void unsynced(const Program& t, std::vector<Diagnostic>& out) const {
+    for (const auto& decl : p_.tensors) {
+      if (!decl.param) continue;
+      const std::string pname = p_.name(decl.name);
+      auto it = t.name_ids.find(pname + ".grad");
+      if (it == t.name_ids.end()) continue;
+      std::int64_t w = final_[static_cast<std::size_t>(it->second)];
+      if (w < 0) continue;  // no gradient reaches it
+      const ValueType* g = type_of(w);
+      if (!g->ok) continue;
+      std::uint32_t bad = 0;
+      bool per_rank = false;
+      for (int a = 0; a < t.axis_count(); ++a) {
+        Placement pp = decl.placement[static_cast<std::size_t>(a)], gp = g->pl[static_cast<std::size_t>(a)];
+        if (!(pp.is_r() || pp.is_i())) continue;
+        if (gp.linear_partial() || gp.is_v()) bad |= 1u << a;
+        per_rank |= gp.is_v();
+      }
+      if (!bad) continue;
+      int a0 = std::countr_zero(bad);
+      Diagnostic d;
+      d.id = CheckId::UnsyncedGradient;
+      d.loc = decl.loc;
+      d.tensor = it->first;
+      std::string pl = to_string(g->pl[static_cast<std::size_t>(a0)]);
+      d.message = fmt::format("parameter {} is {} over {}, but its gradient {} reaches the optimizer still {} over {}: {}", pname,
+                              to_string(decl.placement[static_cast<std::size_t>(a0)]), axis_list(t, bad), it->first, pl, axis_list(t, bad),
+                              per_rank ? "it differs per rank, so the replicas of the parameter drift apart"
+                                       : "each rank holds only its own contribution, so the replicas of the parameter drift apart");
+      origin(t, w, a0, it->first, d.notes);
+      Loc where = p_.has_grad_sync ? p_.grad_sync_loc : p_.has_backward ? p_.backward_loc : decl.loc;
+      d.notes.push_back({where, fmt::format("fix: insert {{op: AllReduce, in: [{}], out: {}, axis: {}}} into `grad_sync:` (after the backward, "
+                                            "before the optimizer step)",
+                                            it->first, it->first, axis_attr(t, bad))});
+      out.push_back(std::move(d));
+    }
+  }
+
+  // Where a gradient became P over axis a: the first op on its chain whose inputs were not P there.
+  void origin(const Program& t, std::int64_t w, int a, const std::string& grad, std::vector<Note>& notes) const {
+    for (std::size_t steps = 0; w >= 0 && steps < t.ops.size(); ++steps) {
+      std::size_t j = out_op_[static_cast<std::size_t>(w)];
+      if (j < first_bwd_) return;
+      const Op& op = t.ops[j];
+      std::int64_t next = -1;
+      for (std::size_t k = 0; k < op.n_in && next < 0; ++k) {
+        std::int64_t s = src_[op.first + k];
+        const ValueType* ty = type_of(s);
+        bool backward_value = s >= 0 ? out_op_[static_cast<std::size_t>(s)] >= first_bwd_ : s <= -2 && static_cast<std::size_t>(-s - 2) + 1 == t.tensors.size();
+        if (ty && backward_value && ty->pl[static_cast<std::size_t>(a)].is_p()) next = s;
+      }
+      if (next < 0) {
+        std::string where;
+        if (!hand_ && j < first_sync_) {
+          const Op& f = p_.ops[static_cast<std::size_t>(forward_op_[j - first_bwd_])];
+          where = fmt::format("in the backward of this {} ({} in the derived backward)", op_name(f.kind), op_name(op.kind));
+        } else {
+          where = fmt::format("here ({})", op_name(op.kind));
+        }
+        notes.push_back({op.loc, fmt::format("{} became {} over {} {}", grad, to_string(type_of(w)->pl[static_cast<std::size_t>(a)]),
+                                             t.mesh[static_cast<std::size_t>(a)].name, where)});
+        return;
+      }
+      if (next <= -2) return;
+      w = next;
+    }
+  }
+
+  const Program& p_;
+  TrainingOptions o_;
+  bool hand_ = false;
+  std::vector<std::int32_t> forward_op_;
+  std::size_t first_bwd_ = 0, first_sync_ = 0;
+  SpatialTypes tt_;
+  std::vector<std::int64_t> src_, before_sync_, final_;
+  std::vector<std::uint32_t> out_op_;
+  std::unordered_set<int> flagged_;
+};
+
+}  // namespace
+
+TrainingCheck check_training(const Program& program, const TrainingOptions& options) { return TrainingChecker(program, options).run(); }
+
+}  // namespace spmd

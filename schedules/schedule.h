@@ -1,0 +1,70 @@
+// schedules/schedule.h - pipeline schedules: the action grid, PyTorch CSV import, generators,
+// validation, lowering to per-rank programs, and the terminal / Chrome-trace views.
+//
+// A schedule is one row of actions per pipeline rank, in the order the rank runs them (the PyTorch
+// pipelining CSV format: `{stage}{TYPE}{microbatch}`, `(A;B)OVERLAP_F_B`, empty cell = bubble).
+// validate_schedule checks coverage and order (schedule-invalid) and the data-parallel gradient
+// reduction (grad-sync-early); lower_schedule turns it into a per-rank Program (mesh {pp: ranks})
+// whose Send/Recv the temporal checker simulates (deadlock, unmatched-p2p, p2p-mismatch by FIFO).
+#pragma once
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/diagnostic.h"
+#include "ir/program.h"
+
+namespace spmd {
+
+enum class ActionType : std::uint8_t { F, I, W, B, SendF, RecvF, SendB, RecvB, Unshard, Reshard, ReduceGrad, OverlapFB };
+
+struct Action {
+  ActionType type;
+  int stage = -1, mb = -1;    // mb -1: UNSHARD / RESHARD / REDUCE_GRAD
+  int stage2 = -1, mb2 = -1;  // OVERLAP_F_B: the backward half (type2)
+  ActionType type2 = ActionType::B;
+  Loc loc;                    // CSV: (row, column of the cell); generated: (rank + 1, position + 1)
+};
+
+struct Schedule {
+  std::string source;                            // file name, or "generated 1F1B ..." for reports
+  std::vector<std::vector<std::optional<Action>>> rows;  // per rank; nullopt = bubble
+  bool has_comms = false;                        // SEND/RECV actions present (lowered)
+  int stages = 0, microbatches = 0;              // derived (max + 1)
+};
+
+// Reads a PyTorch pipelining CSV. Throws LoadError at (row, column) for a malformed action
+// (e.g. the legacy `BW` token), an empty file, or numbers out of range.
+Schedule parse_schedule_csv(const std::string& text, const std::string& source);
+Schedule load_schedule_csv(const std::string& path);
+
+// Generators. kind: GPipe, 1F1B, Interleaved1F1B (virtual > 1), ZBH1 (also ZeroBubble, ZB-H1).
+// Throws std::invalid_argument with a clear message for impossible parameters (Megatron's
+// constraint: interleaving needs microbatches to be a multiple of stages).
+Schedule generate_schedule(const std::string& kind, int ranks, int microbatches, int virtual_stages = 1);
+std::vector<std::string> schedule_kinds();
+
+// Coverage, order, stage/rank map, UNSHARD/RESHARD, REDUCE_GRAD after the last backward.
+std::vector<Diagnostic> validate_schedule(const Schedule& s);
+
+// The same schedule with a RECV before and a SEND after each compute step whose neighbour stage runs
+// on another rank (identity for a schedule that already has them).
+Schedule with_comms(const Schedule& s);
+
+// Per-rank programs: compute-only schedules get a RECV before and a SEND after each compute step
+// whose neighbour stage runs on another rank; every Recv names the tensor it expects (`matches`).
+Program lower_schedule(const Schedule& s, P2PModel model);
+
+// The action grid in the terminal, one line per rank; `blocked` cells (by Loc) are marked and,
+// when given, each row stops after its blocked cell.
+std::string schedule_grid(const Schedule& s, const std::vector<Loc>& blocked = {});
+// The CSV form of a schedule (as PyTorch writes it).
+std::string schedule_csv(const Schedule& s);
+// A Chrome / Perfetto trace (JSON): one track per rank, unit-time slices, flows from each send to
+// its receive.
+std::string schedule_trace(const Schedule& s);
+
+std::string action_text(const Action& a);
+
+}  // namespace spmd

@@ -1,0 +1,603 @@
+// tests/test_autograd.cpp - derived backward (one VJP test per op), duality, gradient sync, loss scaling.
+#include <doctest/doctest.h>
+
+#include <map>
+#include <sstream>
+
+#include "autograd/autograd.h"
+#include "autograd/derive.h"
+#include "cli/driver.h"
+#include "helpers.h"
+#include "ir/printer.h"
+
+namespace spmd::test {
+
+namespace {
+
+std::string pl_text(const Program& p, const Placements& pl) {
+  std::string s;
+  for (int a = 0; a < p.axis_count(); ++a) s += (a ? "," : "") + to_string(pl[static_cast<std::size_t>(a)]);
+  return s;
+}
+
+struct Trained {
+  std::set<std::string> ids;
+  std::map<std::string, std::string> grads;  // "<x>.grad" -> placements, one per axis, comma-separated
+  std::map<std::string, int> ops;            // backward op kinds -> count
+  std::string messages;
+};
+
+// Derives (or takes the hand-written) backward, checks it, and reads every declared tensor's gradient.
+Trained train(const std::string& yaml) {
+  Program p = load_program_string(yaml, "t.yaml");
+  TrainingCheck r = check_training(p);
+  Trained t;
+  for (const auto& d : r.diags) {
+    t.ids.insert(std::string(check_name(d.id)));
+    t.messages += d.message + "\n";
+  }
+  if (!r.built) return t;
+  SpatialTypes types;
+  SpatialOptions so;
+  so.types = &types;
+  for (const auto& d : check_spatial(r.program, so)) t.messages += "spatial: " + d.message + "\n";
+  for (std::size_t i = r.first_backward; i < r.program.ops.size(); ++i) t.ops[std::string(op_name(r.program.ops[i].kind))]++;
+  for (const auto& decl : p.tensors) {
+    std::string g = p.name(decl.name) + ".grad";
+    bool found = false;
+    for (std::size_t i = r.program.ops.size(); i-- > r.first_backward && !found;) {
+      auto outs = r.program.outs(r.program.ops[i]);
+      for (std::size_t k = 0; k < outs.size() && !found; ++k)
+        if (r.program.name(outs[k]) == g) {
+          t.grads.emplace(g, pl_text(r.program, types.out(i, static_cast<int>(k)).pl));
+          found = true;  // the last writer
+        }
+    }
+  }
+  return t;
+}
+
+// Checks the derived backward is clean and gives each listed gradient the expected (dual) placement.
+void expect_grads(const std::string& yaml, const std::map<std::string, std::string>& want, const std::map<std::string, int>& ops = {}) {
+  Trained t = train(yaml);
+  INFO(yaml);
+  INFO(t.messages);
+  t.ids.erase("unsynced-gradient");  // these tests are about placements; synchronization has its own
+  CHECK(t.ids.empty());
+  for (const auto& [g, pl] : want) {
+    INFO(g);
+    REQUIRE(t.grads.count(g));
+    CHECK(t.grads[g] == pl);
+  }
+  for (const auto& [k, n] : ops) {
+    INFO(k);
+    CHECK(t.ops[k] == n);
+  }
+}
+
+const char* kMesh = "mesh: {a: 2}\n";
+
+}  // namespace
+
+TEST_CASE("dual placements: R<->P, I<->I, V<->V, S(d)<->S(d)") {
+  CHECK(dual(Placement::r()) == Placement::p());
+  CHECK(dual(Placement::p()) == Placement::r());
+  CHECK(dual(Placement::p(ReduceOp::Avg)) == Placement::r());
+  CHECK(dual(Placement::i()) == Placement::i());
+  CHECK(dual(Placement::v()) == Placement::v());
+  CHECK(dual(Placement::s(1)) == Placement::s(1));
+}
+
+TEST_CASE("VJP MatMul: column- and row-parallel") {
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8]}
+  w: {shape: [8, 16], placement: {a: S(1)}, param: true}
+ops:
+  - {op: MatMul, in: [x, w], out: y}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "P(sum)"}, {"w.grad", "S(1)"}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [2, 4, 8], placement: {a: S(2)}}
+  w: {shape: [8, 16], placement: {a: S(0)}, param: true}
+ops:
+  - {op: MatMul, in: [x, w], out: yp}
+  - {op: AllReduce, in: [yp], out: y, axis: a}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1, 2]}
+loss: loss
+)",
+               {{"x.grad", "S(2)"}, {"w.grad", "S(0)"}}, {{"AllReduce", 1}});
+  // a batched replicated operand against a batch shard: its gradient is the shard, made a pending sum
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8, 16], placement: {a: S(0)}}
+  w: {shape: [4, 16, 32]}
+ops:
+  - {op: MatMul, in: [x, w], out: y}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1, 2]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}, {"w.grad", "P(sum)"}}, {{"Convert", 2}});
+}
+
+TEST_CASE("a backward op runs on its forward op's stream") {
+  Program p = load_program_string(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8]}
+ops:
+  - {op: GELU, in: [x], out: y, stream: side}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1], stream: side}
+loss: loss
+)",
+                                  "t.yaml");
+  SpatialTypes ty;
+  SpatialOptions so;
+  so.types = &ty;
+  REQUIRE(check_spatial(p, so).empty());
+  Program d = derive_backward(p, ty).program;
+  REQUIRE(!d.backward.empty());
+  for (const auto& op : d.backward) CHECK(d.name(op.attrs.stream) == "side");
+}
+
+TEST_CASE("VJP Add, Sub, Multiply with broadcasting and scalars") {
+  for (const char* op : {"Add", "Sub", "Multiply"})
+    expect_grads(std::string(kMesh) + "tensors:\n  x: {shape: [4, 8], placement: {a: S(0)}}\n  b: {shape: [8], param: true}\nops:\n  - {op: " + op +
+                     ", in: [x, b], out: y}\n  - {op: Sum, in: [y], out: loss, dims: [0, 1]}\nloss: loss\n",
+                 {{"x.grad", "S(0)"}, {"b.grad", "P(sum)"}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(0)}}
+ops:
+  - {op: Multiply, in: [x], out: y, scalar: 2}
+  - {op: Add, in: [y], out: z, scalar: 1}
+  - {op: Sum, in: [z], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}});
+  // R with S: the replicated operand's gradient is each rank's slice in place, a pending sum
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(0)}}
+  s: {shape: [4, 8], param: true}
+ops:
+  - {op: Multiply, in: [x, s], out: y}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}, {"s.grad", "P(sum)"}});
+}
+
+TEST_CASE("VJP pointwise: SiLU, GELU, ReLU, Dropout") {
+  for (const char* op : {"SiLU", "GELU", "ReLU", "Dropout"})
+    expect_grads(std::string(kMesh) + "tensors:\n  x: {shape: [4, 8], placement: {a: S(0)}}\nops:\n  - {op: " + op +
+                     ", in: [x], out: y}\n  - {op: Sum, in: [y], out: loss, dims: [0, 1]}\nloss: loss\n",
+                 {{"x.grad", "S(0)"}}, {{"PointwiseGrad", 1}});
+  // a per-rank mask on a replicated input: each rank's contribution is a summand of the gradient
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8]}
+ops:
+  - {op: Dropout, in: [x], out: y, rng: per_rank, p: 0.1}
+  - {op: AllReduce, in: [y], out: z, axis: a}
+  - {op: Sum, in: [z], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "P(sum)"}});
+}
+
+TEST_CASE("VJP LayerNorm and RMSNorm: weight and bias gradients sum over the sharded tokens") {
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(0)}}
+  w: {shape: [8], param: true}
+  b: {shape: [8], param: true}
+ops:
+  - {op: LayerNorm, in: [x, w, b], out: y}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}, {"w.grad", "P(sum)"}, {"b.grad", "P(sum)"}}, {{"NormGrad", 1}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: I}}
+  w: {shape: [8], placement: {a: I}, param: true}
+ops:
+  - {op: RMSNorm, in: [x, w], out: y}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "I"}, {"w.grad", "I"}});
+}
+
+TEST_CASE("VJP Softmax, Sum and Mean") {
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(0)}}
+ops:
+  - {op: Softmax, in: [x], out: y}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(1)}}
+ops:
+  - {op: Mean, in: [x], out: m, dims: [1]}
+  - {op: Sum, in: [m], out: loss, dims: [0], keepdim: true}
+loss: loss
+)",
+               {{"x.grad", "S(1)"}}, {{"Expand", 2}, {"Convert", 1}});
+}
+
+TEST_CASE("VJP FlashAttention: heads sharded, and q sequence-sharded with whole k, v") {
+  expect_grads(std::string(kMesh) + R"(tensors:
+  q: {shape: [2, 4, 8, 16], placement: {a: S(1)}}
+  k: {shape: [2, 4, 8, 16], placement: {a: S(1)}}
+  v: {shape: [2, 4, 8, 16], placement: {a: S(1)}}
+ops:
+  - {op: FlashAttention, in: [q, k, v], out: o, causal: true}
+  - {op: Sum, in: [o], out: loss, dims: [0, 1, 2, 3]}
+loss: loss
+)",
+               {{"q.grad", "S(1)"}, {"k.grad", "S(1)"}, {"v.grad", "S(1)"}}, {{"AttentionGrad", 3}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  q: {shape: [2, 4, 8, 16], placement: {a: S(2)}}
+  k: {shape: [2, 4, 8, 16]}
+  v: {shape: [2, 4, 8, 16]}
+ops:
+  - {op: FlashAttention, in: [q, k, v], out: o}
+  - {op: Sum, in: [o], out: loss, dims: [0, 1, 2, 3]}
+loss: loss
+)",
+               {{"q.grad", "S(2)"}, {"k.grad", "P(sum)"}, {"v.grad", "P(sum)"}});
+}
+
+TEST_CASE("VJP Embedding: vocab-parallel table and data-parallel ids") {
+  expect_grads(std::string(kMesh) + R"(tensors:
+  ids: {shape: [4, 8], dtype: i64}
+  w: {shape: [32, 16], placement: {a: S(0)}, param: true}
+ops:
+  - {op: Embedding, in: [ids, w], out: ep}
+  - {op: AllReduce, in: [ep], out: e, axis: a}
+  - {op: Sum, in: [e], out: loss, dims: [0, 1, 2]}
+loss: loss
+)",
+               {{"w.grad", "S(0)"}}, {{"EmbeddingGrad", 1}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  ids: {shape: [4, 8], placement: {a: S(0)}, dtype: i64}
+  w: {shape: [32, 16], param: true}
+ops:
+  - {op: Embedding, in: [ids, w], out: e}
+  - {op: Sum, in: [e], out: loss, dims: [0, 1, 2]}
+loss: loss
+)",
+               {{"w.grad", "P(sum)"}});
+}
+
+TEST_CASE("VJP CrossEntropyLoss: token-sharded and vocab-parallel") {
+  expect_grads(std::string(kMesh) + R"(tensors:
+  logits: {shape: [4, 32], placement: {a: S(0)}}
+  labels: {shape: [4], placement: {a: S(0)}, dtype: i64}
+ops:
+  - {op: CrossEntropyLoss, in: [logits, labels], out: loss}
+loss: loss
+)",
+               {{"logits.grad", "S(0)"}}, {{"CrossEntropyGrad", 1}});
+  // the loss is whole over the vocab axis, so its gradient is P there and is reduced first
+  expect_grads(std::string(kMesh) + R"(tensors:
+  logits: {shape: [4, 32], placement: {a: S(1)}}
+  labels: {shape: [4], dtype: i64}
+ops:
+  - {op: CrossEntropyLoss, in: [logits, labels], out: loss, vocab_parallel: true}
+loss: loss
+)",
+               {{"logits.grad", "S(1)"}}, {{"AllReduce", 1}});
+}
+
+TEST_CASE("VJP TopKGate, Cast, LossScale, FP8Quantize, FP8Dequantize, Reshape, Transpose, SPMDGuard, Expand") {
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(0)}}
+ops:
+  - {op: TopKGate, in: [x], out: [w, idx], k: 2}
+  - {op: Cast, in: [w], out: c, dtype: bf16}
+  - {op: LossScale, in: [c], out: l, scale: 0.5}
+  - {op: FP8Quantize, in: [l], out: q}
+  - {op: FP8Dequantize, in: [q], out: dq}
+  - {op: Reshape, in: [dq], out: r, shape: [8]}
+  - {op: Reshape, in: [r], out: r2, shape: [4, 2]}
+  - {op: Transpose, in: [r2], out: t, dims: [0, 1]}
+  - {op: SPMDGuard, in: [t], out: g, placement: {a: S(1)}}
+  - {op: Sum, in: [g], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}}, {{"TopKGrad", 1}, {"SPMDGuard", 1}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  b: {shape: [8], param: true}
+  x: {shape: [4, 8], placement: {a: S(0)}}
+ops:
+  - {op: Expand, in: [b], out: e, shape: [4, 8]}
+  - {op: Multiply, in: [e, x], out: y}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"b.grad", "P(sum)"}, {"x.grad", "S(0)"}});
+}
+
+TEST_CASE("VJP collectives map to their duals") {
+  // AllReduce P -> I (Megatron's g): identity backward, typed I -> R
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: P}}
+ops:
+  - {op: AllReduce, in: [x], out: y, axis: a, dst: I}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "R"}}, {{"AllReduce", 0}, {"Convert", 1}});
+  // AllGather <-> ReduceScatter
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(0)}}
+ops:
+  - {op: AllGather, in: [x], out: y, axis: a, dim: 0}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}}, {{"ReduceScatter", 1}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(0)}}
+ops:
+  - {op: AllGather, in: [x], out: y, axis: a, dim: 0, dst: I}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}}, {{"ReduceScatter", 0}, {"Convert", 2}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: P}}
+ops:
+  - {op: ReduceScatter, in: [x], out: y, axis: a, dim: 0}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "R"}}, {{"AllGather", 1}});
+  // AllToAll to its transpose
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(1)}}
+ops:
+  - {op: AllToAll, in: [x], out: y, axis: a, split_dim: 0, concat_dim: 1}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(1)"}}, {{"AllToAll", 1}});
+  // Broadcast <-> Reduce
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: V}}
+ops:
+  - {op: Broadcast, in: [x], out: y, axis: a, src: 0}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "V"}}, {{"Reduce", 1}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: P}}
+ops:
+  - {op: Reduce, in: [x], out: y, axis: a, dst: 0}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "R"}}, {{"Broadcast", 1}});
+  // Scatter <-> Gather
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8]}
+ops:
+  - {op: Scatter, in: [x], out: y, axis: a, dim: 0}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "P(sum)"}}, {{"Gather", 1}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(0)}}
+ops:
+  - {op: Gather, in: [x], out: y, axis: a, dim: 0}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}}, {{"Scatter", 1}});
+}
+
+TEST_CASE("VJP conversions: Convert I->R (f) is an AllReduce, R->S(d) is S(d)->P, V<->P, Reinterpret R->P") {
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: I}}
+  w: {shape: [8, 16], placement: {a: S(1)}, param: true}
+ops:
+  - {op: Convert, in: [x], out: xr, axis: a, to: R}
+  - {op: MatMul, in: [xr, w], out: y}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "I"}, {"w.grad", "S(1)"}}, {{"AllReduce", 1}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8]}
+ops:
+  - {op: Convert, in: [x], out: y, axis: a, to: S(0)}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "P(sum)"}}, {{"AllGather", 0}});
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: V}}
+  r: {shape: [4, 8]}
+ops:
+  - {op: Convert, in: [x], out: y, axis: a, to: P}
+  - {op: Convert, in: [r], out: rv, axis: a, to: V}
+  - {op: Convert, in: [rv], out: rp, axis: a, to: P}
+  - {op: Add, in: [y, rp], out: z}
+  - {op: Reinterpret, in: [r], out: rr, axis: a, to: P}
+  - {op: Add, in: [z, rr], out: s}
+  - {op: Sum, in: [s], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "V"}, {"r.grad", "P(sum)"}});
+}
+
+TEST_CASE("ops without a VJP are a located error") {
+  Program p = load_program_string(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8]}
+  d: {shape: [4, 8]}
+ops:
+  - {op: PointwiseGrad, in: [d, x], out: y, of: GELU}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+                                  "t.yaml");
+  try {
+    check_training(p);
+    FAIL("expected a LoadError");
+  } catch (const LoadError& e) {
+    CHECK(e.loc.line == 6);
+    CHECK(std::string(e.what()).find("has no VJP") != std::string::npos);
+  }
+}
+
+TEST_CASE("a value overwritten in place that the backward needs is a located error") {
+  Program p = load_program_string(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8]}
+  w: {shape: [8, 8], param: true}
+ops:
+  - {op: MatMul, in: [x, w], out: h}
+  - {op: GELU, in: [h], out: h}
+  - {op: Sum, in: [h], out: loss, dims: [0, 1]}
+loss: loss
+)",
+                                  "t.yaml");
+  CHECK_THROWS_AS(check_training(p), LoadError);
+}
+
+const char* kDp = R"(mesh: {dp: 2}
+tensors:
+  x: {shape: [4, 8], placement: {dp: S(0)}}
+  w: {shape: [8, 8], param: true}
+ops:
+  - {op: MatMul, in: [x, w], out: y}
+  - {op: Mean, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+train: true
+)";
+
+TEST_CASE("unsynced-gradient: a replicated parameter's P gradient must be all-reduced before the optimizer") {
+  Trained bad = train(kDp);
+  CHECK(bad.ids == one("unsynced-gradient"));
+  CHECK(bad.messages.find("parameter w is R over dp") != std::string::npos);
+  Trained ok = train(std::string(kDp) + "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: dp}\n");
+  CHECK(ok.ids.empty());
+  // all-reduced over the other axis only: still unsynced over dp
+  Trained wrong = train(std::string("mesh: {dp: 2, tp: 2}\n") + std::string(kDp).substr(std::string(kDp).find("tensors")) +
+                        "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: tp}\n");
+  CHECK(wrong.ids == one("unsynced-gradient"));
+  CHECK(wrong.messages.find("still P(sum) over dp") != std::string::npos);
+  // the fix names the AllReduce, the axis and where
+  auto d = check_training(load_program_string(kDp, "t.yaml")).diags;
+  REQUIRE(d.size() == 1);
+  REQUIRE(d[0].notes.size() == 2);
+  CHECK(d[0].notes[1].message == "fix: insert {op: AllReduce, in: [w.grad], out: w.grad, axis: dp} into `grad_sync:` (after the backward, before the optimizer step)");
+}
+
+const char* kSp = R"(mesh: {tp: 2}
+tensors:
+  x: {shape: [2, 8, 16], placement: {tp: S(1)}}
+  ln: {shape: [16], param: true}
+  w1: {shape: [16, 32], placement: {tp: S(1)}, param: true}
+  w2: {shape: [32, 16], placement: {tp: S(0)}, param: true}
+ops:
+  - {op: LayerNorm, in: [x, ln], out: h}
+  - {op: AllGather, in: [h], out: hf, axis: tp, dim: 1}
+  - {op: MatMul, in: [hf, w1], out: a}
+  - {op: MatMul, in: [a, w2], out: yp}
+  - {op: ReduceScatter, in: [yp], out: y, axis: tp, dim: 1}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1, 2]}
+loss: loss
+)";
+
+std::string hand(const char* ag_backward) {
+  return std::string(kSp) + R"(backward:
+  - {op: Reshape, in: [loss.grad], out: l1, shape: [1, 1, 1]}
+  - {op: Expand, in: [l1], out: yw, shape: [2, 8, 16]}
+  - {op: Convert, in: [yw], out: y.grad, axis: tp, to: S(1)}
+  - {op: AllGather, in: [y.grad], out: yp.grad, axis: tp, dim: 1}
+  - {op: Transpose, in: [w2], out: w2t, dims: [-1, -2]}
+  - {op: MatMul, in: [yp.grad, w2t], out: a.grad}
+  - {op: Transpose, in: [w1], out: w1t, dims: [-1, -2]}
+  - {op: MatMul, in: [a.grad, w1t], out: hf.grad}
+  - )" + std::string(ag_backward) + R"(
+  - {op: NormGrad, in: [h.grad, x, ln], out: x.grad, of: LayerNorm}
+  - {op: LayerNorm, in: [x], out: xh}
+  - {op: Multiply, in: [h.grad, xh], out: lg}
+  - {op: Sum, in: [lg], out: ln.grad, dims: [0, 1]}
+grad_sync:
+  - {op: AllReduce, in: [ln.grad], out: ln.grad, axis: tp}
+)";
+}
+
+TEST_CASE("hand-written backward: duals pass, a non-dual, missing or extra collective is gradient-duality") {
+  CHECK(train(hand("{op: ReduceScatter, in: [hf.grad], out: h.grad, axis: tp, dim: 1}")).ids.empty());
+  Trained ag = train(hand("{op: AllGather, in: [hf.grad], out: h.grad, axis: tp, dim: 1}"));
+  CHECK(ag.ids == one("gradient-duality"));
+  CHECK(ag.messages.find("its dual is ReduceScatter over tp (dim 1)") != std::string::npos);
+  Trained wrong_dim = train(hand("{op: ReduceScatter, in: [hf.grad], out: h.grad, axis: tp, dim: 0}"));
+  CHECK(wrong_dim.ids == one("gradient-duality"));
+  Trained missing = train(hand("{op: Convert, in: [hf.grad], out: h.grad, axis: tp, to: S(1)}"));
+  CHECK(missing.ids.count("gradient-duality"));
+  CHECK(missing.messages.find("no dual of this AllGather") != std::string::npos);
+  std::string extra = hand("{op: ReduceScatter, in: [hf.grad], out: h.grad, axis: tp, dim: 1}");
+  extra.insert(extra.find("  - {op: NormGrad"), "  - {op: AllReduce, in: [w1t], out: w1t2, axis: tp}\n");
+  Trained ex = train(extra);
+  CHECK(ex.ids == one("gradient-duality"));
+  CHECK(ex.messages.find("dual of no forward collective") != std::string::npos);
+}
+
+TEST_CASE("the derived backward of the sequence-parallel block: the LayerNorm weight gradient is P over tp") {
+  Trained t = train(std::string(kSp) + "train: true\n");
+  CHECK(t.ids == one("unsynced-gradient"));
+  CHECK(t.grads["ln.grad"] == "P(sum)");
+  CHECK(t.grads["w1.grad"] == "S(1)");
+  CHECK(t.grads["w2.grad"] == "S(0)");
+  CHECK(train(std::string(kSp) + "train: true\ngrad_sync:\n  - {op: AllReduce, in: [ln.grad], out: ln.grad, axis: tp}\n").ids.empty());
+}
+
+TEST_CASE("loss-scaling: the LossScale normalization covers exactly the axes the loss is P over") {
+  const char* base = R"(mesh: {dp: 2, cp: 2}
+tensors:
+  lg: {shape: [4, 8, 16], placement: {dp: S(0), cp: S(1)}}
+  lb: {shape: [4, 8], placement: {dp: S(0), cp: S(1)}, dtype: i64}
+ops:
+  - {op: CrossEntropyLoss, in: [lg, lb], out: l}
+)";
+  CHECK(ids(std::string(base) + "  - {op: LossScale, in: [l], out: loss, scale: 0.25, axis: [dp, cp]}\n").empty());
+  CHECK(ids(std::string(base) + "  - {op: LossScale, in: [l], out: loss, scale: 0.5, axis: dp}\n") == one("loss-scaling"));
+  CHECK(ids(std::string(base) + "  - {op: AllReduce, in: [l], out: r, axis: cp, reduce: avg}\n  - {op: LossScale, in: [r], out: loss, scale: 0.25, axis: [dp, cp]}\n") ==
+        one("loss-scaling"));
+  CHECK(ids(std::string(base) + "  - {op: LossScale, in: [l], out: loss, scale: 0.5}\n").empty());  // no stated normalization
+}
+
+TEST_CASE("training keys: located errors for a missing loss and unknown names") {
+  Loc l;
+  CHECK(load_error("mesh: {a: 2}\ntensors:\n  x: {shape: [2]}\nops: []\ntrain: true\n", &l).find("needs a `loss:`") != std::string::npos);
+  CHECK(l.line == 5);
+  CHECK(load_error("mesh: {a: 2}\ntensors:\n  x: {shape: [2]}\nops: []\nloss: lose\n", &l).find("did you mean 'x'") == std::string::npos);
+  CHECK(load_error("mesh: {a: 2}\ntensors:\n  loss: {shape: [2]}\nops: []\nloss: lose\n", &l).find("did you mean 'loss'") != std::string::npos);
+  std::string e = load_error("mesh: {a: 2}\ntensors:\n  loss: {shape: [2]}\nops: []\nloss: loss\nbackward:\n  - {op: Cast, in: [los.grad], out: g, dtype: f32}\n", &l);
+  CHECK(e.find("reads 'los.grad'") != std::string::npos);
+  CHECK(e.find("did you mean 'loss.grad'") != std::string::npos);
+  CHECK(l.line == 7);
+  CHECK(load_error("mesh: {a: 2}\nops: []\nbackward: []\n", &l).find("needs a `loss:`") != std::string::npos);
+}
+
+TEST_CASE("spmdcheck backward prints a program that loads and checks like the original") {
+  Program p = load_program_string(std::string(kSp) + "grad_sync:\n  - {op: AllReduce, in: [ln.grad], out: ln.grad, axis: tp}\n", "t.yaml");
+  SpatialTypes ty;
+  SpatialOptions so;
+  so.types = &ty;
+  REQUIRE(check_spatial(p, so).empty());
+  std::string text = print_program(derive_backward(p, ty).program);
+  Program back = load_program_string(text, "printed.yaml");
+  CHECK(back.has_backward);
+  CHECK(back.backward.size() > 10);
+  CHECK(check_training(back).diags.empty());
+  CHECK(print_program(back) == text);
+  std::ostringstream out, err;
+  CHECK(run_cli({"check", "--backward", SPMD_SOURCE_DIR "/examples/tp/mlp.yaml"}, out, err) == 2);  // no loss
+  CHECK(out.str().find("needs a `loss:`") != std::string::npos);
+}
+
+}  // namespace spmd::test
