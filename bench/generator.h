@@ -189,6 +189,7 @@ namespace spmd::bench {
 inline Program make_pipeline(int stages, int microbatches) {
   Program p;
   p.file = "pipeline.yaml";
+  p.per_rank = true;
   p.mesh.push_back({"pp", p.exprs.constant(stages), {}});
   p.mesh.push_back({"dp", p.exprs.constant(4), {}});
   Builder b(p);
@@ -208,23 +209,30 @@ inline Program make_pipeline(int stages, int microbatches) {
     std::uint32_t prev = s > 0 ? peer(s - 1) : kNoIndex, next = s + 1 < stages ? peer(s + 1) : kNoIndex;
     std::vector<NameId> sends;
     auto wait = [&](NameId h) { b.op(OpKind::Wait, {}, {}).attrs.handle = h; };
+    // An async receive waited at once, and an isend waited at the end of the step.
+    auto recv = [&](NameId into, std::uint32_t from, NameId h) {
+      Op& r = b.op(OpKind::Recv, {}, {into});
+      r.attrs.coords = from;
+      r.attrs.handle = h;
+      wait(h);
+    };
+    auto send = [&](NameId what, std::uint32_t to, NameId h) {
+      Op& sd = b.op(OpKind::Send, {what}, {});
+      sd.attrs.coords = to;
+      sd.attrs.handle = h;
+      sends.push_back(h);
+    };
     for (int m = 0; m < microbatches; ++m) {
       std::string M = std::to_string(m);
       NameId in = b.name("x");
       if (prev != kNoIndex) {
         in = b.name("a_in" + M);
-        Op& r = b.op(OpKind::Recv, {}, {in});
-        r.attrs.coords = prev;
-        r.attrs.handle = b.name("hr" + M);
-        wait(r.attrs.handle);
+        recv(in, prev, b.name("hr" + M));
       }
       b.op(OpKind::MatMul, {in, b.name("w")}, {b.name("z" + M)});
       b.op(OpKind::GELU, {b.name("z" + M)}, {b.name("a_out" + M)});
       if (next != kNoIndex) {
-        Op& sd = b.op(OpKind::Send, {b.name("a_out" + M)}, {});
-        sd.attrs.coords = next;
-        sd.attrs.handle = b.name("hs" + M);
-        sends.push_back(sd.attrs.handle);
+        send(b.name("a_out" + M), next, b.name("hs" + M));
       }
     }
     for (int m = 0; m < microbatches; ++m) {
@@ -232,18 +240,12 @@ inline Program make_pipeline(int stages, int microbatches) {
       NameId g = b.name("a_out" + M);
       if (next != kNoIndex) {
         g = b.name("g_in" + M);
-        Op& r = b.op(OpKind::Recv, {}, {g});
-        r.attrs.coords = next;
-        r.attrs.handle = b.name("hgr" + M);
-        wait(r.attrs.handle);
+        recv(g, next, b.name("hgr" + M));
       }
       b.op(OpKind::Multiply, {g, b.name("z" + M)}, {b.name("dz" + M)});
       b.op(OpKind::MatMul, {b.name("dz" + M), b.name("w")}, {b.name("g_out" + M)});
       if (prev != kNoIndex) {
-        Op& sd = b.op(OpKind::Send, {b.name("g_out" + M)}, {});
-        sd.attrs.coords = prev;
-        sd.attrs.handle = b.name("hgs" + M);
-        sends.push_back(sd.attrs.handle);
+        send(b.name("g_out" + M), prev, b.name("hgs" + M));
       }
     }
     for (NameId h : sends) wait(h);
