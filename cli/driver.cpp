@@ -65,6 +65,12 @@ bool write_file(const std::string& path, const std::string& text, std::ostream& 
   return true;
 }
 
+// --p2p-model, when given (it overrides the file's `p2p_model`).
+std::optional<P2PModel> model_option(const Options& opt) {
+  if (opt.p2p_model.empty()) return std::nullopt;
+  return opt.p2p_model == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
+}
+
 bool is_csv(const std::string& path) { return fs::path(path).extension() == ".csv"; }
 
 // The schedule a file describes: a CSV file, or a program's `schedule:` (generated or a CSV next to it).
@@ -98,8 +104,7 @@ void check_schedule(FileResult& r, const Options& opt, std::ostream* dot) {
   r.diags = validate_schedule(s);
   bool invalid = std::any_of(r.diags.begin(), r.diags.end(), [](const Diagnostic& d) { return d.id == CheckId::ScheduleInvalid; });
   if (invalid) return;  // the simulation of an incomplete schedule would only repeat it
-  P2PModel model = r.program.has_p2p_model ? r.program.p2p_model : P2PModel::Eager;
-  if (!opt.p2p_model.empty()) model = opt.p2p_model == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
+  P2PModel model = model_option(opt).value_or(r.program.has_p2p_model ? r.program.p2p_model : P2PModel::Eager);
   Program lowered = lower_schedule(s, model);
   TemporalOptions to;
   to.dot = dot;
@@ -145,7 +150,7 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
   r.diags = check_spatial(r.program, so);
   TemporalOptions to;
   to.dot = dot;
-  if (!opt.p2p_model.empty()) to.p2p_model = opt.p2p_model == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
+  to.p2p_model = model_option(opt);
   for (auto& d : check_temporal(r.program, to)) r.diags.push_back(std::move(d));
   const Program& p = r.program;
   if (p.train || p.has_backward || opt.backward) {

@@ -115,7 +115,6 @@ class Loader {
       // The programs come from the schedule (expanded by schedules/, which the loader does not see).
     } else if (ops.IsDefined()) {
       load_ops(ops);
-      p_.programs.push_back({loc_of(ops), {}, 0, static_cast<std::uint32_t>(p_.ops.size())});
     } else {
       load_programs(programs);
     }

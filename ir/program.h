@@ -137,7 +137,7 @@ struct Program {
   std::vector<TensorDecl> tensors;
   std::vector<Op> ops;
   ScheduleSpec schedule;
-  std::vector<RankProgram> programs;       // always at least one (SPMD `ops:` is one program for all ranks)
+  std::vector<RankProgram> programs;       // `programs:` (per_rank); an `ops:` program has none (ir/ranks.h rank_programs)
   bool per_rank = false;                   // written with `programs:`
   bool has_p2p_model = false;
   P2PModel p2p_model = P2PModel::Rendezvous;

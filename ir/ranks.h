@@ -21,8 +21,8 @@ namespace spmd {
 // Vector clocks have one component per (rank, stream), so memory grows with representatives squared.
 inline constexpr int kMaxRepresentatives = 4096;
 
-// The programs of `p`: its `programs:` list, or one program over every op for a plain `ops:` list
-// (also for programs built in code that never filled Program::programs).
+// The programs of `p`: its `programs:` list (per_rank), or one program over every op for a plain
+// `ops:` list (also when code appends ops to it, as the derived backward does).
 std::vector<RankProgram> rank_programs(const Program& p);
 
 struct RankSpace {

@@ -443,14 +443,21 @@ std::vector<Diagnostic> validate_schedule(const Schedule& s) { return Validator(
 
 // ---- lowering ----------------------------------------------------------------------------------
 
-Schedule with_comms(const Schedule& s) {
-  if (s.has_comms) return s;
+// Stage -> rank: the first rank whose row computes the stage (-1: none). Validation reports a stage
+// computed on two ranks; lowering goes on with the first owner.
+std::vector<int> stage_owners(const Schedule& s) {
   std::vector<int> owner(static_cast<std::size_t>(s.stages), -1);
   for (std::size_t r = 0; r < s.rows.size(); ++r)
     for (const auto& a : s.rows[r])
       if (a)
         for (const Step& x : steps(*a))
           if (is_compute(x.type) && owner[static_cast<std::size_t>(x.stage)] < 0) owner[static_cast<std::size_t>(x.stage)] = static_cast<int>(r);
+  return owner;
+}
+
+Schedule with_comms(const Schedule& s) {
+  if (s.has_comms) return s;
+  std::vector<int> owner = stage_owners(s);
   auto remote = [&](int st, int r) { return st >= 0 && st < s.stages && owner[static_cast<std::size_t>(st)] >= 0 && owner[static_cast<std::size_t>(st)] != r; };
   Schedule out = s;
   out.has_comms = true;
@@ -501,13 +508,7 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
   p.has_p2p_model = true;
   p.p2p_model = model;
   p.per_rank = true;
-  // Stage -> rank from compute (validation has reported conflicts; the first owner wins here).
-  std::vector<int> owner(static_cast<std::size_t>(s.stages), -1);
-  for (int r = 0; r < ranks; ++r)
-    for (const auto& a : s.rows[static_cast<std::size_t>(r)])
-      if (a)
-        for (const Step& x : steps(*a))
-          if (is_compute(x.type) && owner[static_cast<std::size_t>(x.stage)] < 0) owner[static_cast<std::size_t>(x.stage)] = r;
+  std::vector<int> owner = stage_owners(s);
   auto decl = [&](const std::string& n, bool param) {
     TensorDecl t;
     t.name = p.intern(n);
