@@ -36,8 +36,9 @@ bool Checker::map_partials(Value& o, int i, PointwiseMap f, const std::string& w
 void Checker::nonlinear() {
   Value& o = out() = in(0);
   if (op_->kind == OpKind::FP8Quantize) o.dtype = at().has_dtype ? at().dtype : DType::FP8E4M3;
-  // ReLU and rounding to the nearest fp8 value are monotone non-decreasing: they keep a pending max or min.
-  bool up = op_->kind == OpKind::ReLU || op_->kind == OpKind::FP8Quantize;
+  // ReLU is monotone non-decreasing: it keeps a pending max or min. FP8Quantize is not taken as monotone: a
+  // real FP8 recipe scales by each rank's own amax first, which does not commute with the reduction.
+  bool up = op_->kind == OpKind::ReLU;
   map_partials(o, 0, up ? PointwiseMap::monotone_up() : PointwiseMap::opaque(), opname());
 }
 
