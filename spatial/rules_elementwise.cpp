@@ -17,16 +17,15 @@ bool Checker::map_partials(Value& o, int i, PointwiseMap f, const std::string& w
       if (*r != p.op) set_from(o, a, Placement::p(*r), i);
       continue;
     }
-    std::string why;
+    std::string lacks;
     switch (p.op) {
-      case ReduceOp::Sum: why = fmt::format("{} is not linear, so applied to each summand it does not give the {} of the sum", what, what); break;
-      case ReduceOp::Avg: why = fmt::format("{} is not affine, so applied to each rank's value it does not give the {} of the average", what, what); break;
+      case ReduceOp::Sum: lacks = "linear"; break;
+      case ReduceOp::Avg: lacks = "affine"; break;
       case ReduceOp::Max:
-      case ReduceOp::Min:
-        why = fmt::format("{} is not monotone, so it does not commute with the pending {} ({} of the {} is not the {} of the {}s)", what,
-                          reduce_name(p.op), what, reduce_name(p.op), reduce_name(p.op), what);
-        break;
+      case ReduceOp::Min: lacks = "monotone"; break;
     }
+    std::string why = fmt::format("{} is not {}, so applying it to each rank's value does not give it applied to the pending {}", what, lacks,
+                                  reduce_name(p.op));
     partial_misuse(i, a, why, fix_text);
     return false;
   }
