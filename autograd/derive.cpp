@@ -321,7 +321,19 @@ class Deriver {
       case OpKind::SiLU:
       case OpKind::GELU:
       case OpKind::ReLU:
-      case OpKind::Dropout: return pointwise();
+      case OpKind::Dropout:
+      case OpKind::Exp:
+      case OpKind::Log:
+      case OpKind::Sqrt:
+      case OpKind::Rsqrt: return pointwise();
+      case OpKind::Neg: return neg();
+      case OpKind::Div:
+      case OpKind::Maximum:
+      case OpKind::Minimum:
+      case OpKind::Where:
+      case OpKind::ReduceMax:
+      case OpKind::ReduceMin:
+      case OpKind::LogSumExp: no_vjp("its VJP is not derived yet (issue 10); write the backward by hand in `backward:`");
       case OpKind::LayerNorm:
       case OpKind::RMSNorm: return norm();
       case OpKind::Softmax: return softmax();
@@ -469,6 +481,14 @@ class Deriver {
         sum_to(g0, ro, tin(k).dims(), tin(k).dtype, dst, &scratch);
       });
     }
+  }
+
+  // -x: the gradient is -dy (a pending max of dy becomes a min)
+  void neg() {
+    Placements g = dy_pl();
+    for (auto& q : g)
+      if (q.is_p() && (q.op == ReduceOp::Max || q.op == ReduceOp::Min)) q.op = q.op == ReduceOp::Max ? ReduceOp::Min : ReduceOp::Max;
+    contribute_in(0, g, [&](NameId dst) { emit(make(OpKind::Neg), {dy()}, dst); });
   }
 
   void pointwise() {

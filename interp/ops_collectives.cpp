@@ -259,7 +259,68 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
       }
       break;
     }
-    default: throw std::logic_error("step_group: not a collective: " + std::string(op_name(op.kind)));
+    case OpKind::MatMul:
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Multiply:
+    case OpKind::Div:
+    case OpKind::Maximum:
+    case OpKind::Minimum:
+    case OpKind::Where:
+    case OpKind::Neg:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::Rsqrt:
+    case OpKind::SiLU:
+    case OpKind::GELU:
+    case OpKind::ReLU:
+    case OpKind::Dropout:
+    case OpKind::LayerNorm:
+    case OpKind::RMSNorm:
+    case OpKind::Softmax:
+    case OpKind::Sum:
+    case OpKind::Mean:
+    case OpKind::ReduceMax:
+    case OpKind::ReduceMin:
+    case OpKind::LogSumExp:
+    case OpKind::FlashAttention:
+    case OpKind::Embedding:
+    case OpKind::CrossEntropyLoss:
+    case OpKind::Step:
+    case OpKind::TopKGate:
+    case OpKind::Expand:
+    case OpKind::PointwiseGrad:
+    case OpKind::NormGrad:
+    case OpKind::AttentionGrad:
+    case OpKind::EmbeddingGrad:
+    case OpKind::CrossEntropyGrad:
+    case OpKind::TopKGrad:
+    case OpKind::Send:
+    case OpKind::Recv:
+    case OpKind::Wait:
+    case OpKind::WaitAll:
+    case OpKind::OverlapRegion:
+    case OpKind::Cast:
+    case OpKind::LossScale:
+    case OpKind::FP8Quantize:
+    case OpKind::FP8Dequantize:
+    case OpKind::AmaxUpdate:
+    case OpKind::Reshape:
+    case OpKind::Transpose:
+    case OpKind::Reinterpret:
+    case OpKind::Convert:
+    case OpKind::SPMDGuard:
+    case OpKind::ZeROGatherParam:
+    case OpKind::ZeROScatterGrad:
+    case OpKind::ZeROPartitionOptState:
+    case OpKind::RingRotate:
+    case OpKind::RingAttentionStep:
+    case OpKind::RingAttention:
+    case OpKind::MoEDispatch:
+    case OpKind::MoECombine:
+    case OpKind::ExpertCompute:
+      throw std::logic_error("step_group: not a collective: " + std::string(op_name(op.kind)));
   }
   // After the collective the value is no longer labelled V over its axes (AllToAll of V keeps the label).
   if (global_ && !(op.kind == OpKind::AllToAll && (xs[0]->mask[static_cast<std::size_t>(dim_of(at.dim2, *xs[0]))] & axes) != axes)) vlabel_in_ &= ~axes;

@@ -1,11 +1,12 @@
 // interp/ops_elementwise.cpp - the numeric oracle: elementwise ops.
 //
-// Ops: SiLU/GELU/ReLU/FP8Quantize/Cast/LossScale/FP8Dequantize, Add/Sub/Multiply, Dropout, AmaxUpdate.
+// Ops: SiLU/GELU/ReLU/FP8Quantize/Cast/LossScale/FP8Dequantize/Neg/Exp/Log/Sqrt/Rsqrt, Add/Sub/Multiply/Div/
+// Maximum/Minimum, Where, Dropout, AmaxUpdate.
 #include "interp/runner.h"
 
 namespace spmd::interp {
 
-// SiLU, GELU, ReLU, FP8Quantize, Cast, LossScale, FP8Dequantize: a function of each element.
+// SiLU, GELU, ReLU, FP8Quantize, Cast, LossScale, FP8Dequantize, Neg, Exp, Log, Sqrt, Rsqrt: a function of each element.
 void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   const OpAttrs& at = op.attrs;
@@ -26,8 +27,72 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
         if (!at.has_dtype || !is_int(dt)) return x;
         return dt == DType::Bool ? (x != 0 ? 1.0 : 0.0) : std::trunc(x);
       case OpKind::LossScale: return x * at.number;
-      default: return x;
+      case OpKind::Neg: return -x;
+      case OpKind::Exp: return std::exp(x);
+      case OpKind::Log: return std::log(x);
+      case OpKind::Sqrt: return std::sqrt(x);
+      case OpKind::Rsqrt: return 1 / std::sqrt(x);
+      case OpKind::FP8Dequantize: return x;
+      case OpKind::MatMul:
+      case OpKind::Add:
+      case OpKind::Sub:
+      case OpKind::Multiply:
+      case OpKind::Div:
+      case OpKind::Maximum:
+      case OpKind::Minimum:
+      case OpKind::Where:
+      case OpKind::Dropout:
+      case OpKind::LayerNorm:
+      case OpKind::RMSNorm:
+      case OpKind::Softmax:
+      case OpKind::Sum:
+      case OpKind::Mean:
+      case OpKind::ReduceMax:
+      case OpKind::ReduceMin:
+      case OpKind::LogSumExp:
+      case OpKind::FlashAttention:
+      case OpKind::Embedding:
+      case OpKind::CrossEntropyLoss:
+      case OpKind::Step:
+      case OpKind::TopKGate:
+      case OpKind::Expand:
+      case OpKind::PointwiseGrad:
+      case OpKind::NormGrad:
+      case OpKind::AttentionGrad:
+      case OpKind::EmbeddingGrad:
+      case OpKind::CrossEntropyGrad:
+      case OpKind::TopKGrad:
+      case OpKind::AllReduce:
+      case OpKind::AllGather:
+      case OpKind::ReduceScatter:
+      case OpKind::Broadcast:
+      case OpKind::Reduce:
+      case OpKind::AllToAll:
+      case OpKind::Scatter:
+      case OpKind::Gather:
+      case OpKind::Send:
+      case OpKind::Recv:
+      case OpKind::Wait:
+      case OpKind::WaitAll:
+      case OpKind::OverlapRegion:
+      case OpKind::AmaxUpdate:
+      case OpKind::Reshape:
+      case OpKind::Transpose:
+      case OpKind::Reinterpret:
+      case OpKind::Convert:
+      case OpKind::SPMDGuard:
+      case OpKind::ZeROGatherParam:
+      case OpKind::ZeROScatterGrad:
+      case OpKind::ZeROPartitionOptState:
+      case OpKind::RingRotate:
+      case OpKind::RingAttentionStep:
+      case OpKind::RingAttention:
+      case OpKind::MoEDispatch:
+      case OpKind::MoECombine:
+      case OpKind::ExpertCompute:
+        break;  // not dispatched here
     }
+    return x;
   });
   return set_out(oi, r, 0, std::move(v), taint);
 }
@@ -42,7 +107,81 @@ void Runner::amax(int oi, std::int64_t r, const std::string& taint) {
 
 void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
-  auto f = [&](double a, double b) { return op.kind == OpKind::Add ? a + b : op.kind == OpKind::Sub ? a - b : a * b; };
+  auto f = [&](double a, double b) {
+    switch (op.kind) {
+      case OpKind::Add: return a + b;
+      case OpKind::Sub: return a - b;
+      case OpKind::Div: return a / b;
+      case OpKind::Maximum: return std::max(a, b);
+      case OpKind::Minimum: return std::min(a, b);
+      case OpKind::MatMul:
+      case OpKind::Multiply:
+      case OpKind::Where:
+      case OpKind::Neg:
+      case OpKind::Exp:
+      case OpKind::Log:
+      case OpKind::Sqrt:
+      case OpKind::Rsqrt:
+      case OpKind::SiLU:
+      case OpKind::GELU:
+      case OpKind::ReLU:
+      case OpKind::Dropout:
+      case OpKind::LayerNorm:
+      case OpKind::RMSNorm:
+      case OpKind::Softmax:
+      case OpKind::Sum:
+      case OpKind::Mean:
+      case OpKind::ReduceMax:
+      case OpKind::ReduceMin:
+      case OpKind::LogSumExp:
+      case OpKind::FlashAttention:
+      case OpKind::Embedding:
+      case OpKind::CrossEntropyLoss:
+      case OpKind::Step:
+      case OpKind::TopKGate:
+      case OpKind::Expand:
+      case OpKind::PointwiseGrad:
+      case OpKind::NormGrad:
+      case OpKind::AttentionGrad:
+      case OpKind::EmbeddingGrad:
+      case OpKind::CrossEntropyGrad:
+      case OpKind::TopKGrad:
+      case OpKind::AllReduce:
+      case OpKind::AllGather:
+      case OpKind::ReduceScatter:
+      case OpKind::Broadcast:
+      case OpKind::Reduce:
+      case OpKind::AllToAll:
+      case OpKind::Scatter:
+      case OpKind::Gather:
+      case OpKind::Send:
+      case OpKind::Recv:
+      case OpKind::Wait:
+      case OpKind::WaitAll:
+      case OpKind::OverlapRegion:
+      case OpKind::Cast:
+      case OpKind::LossScale:
+      case OpKind::FP8Quantize:
+      case OpKind::FP8Dequantize:
+      case OpKind::AmaxUpdate:
+      case OpKind::Reshape:
+      case OpKind::Transpose:
+      case OpKind::Reinterpret:
+      case OpKind::Convert:
+      case OpKind::SPMDGuard:
+      case OpKind::ZeROGatherParam:
+      case OpKind::ZeROScatterGrad:
+      case OpKind::ZeROPartitionOptState:
+      case OpKind::RingRotate:
+      case OpKind::RingAttentionStep:
+      case OpKind::RingAttention:
+      case OpKind::MoEDispatch:
+      case OpKind::MoECombine:
+      case OpKind::ExpertCompute:
+        break;  // Multiply (the rest are not dispatched here)
+    }
+    return a * b;
+  };
   if (op.n_in == 1) {
     Val v = in(oi, r, 0);
     double s = op.attrs.number;
@@ -57,6 +196,29 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
   Tensor xl = align(x, slice_target(x, o.mask), c, p_.name(p_.ins(op)[0]));
   Tensor yl = align(y, slice_target(y, o.mask), c, p_.name(p_.ins(op)[1]));
   o.t = binary(xl, yl, f);
+  set_out(oi, r, 0, std::move(o), taint);
+}
+
+// Where(mask, a, b): the three operands broadcast together, each rank reading its block of each.
+void Runner::where(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  const Val& m = in(oi, r, 0);
+  const Val& x = in(oi, r, 1);
+  const Val& y = in(oi, r, 2);
+  Val xy;
+  xy.gshape = broadcast_shapes(x.gshape, y.gshape);
+  xy.mask = union_masks(x, y, xy.gshape.size());
+  Val o;
+  o.gshape = broadcast_shapes(m.gshape, xy.gshape);
+  o.mask = union_masks(m, xy, o.gshape.size());
+  auto ins = p_.ins(op);
+  Tensor ml = align(m, slice_target(m, o.mask), c, p_.name(ins[0]));
+  Tensor xl = align(x, slice_target(x, o.mask), c, p_.name(ins[1]));
+  Tensor yl = align(y, slice_target(y, o.mask), c, p_.name(ins[2]));
+  // two selections that never overlap, then their union (b where the mask is zero)
+  Tensor sel = binary(ml, binary(xl, yl, [](double a, double) { return a; }), [](double k, double a) { return k != 0 ? a : 0.0; });
+  Tensor other = binary(ml, binary(yl, xl, [](double b, double) { return b; }), [](double k, double b) { return k != 0 ? 0.0 : b; });
+  o.t = binary(sel, other, [](double a, double b) { return a + b; });
   set_out(oi, r, 0, std::move(o), taint);
 }
 

@@ -1,6 +1,6 @@
 // interp/ops_reduction.cpp - the numeric oracle: reductions, norms and the loss.
 //
-// Ops: Softmax, LayerNorm/RMSNorm, Sum/Mean, TopKGate, CrossEntropyLoss (also vocab-parallel, whose max
+// Ops: Softmax, LayerNorm/RMSNorm, Sum/Mean/ReduceMax/ReduceMin/LogSumExp, TopKGate, CrossEntropyLoss (also vocab-parallel, whose max
 // and sums all-reduce inside).
 #include "interp/runner.h"
 
@@ -60,7 +60,16 @@ void Runner::reduce_dims(int oi, std::int64_t r, const std::string& taint) {
   const Val& x = in(oi, r, 0);
   auto dims = norm_dims(op.attrs.dims, x.t.rank(), false);
   Val o;
-  o.t = reduce(x.t, dims, op.attrs.keepdim, 0.0, [](double a, double b) { return a + b; });
+  auto sum = [](double a, double b) { return a + b; };
+  if (op.kind == OpKind::ReduceMax) o.t = reduce(x.t, dims, op.attrs.keepdim, -INFINITY, [](double a, double b) { return std::max(a, b); });
+  else if (op.kind == OpKind::ReduceMin) o.t = reduce(x.t, dims, op.attrs.keepdim, INFINITY, [](double a, double b) { return std::min(a, b); });
+  else if (op.kind == OpKind::LogSumExp) {  // m + log(sum(exp(x - m))), m the max of each group
+    Tensor m = reduce(x.t, dims, true, -INFINITY, [](double a, double b) { return std::max(a, b); });
+    Tensor e = binary(x.t, m, [](double a, double b) { return std::isinf(b) ? 0.0 : std::exp(a - b); });
+    Tensor s = reduce(e, dims, true, 0.0, sum);
+    Tensor l = binary(s, m, [](double a, double b) { return std::isinf(b) ? b : b + std::log(a); });
+    o.t = op.attrs.keepdim ? l : reduce(l, dims, false, 0.0, sum);  // drop the kept size-1 dims
+  } else o.t = reduce(x.t, dims, op.attrs.keepdim, 0.0, sum);
   if (op.kind == OpKind::Mean) {
     std::int64_t n = 1;
     for (int d : dims) n *= x.t.shape[static_cast<std::size_t>(d)];

@@ -265,7 +265,16 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::MatMul: return matmul(oi, r, c, taint);
     case OpKind::Add:
     case OpKind::Sub:
-    case OpKind::Multiply: return elementwise(oi, r, c, taint);
+    case OpKind::Multiply:
+    case OpKind::Div:
+    case OpKind::Maximum:
+    case OpKind::Minimum: return elementwise(oi, r, c, taint);
+    case OpKind::Where: return where(oi, r, c, taint);
+    case OpKind::Neg:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::Rsqrt:
     case OpKind::SiLU:
     case OpKind::GELU:
     case OpKind::ReLU:
@@ -278,7 +287,10 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::RMSNorm: return norm(oi, r, c, taint);
     case OpKind::Softmax: return softmax(oi, r, taint);
     case OpKind::Sum:
-    case OpKind::Mean: return reduce_dims(oi, r, taint);
+    case OpKind::Mean:
+    case OpKind::ReduceMax:
+    case OpKind::ReduceMin:
+    case OpKind::LogSumExp: return reduce_dims(oi, r, taint);
     case OpKind::FlashAttention: return attention(oi, r, taint);
     case OpKind::Embedding: return embedding(oi, r, c, taint);
     case OpKind::CrossEntropyLoss: return cross_entropy(oi, {r});
@@ -298,7 +310,33 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::WaitAll: return;  // async values are available at their op; a Wait moves no data
     // Opaque ops (OverlapRegion, a schedule's Step) and the gradient ops of derived backwards have no
     // numeric kernel yet: the program is skipped with the reason, never counted as agreement.
-    default: throw InterpError(std::string(op_name(op.kind)) + " has no numeric kernel in the oracle");
+    case OpKind::Step:
+    case OpKind::Expand:
+    case OpKind::PointwiseGrad:
+    case OpKind::NormGrad:
+    case OpKind::AttentionGrad:
+    case OpKind::EmbeddingGrad:
+    case OpKind::CrossEntropyGrad:
+    case OpKind::TopKGrad:
+    case OpKind::AllReduce:
+    case OpKind::AllGather:
+    case OpKind::ReduceScatter:
+    case OpKind::Broadcast:
+    case OpKind::Reduce:
+    case OpKind::AllToAll:
+    case OpKind::Scatter:
+    case OpKind::Gather:
+    case OpKind::OverlapRegion:
+    case OpKind::ZeROGatherParam:
+    case OpKind::ZeROScatterGrad:
+    case OpKind::ZeROPartitionOptState:
+    case OpKind::RingRotate:
+    case OpKind::RingAttentionStep:
+    case OpKind::RingAttention:
+    case OpKind::MoEDispatch:
+    case OpKind::MoECombine:
+    case OpKind::ExpertCompute:
+      throw InterpError(std::string(op_name(op.kind)) + " has no numeric kernel in the oracle");
   }
 }
 

@@ -102,6 +102,7 @@ class Runner {
   std::int64_t peer(const Op& op, std::int64_t r) const;
   std::deque<Val>& queue(const Op& op, std::int64_t r, bool incoming);
   static void softmax_line(std::vector<double>& x);
+  void where(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void matmul(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void dropout(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);

@@ -554,6 +554,7 @@ class Loader {
         double d = std::strtod(s.c_str(), &end);
         if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(d)) fail(v, what + " must be a finite number, got " + kind_of(v));
         if (n == "p" && (d < 0 || d >= 1)) fail(v, what + " must be in [0, 1)");
+        if (n == "scalar" && d == 0 && op.kind == OpKind::Div) fail(v, what + " must not be 0 (Div divides by it)");
         a.number = d;
         a.has_number = true;
         return;

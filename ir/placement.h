@@ -60,6 +60,7 @@ struct PointwiseMap {
   static PointwiseMap offset(int slope) { return {false, true, slope}; }             // x + b, x - b (+1); b - x (-1)
   static PointwiseMap times_unknown_sign() { return {true, true, 0}; }               // x * y, y a replicated tensor
   static PointwiseMap monotone_up() { return {false, false, +1}; }                   // ReLU, integer casts
+  static PointwiseMap monotone_down() { return {false, false, -1}; }                 // Rsqrt (on its domain)
   static PointwiseMap opaque() { return {}; }                                        // GELU, SiLU, cast to bool, ...
 };
 // The reduction the result is pending under, or nullopt when f does not commute with op.

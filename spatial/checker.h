@@ -133,6 +133,10 @@ class Checker {
   void loss_scale();
   void dropout();
   void add_like(bool multiply);
+  bool combine_layout(Value& o, int a, int i, Placement x, int j, Placement y, int ro);
+  void math_unary();
+  void div_minmax();
+  void where();
   void matmul();
   bool attr_dims(int rank, std::vector<int>& dims, const std::string& tensor);
   void norm();

@@ -411,6 +411,15 @@ void Checker::apply() {
     case OpKind::Add:
     case OpKind::Sub: return add_like(false);
     case OpKind::Multiply: return add_like(true);
+    case OpKind::Div:
+    case OpKind::Maximum:
+    case OpKind::Minimum: return div_minmax();
+    case OpKind::Where: return where();
+    case OpKind::Neg:
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Sqrt:
+    case OpKind::Rsqrt: return math_unary();
     case OpKind::SiLU:
     case OpKind::GELU:
     case OpKind::ReLU:
@@ -421,7 +430,10 @@ void Checker::apply() {
     case OpKind::RMSNorm: return norm();
     case OpKind::Softmax: return softmax();
     case OpKind::Sum:
-    case OpKind::Mean: return reduce_dims();
+    case OpKind::Mean:
+    case OpKind::ReduceMax:
+    case OpKind::ReduceMin:
+    case OpKind::LogSumExp: return reduce_dims();
     case OpKind::FlashAttention: return attention();
     case OpKind::Embedding: return embedding();
     case OpKind::CrossEntropyLoss: return cross_entropy();

@@ -192,23 +192,31 @@ void Checker::add_like(bool multiply) {
       set_from(o, a, Placement::p(*r), pi);
       continue;
     }
-    if (x == y) {
-      set_from(o, a, x, 0);
-    } else if (x.is_r() || (x.is_v() && y.is_s())) {  // R (or V) with S(d): read as its local slice, so S(d)
-      if (y.is_s() && !slice_ok(0, a, y.dim - (ro - in(0).rank), 1)) return;
-      set_from(o, a, y, 1);
-    } else if (y.is_r() || (y.is_v() && x.is_s())) {
-      if (x.is_s() && !slice_ok(1, a, x.dim - (ro - in(1).rank), 0)) return;
-      set_from(o, a, x, 0);
-    } else if (x.is_s() && y.is_s()) {
-      return layout_conflict(fmt::format("{} combines {} (S({}) over {}) with {} (S({}) over {} in the output's dims): the two are split along "
-                                         "different dims, so their local pieces do not line up",
-                                         op, iname(0), pin(0, a).dim, axn(a), iname(1), pin(1, a).dim, axn(a)),
-                             iname(1), 1, a, fix_allgather(iname(1), a, pin(1, a).dim));
-    } else {
-      set_new(o, a, Placement::v(), fmt::format("{} of {} and {} gives per-rank values", op, ps(x), ps(y)));  // V with S or V
-    }
+    if (!combine_layout(o, a, 0, x, 1, y, ro)) return;
   }
+}
+
+// The layout on axis a of an elementwise combination of inputs i and j when neither is P there (x, y:
+// their placements renumbered into the output's rank ro). False after a report.
+bool Checker::combine_layout(Value& o, int a, int i, Placement x, int j, Placement y, int ro) {
+  if (x == y) {
+    set_from(o, a, x, i);
+  } else if (x.is_r() || (x.is_v() && y.is_s())) {  // R (or V) with S(d): read as its local slice, so S(d)
+    if (y.is_s() && !slice_ok(i, a, y.dim - (ro - in(i).rank), j)) return false;
+    set_from(o, a, y, j);
+  } else if (y.is_r() || (y.is_v() && x.is_s())) {
+    if (x.is_s() && !slice_ok(j, a, x.dim - (ro - in(j).rank), i)) return false;
+    set_from(o, a, x, i);
+  } else if (x.is_s() && y.is_s()) {
+    layout_conflict(fmt::format("{} combines {} (S({}) over {}) with {} (S({}) over {} in the output's dims): the two are split along "
+                                "different dims, so their local pieces do not line up",
+                                opname(), iname(i), pin(i, a).dim, axn(a), iname(j), pin(j, a).dim, axn(a)),
+                    iname(j), j, a, fix_allgather(iname(j), a, pin(j, a).dim));
+    return false;
+  } else {
+    set_new(o, a, Placement::v(), fmt::format("{} of {} and {} gives per-rank values", opname(), ps(x), ps(y)));  // V with S or V
+  }
+  return true;
 }
 
 void Checker::amax() {

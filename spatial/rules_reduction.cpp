@@ -1,6 +1,6 @@
 // spatial/rules_reduction.cpp - placement and shape rules of the reductions and norms
 //
-// Ops: LayerNorm/RMSNorm, Softmax, Sum/Mean, CrossEntropyLoss, TopKGate. Dispatched from Checker::apply()
+// Ops: LayerNorm/RMSNorm, Softmax, Sum/Mean/ReduceMax/ReduceMin/LogSumExp, CrossEntropyLoss, TopKGate. Dispatched from Checker::apply()
 // in rules.cpp.
 #include "spatial/checker.h"
 
@@ -73,6 +73,12 @@ void Checker::softmax() {
 void Checker::reduce_dims() {
   const Value& x = in(0);
   bool mean = op_->kind == OpKind::Mean;
+  // the reduction a sharded reduced dim leaves pending (LogSumExp: none, so it needs the dim whole)
+  std::optional<ReduceOp> leaves;
+  if (op_->kind == OpKind::Sum) leaves = ReduceOp::Sum;
+  else if (mean) leaves = ReduceOp::Avg;
+  else if (op_->kind == OpKind::ReduceMax) leaves = ReduceOp::Max;
+  else if (op_->kind == OpKind::ReduceMin) leaves = ReduceOp::Min;
   std::vector<int> dims;
   if (!attr_dims(x.rank, dims, iname(0))) return;
   Value& o = out();
@@ -89,9 +95,17 @@ void Checker::reduce_dims() {
   for (int a = 0; a < axes(); ++a) {
     Placement p = pin(0, a);
     if (p.is_p()) {
-      if (!p.linear_partial()) return partial_misuse(0, a, "a sum does not commute with a pending max or min");
+      // sum and avg over dims commute with a pending sum or avg; max over dims with a pending max, min with min;
+      // log-sum-exp with none
+      bool ok = leaves && (*leaves == ReduceOp::Sum || *leaves == ReduceOp::Avg ? p.linear_partial() : p.op == *leaves);
+      if (!ok)
+        return partial_misuse(0, a, leaves ? fmt::format("a {} over dims does not commute with a pending {}", reduce_name(*leaves), reduce_name(p.op))
+                                           : "the log-sum-exp of a pending reduction is not any reduction of the per-rank log-sum-exps");
       set_from(o, a, p, 0);
     } else if (p.is_s() && std::find(dims.begin(), dims.end(), p.dim) != dims.end()) {
+      if (!leaves)
+        return sharded_dim(0, a, p.dim, "each rank would take the log-sum-exp of its own slice, and those combine by another log-sum-exp, "
+                                        "which no pending reduction expresses");
       if (mean && x.uneven) {
         std::vector<Note> notes;
         origin_note(notes, x, a);
@@ -102,9 +116,9 @@ void Checker::reduce_dims() {
                                   p.dim, iname(0), axn(a)),
                       iname(0), std::move(notes));
       }
-      set_new(o, a, Placement::p(mean ? ReduceOp::Avg : ReduceOp::Sum),
+      set_new(o, a, Placement::p(*leaves),
               fmt::format("{} over dim {}, which is sharded S({}) over {}: each rank holds the {} of its slice only", opname(), p.dim, p.dim, axn(a),
-                          mean ? "mean" : "sum"));
+                          mean ? "mean" : reduce_name(*leaves)));
     } else if (p.is_s()) {
       set_from(o, a, Placement::s(renumber[static_cast<std::size_t>(p.dim)]), 0);
     } else {
