@@ -298,7 +298,18 @@ class Gen {
     if (!x) return;
     GVal o{fresh("u"), x->shape};
     std::string xn = x->name;
-    switch (rng_.below(9)) {
+    // Log, Sqrt and Rsqrt only after an Exp, so their inputs are in their domain
+    auto after_exp = [&](const char* f) {
+      GVal e{fresh("u"), x->shape};
+      emit("Exp", {xn}, {e});
+      return emit(f, {e.name}, {o});
+    };
+    switch (rng_.below(14)) {
+      case 9: return emit("Neg", {xn}, {o});
+      case 10: return emit("Exp", {xn}, {o});
+      case 11: return after_exp("Log");
+      case 12: return after_exp("Sqrt");
+      case 13: return after_exp("Rsqrt");
       case 0: return emit("GELU", {xn}, {o});
       case 1: return emit("SiLU", {xn}, {o});
       case 2: return emit("ReLU", {xn}, {o});
@@ -319,11 +330,24 @@ class Gen {
     const GVal* x = pick_value([](const GVal&) { return true; });
     if (!x) return;
     GVal xv = *x;
-    const char* kinds[] = {"Add", "Sub", "Multiply"};
-    std::string k = kinds[rng_.below(3)];
+    const char* kinds[] = {"Add", "Sub", "Multiply", "Div", "Maximum", "Minimum", "Where"};
+    std::string k = kinds[rng_.below(7)];
     GVal o{fresh("e"), xv.shape};
     double r = rng_.unit();
-    if (r < 0.15) return emit(k, {xv.name}, {o}, rng_.pick(std::vector<std::string>{"scalar: 1.5", "scalar: 1.5", "scalar: -2", "scalar: 0"}));
+    if (k == "Where") {  // a mask with zeros: an input cast to i32 (values round to 0 often), then to bool
+      std::string m0 = new_input(xv.shape, false, &xv);
+      GVal mi{fresh("mk"), xv.shape}, mb{fresh("mk"), xv.shape};
+      emit("Cast", {m0}, {mi}, "dtype: i32");
+      emit("Cast", {mi.name}, {mb}, "dtype: bool");
+      const GVal* y = pick_value([&](const GVal& v) { return v.shape == xv.shape && v.name != xv.name && v.name != mb.name && v.name != mi.name; });
+      std::string yn = y && rng_.chance(0.5) ? y->name : new_input(xv.shape, false, &xv);
+      return rng_.chance(0.5) ? emit(k, {mb.name, xv.name, yn}, {o}) : emit(k, {mb.name, yn, xv.name}, {o});
+    }
+    if (r < 0.15) {
+      std::vector<std::string> scalars{"scalar: 1.5", "scalar: 1.5", "scalar: -2", "scalar: 0"};
+      if (k == "Div") scalars.back() = "scalar: -0.5";
+      return emit(k, {xv.name}, {o}, rng_.pick(scalars));
+    }
     if (r < 0.5) {
       const GVal* y = pick_value([&](const GVal& v) { return v.shape == xv.shape && v.name != xv.name; });
       if (y) {
@@ -405,7 +429,8 @@ class Gen {
     std::string ds = "[";
     for (std::size_t i = 0; i < dims.size(); ++i) ds += (i ? ", " : "") + std::to_string(dims[i]);
     ds += "]";
-    emit(rng_.chance(0.5) ? "Sum" : "Mean", {xv.name}, {GVal{fresh("r"), os}}, "dims: " + ds + (keep ? ", keepdim: true" : ""));
+    const char* kinds[] = {"Sum", "Mean", "ReduceMax", "ReduceMin", "LogSumExp"};
+    emit(rng_.chance(0.4) ? kinds[rng_.below(2)] : kinds[rng_.below(5)], {xv.name}, {GVal{fresh("r"), os}}, "dims: " + ds + (keep ? ", keepdim: true" : ""));
   }
 
   void softmax_op() {
