@@ -328,6 +328,8 @@ class Deriver {
       case OpKind::Rsqrt: return pointwise();
       case OpKind::Neg: return neg();
       case OpKind::Div:
+        if (op_->n_in == 1) return div_scalar();
+        no_vjp("the VJP of a tensor divisor is not derived yet (issue 10); write the backward by hand in `backward:`");
       case OpKind::Maximum:
       case OpKind::Minimum:
       case OpKind::Where:
@@ -489,6 +491,20 @@ class Deriver {
     for (auto& q : g)
       if (q.is_p() && (q.op == ReduceOp::Max || q.op == ReduceOp::Min)) q.op = q.op == ReduceOp::Max ? ReduceOp::Min : ReduceOp::Max;
     contribute_in(0, g, [&](NameId dst) { emit(make(OpKind::Neg), {dy()}, dst); });
+  }
+
+  // x / c: the gradient is dy / c (a negative c swaps a pending max and min)
+  void div_scalar() {
+    Placements g = dy_pl();
+    if (op_->attrs.number < 0)
+      for (auto& q : g)
+        if (q.is_p() && (q.op == ReduceOp::Max || q.op == ReduceOp::Min)) q.op = q.op == ReduceOp::Max ? ReduceOp::Min : ReduceOp::Max;
+    contribute_in(0, g, [&](NameId dst) {
+      Op d = make(OpKind::Div);
+      d.attrs.number = op_->attrs.number;
+      d.attrs.has_number = true;
+      emit(d, {dy()}, dst);
+    });
   }
 
   void pointwise() {
