@@ -116,6 +116,7 @@ struct Assembled {
 };
 
 bool close(double a, double b, double tol) {
+  if (a == b) return true;  // equal infinities (a division by zero on both sides) agree; inf - inf would be NaN
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
   return std::abs(a - b) <= tol;
 }
@@ -375,7 +376,7 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
     std::int64_t first = -1;
     for (std::size_t e = 0; e < g.t.data.size(); ++e) {
       double x = a.t.data[e], y = g.t.data[e];
-      double d = std::isnan(x) != std::isnan(y) ? INFINITY : std::isnan(x) ? 0.0 : std::abs(x - y);
+      double d = x == y ? 0.0 : std::isnan(x) != std::isnan(y) ? INFINITY : std::isnan(x) ? 0.0 : std::abs(x - y);
       worst = std::max(worst, d);
       if (first < 0 && !close(x, y, tol)) first = static_cast<std::int64_t>(e);
     }
