@@ -393,6 +393,7 @@ class TrainingChecker {
                                 f.loc.line, sig_text(t, want), why(f.kind, f.attrs.dst_invariant));
         d.notes.push_back({f.loc, fmt::format("the forward {} whose dual is needed", op_name(f.kind))});
         d.notes.push_back({op.loc, "fix: replace it with " + sig_yaml(t, want, bwd_in(j), bwd_out(j))});
+        d.fix = {FixKind::Replace, static_cast<int>(j - first_bwd_), op.loc.line, "", sig_yaml(t, want, bwd_in(j), bwd_out(j))};
       } else {
         d.message = fmt::format("backward {} is the dual of no forward collective: nothing in the forward made {} need it", sig_text(t, s), bwd_in(j));
         d.notes.push_back({op.loc, "fix: remove it (if it synchronizes a parameter gradient, move it to `grad_sync:`)"});
@@ -487,12 +488,16 @@ class TrainingChecker {
       std::uint32_t avg = 0;
       for (int a = 0; a < t.axis_count(); ++a)
         if ((bad & (1u << a)) && g->pl[static_cast<std::size_t>(a)].is_p() && g->pl[static_cast<std::size_t>(a)].op == ReduceOp::Avg) avg |= 1u << a;
-      std::string ins;
+      std::string ins, yaml;
       if (bad & ~avg) ins += fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}}}", it->first, it->first, axis_attr(t, bad & ~avg));
-      if (avg)
-        ins += fmt::format("{}{{op: AllReduce, in: [{}], out: {}, axis: {}, reduce: avg}}", ins.empty() ? "" : " and ", it->first, it->first,
-                           axis_attr(t, avg));
+      yaml = ins;
+      if (avg) {
+        std::string one = fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}, reduce: avg}}", it->first, it->first, axis_attr(t, avg));
+        ins += (ins.empty() ? "" : " and ") + one;
+        yaml += (yaml.empty() ? "" : "\n") + one;
+      }
       d.notes.push_back({where, fmt::format("fix: insert {} into `grad_sync:` (after the backward, before the optimizer step)", ins)});
+      d.fix = {FixKind::Append, -1, p_.has_grad_sync ? p_.grad_sync_loc.line : 0, "grad_sync", yaml};
       out.push_back(std::move(d));
     }
   }

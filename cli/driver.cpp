@@ -229,7 +229,8 @@ int cmd_check(const std::vector<std::string>& files, const std::string& format, 
                          {"op", nullptr},
                          {"tensor", nullptr},
                          {"ranks", nlohmann::json::array()},
-                         {"notes", nlohmann::json::array()}});
+                         {"notes", nlohmann::json::array()},
+                         {"fix", nullptr}});
       } else {
         diags = render_json(f, r.diags);
       }

@@ -149,6 +149,7 @@ class Engine {
                                       "nothing after it is ordered with it",
                                       op_name(op.kind), p_.name(h.name)));
       d.notes.push_back({op.loc, fmt::format("fix: insert {{op: Wait, handle: {}}} before the first use of its result", p_.name(h.name))});
+      d.fix = {FixKind::InsertAfter, h.op, op.loc.line, "", fmt::format("{{op: Wait, handle: {}}}", p_.name(h.name))};
       local(std::move(d), h.rank);
     }
   }
@@ -770,7 +771,8 @@ class Engine {
     const char* yverb = y.write ? "writes" : "reads";
     std::vector<Note> notes;
     CheckId id;
-    std::string msg;
+    std::string msg, wait_yaml;
+    std::uint32_t wait_from = 0, wait_all = 0;  // the line of a later Wait to move up, of a later WaitAll of the handle
     if (x.inst >= 0 && x.write && y.inst >= 0 && y.write) {
       id = CheckId::BufferAliasing;
       msg = fmt::format("{} ({}) writes {} while {} may still be writing it: two in-flight async ops write one buffer", op_name(yop.kind),
@@ -790,9 +792,36 @@ class Engine {
       const Instance& h = insts_[static_cast<std::size_t>(x.inst)];
       int ychain = events_[static_cast<std::size_t>(y.event)].chain;
       bool moved = h.wait_event >= 0 && events_[static_cast<std::size_t>(h.wait_event)].chain != ychain;
-      notes.push_back({yop.loc, h.name >= 0 && !moved ? fmt::format("fix: insert {{op: Wait, handle: {}{}}} before this op", p_.name(h.name),
-                                                                    ystream == "compute" ? "" : fmt::format(", stream: {}", ystream))
-                                                      : "fix: " + wait_fix(x.inst, ychain)});
+      if (h.name >= 0 && !moved)
+        wait_yaml = fmt::format("{{op: Wait, handle: {}{}}}", p_.name(h.name), ystream == "compute" ? "" : fmt::format(", stream: {}", ystream));
+      // a later Wait of this handle on this stream: moving it up is the fix (a second Wait would be invalid-wait)
+      if (!wait_yaml.empty())
+        for (std::uint32_t j = static_cast<std::uint32_t>(&yop - p_.ops.data()) + 1; j < ranks_[static_cast<std::size_t>(r)].end; ++j) {
+          const Op& w = op_at(static_cast<int>(j));
+          if (w.kind == OpKind::WaitAll && w.attrs.handles != kNoIndex) {
+            const auto& hs = p_.name_lists[w.attrs.handles];
+            if (std::find(hs.begin(), hs.end(), h.name) != hs.end()) {
+              wait_all = w.loc.line;
+              break;
+            }
+          }
+          if (w.attrs.handle != h.name) continue;
+          if (w.kind == OpKind::Wait && (w.attrs.stream >= 0 ? p_.name(w.attrs.stream) : std::string("compute")) == ystream) wait_from = w.loc.line;
+          break;
+        }
+      if (yop.kind == OpKind::OverlapRegion) {
+        // the region overlaps the op that writes what it reads: a Wait before it would leave nothing to overlap
+        wait_yaml.clear();
+        notes.push_back({yop.loc, fmt::format("fix: do not read {} in a region that overlaps the op writing it: read it after the Wait of {}", b,
+                                              inst_name(x.inst))});
+      } else if (wait_all) {
+        notes.push_back({yop.loc, fmt::format("fix: insert {} before this op and drop {} from the WaitAll at line {}", wait_yaml, p_.name(h.name), wait_all)});
+        wait_yaml.clear();  // two edits: no machine-readable form
+      } else {
+        notes.push_back({yop.loc, wait_from ? fmt::format("fix: move the {} at line {} before this op", wait_yaml, wait_from)
+                                  : !wait_yaml.empty() ? fmt::format("fix: insert {} before this op", wait_yaml)
+                                                       : "fix: " + wait_fix(x.inst, ychain)});
+      }
     } else {
       id = CheckId::DataRace;
       std::string xverb = x.write ? "writes" : "reads";
@@ -813,6 +842,7 @@ class Engine {
     }
     Diagnostic d = diag(id, yop, static_cast<int>(&yop - p_.ops.data()), std::move(msg));
     d.tensor = b;
+    if (!wait_yaml.empty()) d.fix = {wait_from ? FixKind::Move : FixKind::InsertBefore, d.op, yop.loc.line, "", wait_yaml, wait_from};
     d.notes = std::move(notes);
     local(std::move(d), r);
   }
