@@ -122,6 +122,7 @@ class Checker {
   void softmax();
   void reduce_dims();
   void attention();
+  bool kv_heads_held_whole(int a, int h);
   void embedding();
   void cross_entropy();
   void topk();
@@ -168,6 +169,7 @@ class Checker {
   bool is_one(ExprId e) const { return pool_.is_const(e) && pool_.value(e) == 1; }
 
   void reshape();
+  bool prefix_whole_per_rank(const Value& x, int from, int to);
 
   // ---- SPMD conversions ---------------------------------------------------------------------
   Placement norm_target(Placement t, int rank, bool& ok);
