@@ -40,6 +40,7 @@ struct Origin {
   Placement pl;
   int axis;
   std::string why;     // empty for a declaration
+  int op = -1;         // the op that created it, -1 for a declaration
 };
 
 class Checker {
@@ -103,6 +104,9 @@ class Checker {
   bool invariant_ok(std::initializer_list<int> which);
   void partial_misuse(int i, int a, const std::string& why, const std::string& fix_text = "");
   void sharded_dim(int i, int a, int d, const std::string& why);
+  // A shard of input `i` over axis `a` created on the wrong dim by a ReduceScatter, Scatter or AllToAll of
+  // this program, where dim `want` was needed: the fix is that op's `dim:` (a note and a machine fix).
+  bool scatter_dim_fix(const Value& v, int a, int want, std::vector<Note>& notes, Fix& fix) const;
   void layout_conflict(const std::string& msg, const std::string& tensor, int i, int a, const std::string& fix_text);
   void illegal(const std::string& msg, int a, const std::string& fix_text);
   bool broadcast_shape(const Value& x, const Value& y, Value& o);
