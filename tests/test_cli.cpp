@@ -65,9 +65,35 @@ TEST_CASE("JSON output follows the contract") {
   CHECK(d["tensor"] == "y_partial");
   CHECK(d["ranks"].is_array());
   CHECK(d["notes"].size() >= 2);
+  CHECK(d["fix"].is_null());  // text-only fix
   std::string broken = write_tmp("broken2.yaml", "mesh: [\n");
   auto e = nlohmann::json::parse(run({"check", "--format", "json", broken}).out);
   CHECK(e["files"][0]["verdict"] == "error");
+  CHECK(e["files"][0]["diagnostics"][0]["fix"].is_null());
+}
+
+TEST_CASE("JSON output: machine-readable fixes") {
+  auto first = [](const std::string& f) {
+    return nlohmann::json::parse(run({"check", "--format", "json", src(f)}).out)["files"][0]["diagnostics"][0]["fix"];
+  };
+  auto scatter = first("tests/programs/fixes/scatter_wrong_dim_bad.yaml");
+  CHECK(scatter["kind"] == "replace");
+  CHECK(scatter["line"] == 11);
+  CHECK(scatter["op_index"] == 1);
+  CHECK(scatter["yaml"] == "{op: ReduceScatter, in: [o_partial], out: o, axis: tp, dim: 1}");
+  auto amax = first("tests/programs/fixes/amax_two_axes_bad.yaml");
+  CHECK(amax["kind"] == "append");
+  CHECK(amax["section"] == "ops");
+  CHECK(amax["yaml"] == "{op: AllReduce, in: [amax], out: amax, axis: [dp, tp], reduce: max}");
+  auto sync = first("tests/programs/autograd/unsynced_dp_bad.yaml");
+  CHECK(sync["kind"] == "append");
+  CHECK(sync["section"] == "grad_sync");
+  CHECK(sync["yaml"] == "{op: AllReduce, in: [w.grad], out: w.grad, axis: dp}");
+  auto wait = first("examples/temporal/tp_overlap_wrong_handle.yaml");
+  CHECK(wait["kind"] == "move");
+  CHECK(wait["yaml"] == "{op: Wait, handle: ag}");
+  CHECK(wait["from_line"] == 20);
+  CHECK(wait["line"] == 19);
 }
 
 TEST_CASE("spmdcheck test: closing line and failures") {
