@@ -124,6 +124,14 @@ struct ScheduleSpec {
   Loc loc, kind_loc, csv_loc;
 };
 
+// A module instance (docs/format.md, "Modules"): ops [first_op, end_op) came from a module's body, expanded at
+// `loc`; `label` says which instance ("layer 37 of 80 ..."), `file` the included file of the body (empty: this one).
+struct Instance {
+  std::uint32_t first_op = 0, end_op = 0;
+  Loc loc;
+  std::string label, file;
+};
+
 struct Program {
   std::string file;
   std::string title;  // `name:` of the program
@@ -167,6 +175,7 @@ struct Program {
   bool has_grad_sync = false;
   Loc grad_sync_loc;
   std::vector<Op> grad_sync;
+  std::vector<Instance> instances;         // innermost first for nested ones
   bool has_expect = false;
   std::vector<std::string> expect;         // check IDs, as written
   Loc expect_loc;
