@@ -39,7 +39,8 @@ inline std::string kind_of(N n) {
 // Iterates a mapping, rejecting duplicate and unknown keys. `fn(key, value)`.
 template <class Fn>
 void for_each_key(N map, const std::vector<std::string>& allowed, const std::string& where, Fn fn) {
-  std::vector<std::string_view> seen;  // a few keys: a linear scan; many (a big `tensors:`): a hash set
+  std::string_view seen[32];  // a few keys: a linear scan; many (a big `tensors:`): a hash set
+  std::size_t n_seen = 0;
   std::unordered_set<std::string_view> many;
   for (auto it = map.begin(); it != map.end(); ++it) {
     const N k = *it;
@@ -47,11 +48,11 @@ void for_each_key(N map, const std::vector<std::string>& allowed, const std::str
     const N v = *it;
     if (!k.IsScalar()) fail(k, "a key in " + where + " must be a plain name");
     std::string_view key = k.sv();
-    bool dup = many.empty() ? std::find(seen.begin(), seen.end(), key) != seen.end() : !many.insert(key).second;
+    bool dup = many.empty() ? std::find(seen, seen + n_seen, key) != seen + n_seen : !many.insert(key).second;
     if (dup) fail(k, "duplicate key '" + k.Scalar() + "' in " + where);
     if (many.empty()) {
-      seen.push_back(key);
-      if (seen.size() > 32) many.insert(seen.begin(), seen.end());
+      if (n_seen == 32) many.insert(seen, seen + n_seen), many.insert(key);
+      else seen[n_seen++] = key;
     }
     if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
       fail(k, "unknown key '" + k.Scalar() + "' in " + where + suggestion(k.Scalar(), allowed) + " (allowed: " + join(allowed) + ")");
@@ -73,6 +74,10 @@ inline bool parse_bool(std::string_view s, bool& v) {
   if (s == "false" || s == "False" || s == "no") return v = false, true;
   return false;
 }
+
+inline const std::vector<std::string> kTopKeys = {"name", "description", "mesh", "sizes", "tensors", "ops", "outputs",
+                                                 "expect", "programs", "schedule", "train", "backward", "p2p_model",
+                                                 "loss", "grad_sync", "modules", "include"};
 
 // A module: a named op list with formal inputs and outputs, parameters and per-instance tensors.
 struct Module {
@@ -121,6 +126,11 @@ class Loader {
   bool load_bool(N b, const std::string& what);
   // ---- ops ----------------------------------------------------------------------------------
   std::vector<NameId> load_names(N n, const std::string& what, bool allow_scalar);
+  // The same for an op's `in`/`out` (a name or a list): into `out`, the message built only on an error.
+  void load_names_into(N n, const char* key, const std::string& where, std::vector<NameId>& out);
+  // Message parts per op kind, built once: its name, "attribute `x` of Op".
+  const std::string& info_name(OpKind k);
+  const std::string& attr_what(OpKind k, const AttrSpec& spec, const std::string& where);
   void load_ops(N n);
   // schedule: {kind: 1F1B, axis: pp, microbatches: 8, virtual_stages: 2} or {csv: file.csv, axis: pp}
   void load_schedule(N n);
@@ -155,6 +165,8 @@ class Loader {
   std::vector<std::string> include_stack_;
   std::vector<Scope> scopes_;
   std::unordered_set<std::string> prefixes_;
+  std::unordered_map<std::uint32_t, std::string> labels_;  // info_name / attr_what
+  std::vector<NameId> ins_, outs_;                         // load_op's scratch
 };
 
 }  // namespace spmd::load_detail

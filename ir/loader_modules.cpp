@@ -97,8 +97,9 @@ void Loader::load_includes(N n, std::vector<std::string>& stack) {
     try {
       read_document(text, doc);
       N root = doc.root();
-      if (!root.IsMap()) fail(root.IsDefined() ? root : N(), "an included file must be a mapping with `modules:`");
-      for_each_key(root, {"name", "description", "include", "modules"}, "an included file", [](N, N) {});
+      if (!root.IsMap()) fail(root.IsDefined() ? root : N(), "an included file must be a program (a mapping) with `modules:`");
+      // An included file is a program of its own (it may test its modules); only its modules are taken.
+      for_each_key(root, kTopKeys, "the program", [](N, N) {});
       stack.push_back(path.string());
       if (auto inc = root["include"]; inc.IsDefined()) load_includes(inc, stack);
       if (auto mods = root["modules"]; mods.IsDefined() && !mods.IsNull()) load_modules(mods, path.string());

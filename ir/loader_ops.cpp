@@ -5,6 +5,33 @@
 
 namespace spmd::load_detail {
 
+void Loader::load_names_into(N n, const char* key, const std::string& where, std::vector<NameId>& out) {
+  out.clear();
+  if (!n.IsDefined() || n.IsNull()) return;
+  if (n.IsScalar()) {
+    if (n.sv().empty()) fail(n, key + where + " must name a tensor");
+    out.push_back(name_id(n.sv()));
+    return;
+  }
+  if (!n.IsSequence()) fail(n, key + where + " must be a list of tensor names");
+  for (const auto& x : n) {
+    if (!x.IsScalar() || x.sv().empty()) fail(x, key + where + " must hold tensor names, got " + kind_of(x));
+    out.push_back(name_id(x.sv()));
+  }
+}
+
+const std::string& Loader::info_name(OpKind k) {
+  auto& s = labels_[static_cast<std::uint32_t>(k) << 8];
+  if (s.empty()) s = std::string(op_info(k).name);
+  return s;
+}
+
+const std::string& Loader::attr_what(OpKind k, const AttrSpec& spec, const std::string& where) {
+  auto& s = labels_[static_cast<std::uint32_t>(k) << 8 | static_cast<std::uint32_t>(&spec - op_info(k).attrs.data() + 1)];
+  if (s.empty()) s = "attribute `" + spec.name + "` of " + where;
+  return s;
+}
+
 std::vector<NameId> Loader::load_names(N n, const std::string& what, bool allow_scalar) {
   std::vector<NameId> out;
   if (!n.IsDefined() || n.IsNull()) return out;
@@ -134,8 +161,8 @@ void Loader::load_op(N item) {
   Op op;
   op.kind = *kind;
   op.loc = item.loc();
-  std::string where = std::string(info.name);
-  std::vector<bool> given(info.attrs.size());
+  const std::string& where = info_name(*kind);
+  std::uint64_t given = 0;  // bit i: attribute i of the op table's list
   for_each_key(item, {}, where, [&](N k, N v) {
     std::string_view kv = k.sv();
     if (kv == "op" || kv == "in" || kv == "out") return;
@@ -149,15 +176,17 @@ void Loader::load_op(N item) {
       fail(k, "unknown attribute '" + key + "' for " + where + suggestion(key, allowed) + " (" + where + " takes: " +
                   join(attrs) + ")");
     }
-    given[static_cast<std::size_t>(spec - info.attrs.data())] = true;
+    given |= std::uint64_t{1} << (spec - info.attrs.data());
     if (v.IsNull()) fail(k, "attribute `" + key + "` of " + where + " has no value (" + attr_type_name(*spec) + ")");
     load_attr(op, *spec, v, where);
   });
   for (const auto& a : info.attrs)
-    if (a.required && !given[static_cast<std::size_t>(&a - info.attrs.data())])
+    if (a.required && !(given >> (&a - info.attrs.data()) & 1))
       fail(item, where + " needs attribute `" + a.name + "` (" + attr_type_name(a) + ")");
-  auto ins = load_names(item["in"], "`in` of " + where, true);
-  auto outs = load_names(item["out"], "`out` of " + where, true);
+  std::vector<NameId>& ins = ins_;
+  std::vector<NameId>& outs = outs_;
+  load_names_into(item["in"], "`in` of ", where, ins);
+  load_names_into(item["out"], "`out` of ", where, outs);
   auto count = [&](std::size_t got, int lo, int hi, const char* what, const char* key) {
     if (got < static_cast<std::size_t>(lo) || got > static_cast<std::size_t>(hi)) {
       std::string want = lo == hi ? std::to_string(lo) : std::to_string(lo) + " to " + std::to_string(hi);
@@ -182,7 +211,7 @@ std::int64_t Loader::attr_int(N v, const std::string& what, std::int64_t lo, std
 }
 
 void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& where) {
-  const std::string what = "attribute `" + spec.name + "` of " + where;
+  const std::string& what = attr_what(op.kind, spec, where);
   OpAttrs& a = op.attrs;
   const std::string& n = spec.name;
   switch (spec.type) {
