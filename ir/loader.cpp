@@ -412,9 +412,7 @@ Program load(const std::string& text, const std::string& filename) {
   try {
     return load_streaming(*yaml_events(text), filename, text.size());
   } catch (const Restart&) {
-    if (getenv("SPMD_TRACE_LOADER")) fprintf(stderr, "restart\n");
-  } catch (const LoadError& e) {
-    if (getenv("SPMD_TRACE_LOADER")) fprintf(stderr, "error %s\n", e.what());
+  } catch (const LoadError&) {
   }
   return load_tree(text, filename);
 }
