@@ -87,17 +87,18 @@ N Loader::find_key(N map, const std::string& key) {
 // ---- outputs and expectations -------------------------------------------------------------
 void Loader::load_outputs(N n) {
   if (!n.IsMap()) fail(n, "`outputs` must be a mapping of name -> {placement: ...}");
-  std::unordered_set<NameId> defined;
-  for (const auto& t : p_.tensors) defined.insert(t.name);
+  std::vector<char> defined(p_.names.size());  // by NameId: a flat table, not a hash set of a million names
+  for (const auto& t : p_.tensors) defined[static_cast<std::size_t>(t.name)] = 1;
   for (const auto& op : p_.ops)
-    for (NameId o : p_.outs(op)) defined.insert(o);
+    for (NameId o : p_.outs(op)) defined[static_cast<std::size_t>(o)] = 1;
   for_each_key(n, {}, "`outputs`", [&](N k, N v) {
     OutputDecl o;
     const std::string& name = k.Scalar();
     auto it = p_.name_ids.find(name);
-    if (it == p_.name_ids.end() || !defined.count(it->second)) {
+    if (it == p_.name_ids.end() || !defined[static_cast<std::size_t>(it->second)]) {
       std::vector<std::string> cands;
-      for (NameId id : defined) cands.push_back(p_.name(id));
+      for (std::size_t id = 0; id < defined.size(); ++id)
+        if (defined[id]) cands.push_back(p_.name(static_cast<NameId>(id)));
       std::sort(cands.begin(), cands.end());
       fail(k, "output '" + name + "' is neither a declared tensor nor written by any op" + suggestion(name, cands));
     }
