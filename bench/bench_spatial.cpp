@@ -5,6 +5,7 @@
 //        spmd_bench --json OPS > f.json  (the same program as JSON, the form a generator writes)
 //        spmd_bench --block OPS > f.yaml (the same program with every op in block style, one key per line)
 //        spmd_bench --load FILE...       (load each file, then check it: load and check times, peak RSS)
+//        spmd_bench --events FILE...     (the parsing floor: only the parse events of each file, JSON or YAML)
 //        spmd_bench --temporal [OPS...]  (temporal check of generated async-overlap programs, 2 streams + comm)
 //        spmd_bench --schedule STAGES MICROBATCHES VIRTUAL (generate, validate, lower and check an interleaved 1F1B)
 //        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
@@ -23,7 +24,9 @@
 #include "autograd/autograd.h"
 #include "bench/forms.h"
 #include "bench/generator.h"
+#include "ir/doc.h"
 #include "ir/loader.h"
+#include "ir/source_file.h"
 #include "ir/printer.h"
 #include "schedules/schedule.h"
 #include "spatial/spatial.h"
@@ -45,6 +48,20 @@ int main(int argc, char** argv) {
     if (std::string(argv[1]) == "--json") text = spmd::bench::yaml_to_json(text);
     if (std::string(argv[1]) == "--block") text = spmd::bench::yaml_to_block(text);
     std::fputs(text.c_str(), stdout);
+    return 0;
+  }
+  if (argc >= 3 && std::string(argv[1]) == "--events") {
+    for (int i = 2; i < argc; ++i) {
+      std::string text = spmd::read_input_file(argv[i]);
+      auto t0 = std::chrono::steady_clock::now();
+      auto src = spmd::looks_like_json(text) ? spmd::json_events(text) : spmd::yaml_events(text);
+      spmd::Event e;
+      std::size_t n = 0;
+      do src->next(e), ++n;
+      while (e.type != spmd::EvType::StreamEnd);
+      auto t1 = std::chrono::steady_clock::now();
+      std::printf("%s: %zu events in %.1f ms\n", argv[i], n, std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
     return 0;
   }
   if (argc >= 3 && std::string(argv[1]) == "--load") {
