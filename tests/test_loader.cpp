@@ -139,6 +139,8 @@ TEST_CASE("modules, repeat and include expand to plain ops with per-instance nam
   REQUIRE(p.instances.size() == 4);
   CHECK(p.instances[1].label.find("layer 1 of 3") != std::string::npos);
   CHECK(ids(text).empty());
+  // The printer writes the expanded program, which loads back to the same program.
+  CHECK(print_program(load_program_string(print_program(p), "r.yaml")) == print_program(p));
   Loc l;
   // A second unnamed instance of the same module, a module that uses itself, a missing parameter.
   CHECK(load_error(text + "  - {use: m, in: [z, s], out: [z2]}\n", &l).find("give this one its own `name:`") != std::string::npos);
