@@ -2,6 +2,10 @@
 //
 // usage: spmd_bench [OPS...]          (default: 10000 100000 1000000)
 //        spmd_bench --yaml OPS > f.yaml  (the same program as YAML, to time `spmdcheck check` end to end)
+//        spmd_bench --json OPS > f.json  (the same program as JSON, the form a generator writes)
+//        spmd_bench --block OPS > f.yaml (the same program with every op in block style, one key per line)
+//        spmd_bench --load FILE...       (load each file, then check it: load and check times, peak RSS)
+//        spmd_bench --events FILE...     (the parsing floor: only the parse events of each file, JSON or YAML)
 //        spmd_bench --temporal [OPS...]  (temporal check of generated async-overlap programs, 2 streams + comm)
 //        spmd_bench --schedule STAGES MICROBATCHES VIRTUAL (generate, validate, lower and check an interleaved 1F1B)
 //        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
@@ -9,6 +13,7 @@
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
 #include <sys/resource.h>
+#include <time.h>
 
 #include <chrono>
 #include <cstdio>
@@ -17,7 +22,11 @@
 #include <vector>
 
 #include "autograd/autograd.h"
+#include "bench/forms.h"
 #include "bench/generator.h"
+#include "ir/doc.h"
+#include "ir/loader.h"
+#include "ir/source_file.h"
 #include "ir/printer.h"
 #include "schedules/schedule.h"
 #include "spatial/spatial.h"
@@ -32,10 +41,49 @@ long peak_rss_mib() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--yaml") {
+  if (argc == 3 && (std::string(argv[1]) == "--yaml" || std::string(argv[1]) == "--json" || std::string(argv[1]) == "--block")) {
     spmd::bench::GenOptions g;
     g.layers = static_cast<int>(std::max(1L, std::atol(argv[2]) / 22));
-    std::fputs(spmd::print_program(spmd::bench::make_transformer(g)).c_str(), stdout);
+    std::string text = spmd::print_program(spmd::bench::make_transformer(g));
+    if (std::string(argv[1]) == "--json") text = spmd::bench::yaml_to_json(text);
+    if (std::string(argv[1]) == "--block") text = spmd::bench::yaml_to_block(text);
+    std::fputs(text.c_str(), stdout);
+    return 0;
+  }
+  if (argc >= 3 && std::string(argv[1]) == "--events") {
+    for (int i = 2; i < argc; ++i) {
+      std::string text = spmd::read_input_file(argv[i]);
+      auto t0 = std::chrono::steady_clock::now();
+      auto src = spmd::looks_like_json(text) ? spmd::json_events(text) : spmd::yaml_events(text);
+      spmd::Event e;
+      std::size_t n = 0;
+      do src->next(e), ++n;
+      while (e.type != spmd::EvType::StreamEnd);
+      auto t1 = std::chrono::steady_clock::now();
+      std::printf("%s: %zu events in %.1f ms\n", argv[i], n, std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    return 0;
+  }
+  if (argc >= 3 && std::string(argv[1]) == "--load") {
+    // CPU time of this process: on a shared machine wall time measures the neighbours.
+    auto cpu_ms = [] {
+      timespec ts{};
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+      return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+    };
+    std::printf("%-28s %10s %14s %14s %14s\n", "file", "ops", "load (CPU ms)", "check (CPU ms)", "peak RSS (MiB)");
+    for (int i = 2; i < argc; ++i) {
+      double t0 = cpu_ms();
+      spmd::Program p = spmd::load_program_file(argv[i]);
+      double t1 = cpu_ms();
+      auto d = spmd::check_spatial(p);
+      double t2 = cpu_ms();
+      if (!d.empty()) {
+        std::fprintf(stderr, "%s: expected clean, got %s\n", argv[i], d[0].message.c_str());
+        return 1;
+      }
+      std::printf("%-28s %10zu %14.1f %14.1f %14ld\n", argv[i], p.ops.size(), t1 - t0, t2 - t1, peak_rss_mib());
+    }
     return 0;
   }
   if (argc == 5 && std::string(argv[1]) == "--schedule") {

@@ -169,6 +169,7 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
     }
   }
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
+  annotate_instances(r.program, r.diags);
   return r;
 }
 

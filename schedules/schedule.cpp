@@ -1,6 +1,8 @@
 // schedules/schedule.cpp - CSV import, validation, lowering, grid and trace of pipeline schedules.
 #include "schedules/schedule.h"
 
+#include "ir/source_file.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -184,11 +186,7 @@ Schedule parse_schedule_csv(const std::string& text, const std::string& source) 
 }
 
 Schedule load_schedule_csv(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw LoadError({}, "cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_schedule_csv(ss.str(), path);
+  return parse_schedule_csv(read_input_file(path, std::size_t{64} << 20), path);  // refuses devices, pipes, > 64 MiB
 }
 
 // ---- validation --------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 # Idempotent: a second run installs nothing and rebuilds only what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential cmake ninja-build pkg-config libz3-dev libboost-graph-dev libyaml-cpp-dev libfmt-dev
+pkgs=(build-essential cmake ninja-build pkg-config libz3-dev libboost-graph-dev libyaml-cpp-dev libyaml-dev libfmt-dev
       doctest-dev libcli11-dev nlohmann-json3-dev)
 missing=()
 for p in "${pkgs[@]}"; do

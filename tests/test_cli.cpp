@@ -131,3 +131,21 @@ TEST_CASE("--dump-hb writes the happens-before graph; an unwritable path is an i
   CHECK(bad.code == 2);
   CHECK(bad.out.find("cannot write") != std::string::npos);
 }
+
+TEST_CASE("unbounded inputs: devices are refused with exit 2, for programs and schedule CSVs") {
+  Run z = run({"check", "/dev/zero"});
+  CHECK(z.code == 2);
+  CHECK(z.out.find("/dev/zero: error: '/dev/zero' is not a regular file") != std::string::npos);
+  std::string csv = write_tmp("csv_dev_zero.yaml", "mesh: {pp: 2}\nschedule: {csv: /dev/zero, axis: pp}\n");
+  Run c = run({"check", csv});
+  CHECK(c.code == 2);
+  CHECK(c.out.find("csv_dev_zero.yaml:2:") != std::string::npos);
+  CHECK(c.out.find("not a regular file") != std::string::npos);
+}
+
+TEST_CASE("a finding inside a module names the instance") {
+  Run r = run({"check", src("tests/programs/modules/repeat_mlp_missing_allreduce.yaml")});
+  CHECK(r.code == 1);
+  CHECK(r.out.find("repeat_mlp_missing_allreduce.yaml:24:9: error[partial-misuse]") != std::string::npos);
+  CHECK(r.out.find("26:5: note: in layer 0 of 4 ('mlp.0', module mlp, numbered from 0), expanded here") != std::string::npos);
+}
