@@ -591,7 +591,8 @@ class Loader {
         return;
       case AttrType::Name:
         if (!v.IsScalar() || v.Scalar().empty()) fail(v, what + " must be a name");
-        (n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : a.stream) = p_.intern(v.Scalar());
+        (n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : n == "for" || n == "event" ? a.sync : a.stream) =
+            p_.intern(v.Scalar());
         return;
       case AttrType::Names:
         a.handles = static_cast<std::uint32_t>(p_.name_lists.size());

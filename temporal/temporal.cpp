@@ -60,6 +60,7 @@ struct Endpoint {
   std::int64_t unit = -1;  // ops of one unit start together on their stream (a batched group); else its own index
   bool posted = false;     // reached the network (on a serialized stream: once the ops before it completed)
   bool complete = false;
+  bool barrier = false;    // a WaitStream / WaitEvent on a serialized stream: completes once what it waits for did
 };
 
 // One issue of an async op (or an implicit one: a synchronous member of a batched group).
@@ -120,6 +121,12 @@ struct Rank {
   std::vector<int> group_insts;
   int group_last_op = -1;
   std::int64_t group_unit = -1;                // the open batched group's unit on serialized streams
+  struct Record {
+    int event;
+    VC vc;
+    std::vector<int> pending;  // communication not yet complete on the recorded stream at that point
+  };
+  std::unordered_map<NameId, Record> events;   // CUDA event name -> its latest RecordEvent
 };
 
 using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
@@ -436,6 +443,7 @@ class Engine {
     const Op& op = op_at(i);
     Rank& R = ranks_[static_cast<std::size_t>(r)];
     if (op.kind == OpKind::Wait || op.kind == OpKind::WaitAll) return wait(r, op, i);
+    if (op.kind == OpKind::WaitStream || op.kind == OpKind::RecordEvent || op.kind == OpKind::WaitEvent) return stream_order(r, op, i);
     if (op.kind == OpKind::OverlapRegion) overlap_checks(r, op, i);
     bool grouped = op.attrs.group >= 0 && !is_async(op);
     if (op.attrs.group >= 0) {
@@ -463,6 +471,73 @@ class Engine {
       R.blocked = true;
       R.sync_ep = e;
     }
+  }
+
+  // Stream-to-stream order (WaitStream, RecordEvent, WaitEvent): an event on this op's stream that
+  // joins the clock of the other stream (now, or at the RecordEvent). Later communication on this
+  // stream also waits, on the GPU, for the communication then pending on the other one (a barrier).
+  void stream_order(int r, const Op& op, int i) {
+    Rank& R = ranks_[static_cast<std::size_t>(r)];
+    ++R.pc;
+    NameId stream = op.attrs.stream >= 0 ? op.attrs.stream : compute_;
+    int chain = chain_of(r, stream);
+    if (op.kind == OpKind::RecordEvent) {
+      int ev = add_event(i, chain);
+      R.events[op.attrs.sync] = {ev, chains_[static_cast<std::size_t>(chain)].vc, pending_on(chain)};
+      return;
+    }
+    int from = -1;
+    VC vc;
+    std::vector<int> deps;
+    if (op.kind == OpKind::WaitStream) {
+      int o = find_chain(r, op.attrs.sync);  // (`compute` and `comm` are interned names once a program mentions them)
+      if (o >= 0 && o != chain) {
+        from = chains_[static_cast<std::size_t>(o)].last;
+        vc = chains_[static_cast<std::size_t>(o)].vc;
+        deps = pending_on(o);
+      }
+    } else {
+      auto it = R.events.find(op.attrs.sync);
+      if (it == R.events.end()) {
+        std::vector<std::string> known;
+        for (const auto& [id, rec] : R.events) known.push_back(p_.name(id));
+        std::sort(known.begin(), known.end());
+        auto best = did_you_mean(p_.name(op.attrs.sync), known);
+        Diagnostic d = diag(CheckId::InvalidWait, op, i,
+                            fmt::format("WaitEvent of event {}, which no earlier RecordEvent on this rank recorded: waiting for an event never "
+                                        "recorded returns at once and orders nothing{}",
+                                        p_.name(op.attrs.sync), best ? fmt::format("; did you mean {}?", *best) : ""));
+        d.notes.push_back({op.loc, fmt::format("fix: insert {{op: RecordEvent, event: {}, stream: S}} on the producing stream S before this op",
+                                               p_.name(op.attrs.sync))});
+        local(std::move(d), r);
+      } else {
+        from = it->second.event;
+        vc = it->second.vc;
+        deps = it->second.pending;
+      }
+    }
+    add_event(i, chain, vc.empty() ? nullptr : &vc, std::span<const int>(&from, 1));
+    std::erase_if(deps, [&](int x) { return eps_[static_cast<std::size_t>(x)].complete; });
+    if (deps.empty() || !serialized(stream)) return;
+    int e = make_ep(r, op, i, -1, {}, -1, chain, -1);
+    eps_[static_cast<std::size_t>(e)].barrier = true;
+    barrier_pending_[e] = static_cast<int>(deps.size());
+    for (int x : deps) waiters_[x].push_back(e);
+    submit(e);
+  }
+
+  int find_chain(int r, NameId stream) const {
+    for (auto [s, c] : ranks_[static_cast<std::size_t>(r)].chains)
+      if (s == stream) return c;
+    return -1;
+  }
+
+  // The communication issued on `chain` that has not completed (running or queued there).
+  std::vector<int> pending_on(int chain) const {
+    const Chain& ch = chains_[static_cast<std::size_t>(chain)];
+    std::vector<int> out(ch.running.begin(), ch.running.end());
+    out.insert(out.end(), ch.queue.begin(), ch.queue.end());
+    return out;
   }
 
   bool is_local(const Op& op) const {
@@ -586,7 +661,9 @@ class Engine {
     const Op& op = op_at(ep.op);
     int i = ep.op;
     switch (ep.kind) {
-      case EpKind::Local: return complete_ep(e, nullptr);
+      case EpKind::Local:
+        if (ep.barrier && barrier_pending_[e] > 0) return;  // completes with the last op it waits for
+        return complete_ep(e, nullptr);
       case EpKind::Send:
       case EpKind::Recv: {
         bool send = ep.kind == EpKind::Send;
@@ -643,7 +720,9 @@ class Engine {
   void complete_ep(int e, const VC* extra) {
     Endpoint& ep = eps_[static_cast<std::size_t>(e)];
     ep.complete = true;
-    if (ep.inst >= 0) {
+    if (ep.barrier) {
+      // no event of its own: the WaitStream / WaitEvent happened when issued
+    } else if (ep.inst >= 0) {
       VC v = ep.vc;
       if (extra) join(v, *extra);
       complete_inst(ep.inst, std::move(v));
@@ -662,6 +741,13 @@ class Engine {
         R.sync_ep = -1;
         ready_.push_back(r);
       }
+    }
+    // Barriers waiting for it.
+    if (auto it = waiters_.find(e); it != waiters_.end()) {
+      std::vector<int> ws = std::move(it->second);
+      waiters_.erase(it);
+      for (int b : ws)
+        if (--barrier_pending_[b] == 0 && eps_[static_cast<std::size_t>(b)].posted && !eps_[static_cast<std::size_t>(b)].complete) complete_ep(b, nullptr);
     }
     // Its stream is free once its unit completed.
     int c = eps_[static_cast<std::size_t>(e)].chain;
@@ -919,8 +1005,10 @@ class Engine {
         msg = fmt::format("{} {} {} on stream {}, and {} {} it, with no happens-before order between them", op_name(yop.kind), yverb, b, ystream,
                           describe(x), xverb);
         notes.push_back({xop.loc, fmt::format("the other access ({} {})", xverb, b)});
-        notes.push_back({yop.loc, "fix: order the streams: move both ops to one stream, or wait for the other stream's work (an async op's "
-                                  "handle) before this op"});
+        std::string xstream = stream_name(events_[static_cast<std::size_t>(x.event)].chain);
+        notes.push_back({yop.loc, fmt::format("fix: order the streams: insert {{op: WaitStream{}, for: {}}} before this op (or a RecordEvent on {} "
+                                              "after the other access and a WaitEvent here), or move both ops to one stream",
+                                              ystream == "compute" ? "" : ", stream: " + ystream, xstream, xstream)});
       }
     }
     Diagnostic d = diag(id, yop, static_cast<int>(&yop - p_.ops.data()), std::move(msg));
@@ -952,16 +1040,23 @@ class Engine {
         for (int r : waits_for(x)) out.push_back(r);
       return out;
     }
+    if (ep.barrier) {
+      std::vector<int> out;
+      for (const auto& [x, ws] : waiters_)
+        if (std::find(ws.begin(), ws.end(), e) != ws.end())
+          for (int r : waits_for(x)) out.push_back(r);
+      return out;
+    }
     if (ep.kind == EpKind::Local) return {};
     if (ep.kind != EpKind::Collective) return {ep.peer};
     std::vector<int> out;
     const Op& op = op_at(ep.op);
-    auto key = space_.group(ep.rank, op.attrs.axes).first;
     std::vector<int> arrived;
     if (auto it = slots_.find(ep.slot); it != slots_.end())
       for (int x : it->second.eps) arrived.push_back(eps_[static_cast<std::size_t>(x)].rank);
-    for (int r = 0; r < space_.count(); ++r)
-      if (space_.group(r, op.attrs.axes).first == key && std::find(arrived.begin(), arrived.end(), r) == arrived.end()) out.push_back(r);
+    std::sort(arrived.begin(), arrived.end());
+    for (int r : space_.members(ep.rank, op.attrs.axes))
+      if (!std::binary_search(arrived.begin(), arrived.end(), r)) out.push_back(r);
     return out;
   }
 
@@ -982,6 +1077,16 @@ class Engine {
       }
       return fmt::format("{} (line {}) is queued on stream {} behind {} (the ops of one stream run one after another)",
                          kind_word(ep, std::string(op_name(op.kind)).c_str()), op.loc.line, stream_name(ep.chain), ahead);
+    }
+    if (ep.barrier) {
+      std::string what = "the communication it waits for";
+      for (const auto& [x, ws] : waiters_)
+        if (std::find(ws.begin(), ws.end(), e) != ws.end()) {
+          const Op& y = op_at(eps_[static_cast<std::size_t>(x)].op);
+          what = fmt::format("{} (line {}) on stream {}", op_name(y.kind), y.loc.line, stream_name(eps_[static_cast<std::size_t>(x)].chain));
+          break;
+        }
+      return fmt::format("{} (line {}) holds stream {} until {} completes", op_name(op.kind), op.loc.line, stream_name(ep.chain), what);
     }
     switch (ep.kind) {
       case EpKind::Local: return fmt::format("{} (line {}) runs on stream {}", op_name(op.kind), op.loc.line, stream_name(ep.chain));
@@ -1141,6 +1246,8 @@ class Engine {
   std::vector<Rank> ranks_;
   std::deque<int> ready_;
   std::int64_t next_group_unit_ = 0;
+  std::unordered_map<int, int> barrier_pending_;           // barrier endpoint -> ops it still waits for
+  std::unordered_map<int, std::vector<int>> waiters_;      // endpoint -> barriers waiting for it
   std::vector<Event> events_;
   std::vector<Chain> chains_;
   std::vector<Instance> insts_;
