@@ -105,3 +105,34 @@ TEST_CASE("--dump-hb writes the happens-before graph; an unwritable path is an i
   CHECK(bad.code == 2);
   CHECK(bad.out.find("cannot write") != std::string::npos);
 }
+
+TEST_CASE("robustness: invalid UTF-8 echoed in JSON, oversized schedules and CSVs are located errors (exit 2)") {
+  // A diagnostic that echoes bytes that are not UTF-8 still prints valid JSON (they become U+FFFD).
+  std::string bad_utf8 = write_tmp("bad_utf8.yaml", "mesh: {dp: 2}\ntensors:\n  x: {shape: [4]}\nops:\n  - {op: GELU, in: [x\xff\xfe], out: y}\n");
+  Run j = run({"check", "--format", "json", bad_utf8});
+  CHECK(j.code == 1);
+  CHECK(j.out.find("\"id\": \"undefined-tensor\"") != std::string::npos);
+  CHECK(j.out.find("\xef\xbf\xbd") != std::string::npos);
+  std::string bad_key = write_tmp("bad_utf8_key.yaml", "mesh: {dp: 2}\nops: []\nx\xff: 1\n");
+  Run k = run({"check", "--format", "json", bad_key});
+  CHECK(k.code == 2);
+  CHECK(k.out.find("\"files\"") != std::string::npos);
+  // Schedules: bounded before anything is allocated.
+  Run g = run({"schedule", "gen", "--kind", "Interleaved1F1B", "--stages", "4096", "--microbatches", "1048576", "--virtual", "64"});
+  CHECK(g.code == 2);
+  CHECK(g.err.find("more than the 2500000 a schedule may have") != std::string::npos);
+  std::string big = write_tmp("schedule_1m.yaml", "mesh: {pp: 4}\nschedule: {kind: 1F1B, microbatches: 1048576}\n");
+  Run s = run({"check", "--format", "json", big});
+  CHECK(s.code == 2);
+  CHECK(s.out.find("\"line\": 2") != std::string::npos);
+  std::string rows;
+  for (int r = 0; r < 65537; ++r) rows += "0F0\n";
+  Run c = run({"check", "--format", "json", write_tmp("rows.csv", rows)});
+  CHECK(c.code == 2);
+  CHECK(c.out.find("at most 65536 are supported") != std::string::npos);
+  // 5,000 pipeline ranks (more than the old cap of 4,096) are accepted and checked.
+  Run ok = run({"schedule", "gen", "--kind", "GPipe", "--stages", "5000", "--microbatches", "1"});
+  CHECK(ok.code == 0);
+  Run chk = run({"check", write_tmp("gpipe5000.csv", ok.out)});
+  CHECK(chk.code == 0);
+}
