@@ -20,11 +20,59 @@ namespace spmd {
 
 namespace {
 
-using VC = std::vector<std::uint32_t>;
+// A vector clock, sparse: (chain, stamp) pairs sorted by chain, only for the chains it has heard of.
+// A pipeline stage hears of its neighbours, not of every rank, so its cost does not grow with the ranks.
+struct VC {
+  std::vector<std::pair<int, std::uint32_t>> e;
+  bool empty() const { return e.empty(); }
+  void swap(VC& o) { e.swap(o.e); }
+  std::uint32_t get(int chain) const {
+    auto it = std::lower_bound(e.begin(), e.end(), chain, [](const auto& x, int c) { return x.first < c; });
+    return it != e.end() && it->first == chain ? it->second : 0;
+  }
+  void set(int chain, std::uint32_t v) {
+    auto it = std::lower_bound(e.begin(), e.end(), chain, [](const auto& x, int c) { return x.first < c; });
+    if (it != e.end() && it->first == chain) it->second = v;
+    else e.insert(it, {chain, v});
+  }
+};
 
 void join(VC& into, const VC& x) {
-  if (x.size() > into.size()) into.resize(x.size(), 0);
-  for (std::size_t k = 0; k < x.size(); ++k) into[k] = std::max(into[k], x[k]);
+  if (x.e.empty()) return;
+  if (into.e.empty()) {
+    into.e = x.e;
+    return;
+  }
+  // In place when every chain of x is already in `into` (the common case); else a merge.
+  std::size_t i = 0;
+  bool subset = true;
+  for (const auto& [c, v] : x.e) {
+    while (i < into.e.size() && into.e[i].first < c) ++i;
+    if (i == into.e.size() || into.e[i].first != c) {
+      subset = false;
+      break;
+    }
+  }
+  if (subset) {
+    i = 0;
+    for (const auto& [c, v] : x.e) {
+      while (into.e[i].first < c) ++i;
+      into.e[i].second = std::max(into.e[i].second, v);
+    }
+    return;
+  }
+  std::vector<std::pair<int, std::uint32_t>> out;
+  out.reserve(into.e.size() + x.e.size());
+  std::size_t a = 0, b = 0;
+  while (a < into.e.size() || b < x.e.size()) {
+    if (b == x.e.size() || (a < into.e.size() && into.e[a].first < x.e[b].first)) out.push_back(into.e[a++]);
+    else if (a == into.e.size() || x.e[b].first < into.e[a].first) out.push_back(x.e[b++]);
+    else {
+      out.push_back({into.e[a].first, std::max(into.e[a].second, x.e[b].second)});
+      ++a, ++b;
+    }
+  }
+  into.e.swap(out);
 }
 
 enum class EventKind : std::uint8_t { Op, GroupEnd, Hub };
@@ -92,6 +140,7 @@ struct Chain {
   int rank;
   NameId stream;
   VC vc;
+  std::uint32_t stamp = 0;    // its own component
   int last = -1;
   std::vector<int> running;   // endpoints of the unit now running, not yet complete
   std::int64_t unit = -1;     // that unit
@@ -364,7 +413,7 @@ class Engine {
       if (s == stream) return c;
     int c = static_cast<int>(chains_.size());
     R.chains.emplace_back(stream, c);
-    chains_.push_back({r, stream, {}, -1, {}, -1, {}, false});
+    chains_.push_back({r, stream, {}, 0, -1, {}, -1, {}, false});
     return c;
   }
 
@@ -372,8 +421,8 @@ class Engine {
   int add_event(int op, int chain, const VC* extra = nullptr, std::span<const int> from = {}, EventKind kind = EventKind::Op) {
     Chain& ch = chains_[static_cast<std::size_t>(chain)];
     if (extra) join(ch.vc, *extra);
-    if (ch.vc.size() <= static_cast<std::size_t>(chain)) ch.vc.resize(static_cast<std::size_t>(chain) + 1, 0);
-    std::uint32_t stamp = ++ch.vc[static_cast<std::size_t>(chain)];
+    std::uint32_t stamp = ++ch.stamp;
+    ch.vc.set(chain, stamp);
     int id = static_cast<int>(events_.size());
     events_.push_back({op, chain, stamp, kind});
     if (ch.last >= 0) edges_.push_back({ch.last, id});
@@ -387,7 +436,7 @@ class Engine {
   bool hb(int a, int b) const {
     const Event& ea = events_[static_cast<std::size_t>(a)];
     const VC& v = chains_[static_cast<std::size_t>(events_[static_cast<std::size_t>(b)].chain)].vc;
-    return static_cast<std::size_t>(ea.chain) < v.size() && v[static_cast<std::size_t>(ea.chain)] >= ea.stamp;
+    return v.get(ea.chain) >= ea.stamp;
   }
 
   bool ended_before(const Access& x, int y) const {
