@@ -950,17 +950,20 @@ class Engine {
     }
   }
 
-  // Buffers are per rank; most names live on one rank, so each name heads a short list of (rank, buffer).
+  // Buffers are per rank. Most names live on one rank: the name's first buffer is found directly;
+  // the others (a name every rank uses) through a (rank, name) index, so no lookup walks the ranks.
   Buffer& buffer(int r, NameId n) {
     if (static_cast<std::size_t>(n) >= buf_head_.size()) buf_head_.resize(std::max(p_.names.size(), static_cast<std::size_t>(n) + 1), -1);
-    int* link = &buf_head_[static_cast<std::size_t>(n)];
-    while (*link >= 0) {
-      BufSlot& sl = bufs_[static_cast<std::size_t>(*link)];
-      if (sl.rank == r) return sl.b;
-      link = &sl.next;
+    int& head = buf_head_[static_cast<std::size_t>(n)];
+    if (head >= 0 && bufs_[static_cast<std::size_t>(head)].rank == r) return bufs_[static_cast<std::size_t>(head)].b;
+    if (head >= 0) {
+      auto [it, fresh] = buf_index_.try_emplace((static_cast<std::uint64_t>(static_cast<std::uint32_t>(r)) << 32) | static_cast<std::uint32_t>(n),
+                                                static_cast<int>(bufs_.size()));
+      if (!fresh) return bufs_[static_cast<std::size_t>(it->second)].b;
+    } else {
+      head = static_cast<int>(bufs_.size());
     }
-    *link = static_cast<int>(bufs_.size());
-    bufs_.push_back({r, -1, {}});
+    bufs_.push_back({r, {}});
     return bufs_.back().b;
   }
 
@@ -1304,10 +1307,11 @@ class Engine {
   std::unordered_map<std::int64_t, Slot> slots_;
   std::unordered_map<std::int64_t, Channel> channels_;
   struct BufSlot {
-    int rank, next;
+    int rank;
     Buffer b;
   };
-  std::vector<int> buf_head_;     // name -> first slot
+  std::vector<int> buf_head_;     // name -> its first buffer (on the first rank that used it)
+  std::unordered_map<std::uint64_t, int> buf_index_;  // (rank, name) -> buffer, for the name's other ranks
   std::vector<BufSlot> bufs_;
   std::vector<std::pair<int, int>> waits_;  // (event, op) of every Wait, in order
   std::unordered_map<int, std::string> hubs_;
