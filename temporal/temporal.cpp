@@ -43,24 +43,19 @@ void join(VC& into, const VC& x) {
     into.e = x.e;
     return;
   }
-  // In place when every chain of x is already in `into` (the common case); else a merge.
-  std::size_t i = 0;
+  // In place while every chain of x is already in `into` (the common case); else a merge (the maxima
+  // already taken are idempotent).
+  std::size_t i = 0, n = into.e.size();
   bool subset = true;
   for (const auto& [c, v] : x.e) {
-    while (i < into.e.size() && into.e[i].first < c) ++i;
-    if (i == into.e.size() || into.e[i].first != c) {
+    while (i < n && into.e[i].first < c) ++i;
+    if (i == n || into.e[i].first != c) {
       subset = false;
       break;
     }
+    if (into.e[i].second < v) into.e[i].second = v;
   }
-  if (subset) {
-    i = 0;
-    for (const auto& [c, v] : x.e) {
-      while (into.e[i].first < c) ++i;
-      into.e[i].second = std::max(into.e[i].second, v);
-    }
-    return;
-  }
+  if (subset) return;
   std::vector<std::pair<int, std::uint32_t>> out;
   out.reserve(into.e.size() + x.e.size());
   std::size_t a = 0, b = 0;
