@@ -181,3 +181,21 @@ TEST_CASE("schedule sizes are bounded before anything is allocated") {
   }
   CHECK_THROWS_AS(parse_schedule_csv("0F0,1048575F1048575\n", "sparse.csv"), LoadError);
 }
+
+TEST_CASE("representatives: 65,536 ranks are accepted, one more is a located error") {
+  // One program per rank, each exchanging with its ring neighbours by parity (rank-local names).
+  auto ring = [](int n) {
+    std::string y = "mesh: {r: " + std::to_string(n) + "}\ntensors:\n  x: {shape: [4]}\nprograms:\n";
+    for (int k = 0; k < n; ++k) {
+      std::string K = std::to_string(k), next = std::to_string((k + 1) % n), prev = std::to_string((k + n - 1) % n);
+      std::string send = "      - {op: Send, in: [x], peer: {r: " + next + "}}\n";
+      std::string recv = "      - {op: Recv, out: y_" + K + ", peer: {r: " + prev + "}}\n";
+      y += "  - ranks: {r: " + K + "}\n    ops:\n" + (k % 2 ? recv + send : send + recv);
+    }
+    return y;
+  };
+  Program p = load_program_string(ring(5000), "t.yaml");  // more than the old cap of 4,096
+  CHECK(check_temporal(p).empty());
+  CHECK_THROWS_AS(load_program_string("mesh: {a: 256, b: 257}\ntensors:\n  x: {shape: [4]}\nprograms:\n  - ranks: {a: 0, b: 0}\n    ops: []\n", "t.yaml"),
+                  LoadError);
+}
