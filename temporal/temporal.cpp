@@ -20,54 +20,47 @@ namespace spmd {
 
 namespace {
 
-// A vector clock, sparse: (chain, stamp) pairs sorted by chain, only for the chains it has heard of.
-// A pipeline stage hears of its neighbours, not of every rank, so its cost does not grow with the ranks.
+// A vector clock over a window of chains [lo, lo + v.size()): components outside it are 0. Chains are
+// numbered rank by rank (compute, then comm, of each rank first), so a pipeline stage or a ring member
+// that hears of its neighbours only keeps a short window, and one that hears of every rank a dense array.
 struct VC {
-  std::vector<std::pair<int, std::uint32_t>> e;
-  bool empty() const { return e.empty(); }
-  void swap(VC& o) { e.swap(o.e); }
-  std::uint32_t get(int chain) const {
-    auto it = std::lower_bound(e.begin(), e.end(), chain, [](const auto& x, int c) { return x.first < c; });
-    return it != e.end() && it->first == chain ? it->second : 0;
+  int lo = 0;
+  std::vector<std::uint32_t> v;
+  bool empty() const { return v.empty(); }
+  void swap(VC& o) {
+    std::swap(lo, o.lo);
+    v.swap(o.v);
   }
-  void set(int chain, std::uint32_t v) {
-    auto it = std::lower_bound(e.begin(), e.end(), chain, [](const auto& x, int c) { return x.first < c; });
-    if (it != e.end() && it->first == chain) it->second = v;
-    else e.insert(it, {chain, v});
+  std::uint32_t get(int chain) const {
+    std::int64_t k = std::int64_t{chain} - lo;
+    return k >= 0 && k < static_cast<std::int64_t>(v.size()) ? v[static_cast<std::size_t>(k)] : 0;
+  }
+  // Widens the window to hold [a, b).
+  void cover(int a, int b) {
+    if (v.empty()) {
+      lo = a;
+      v.assign(static_cast<std::size_t>(b - a), 0);
+      return;
+    }
+    int hi = lo + static_cast<int>(v.size());
+    if (a >= lo && b <= hi) return;
+    int nlo = std::min(a, lo), nhi = std::max(b, hi);
+    std::vector<std::uint32_t> n(static_cast<std::size_t>(nhi - nlo), 0);
+    std::copy(v.begin(), v.end(), n.begin() + (lo - nlo));
+    v.swap(n);
+    lo = nlo;
+  }
+  void set(int chain, std::uint32_t x) {
+    cover(chain, chain + 1);
+    v[static_cast<std::size_t>(chain - lo)] = x;
   }
 };
 
 void join(VC& into, const VC& x) {
-  if (x.e.empty()) return;
-  if (into.e.empty()) {
-    into.e = x.e;
-    return;
-  }
-  // In place while every chain of x is already in `into` (the common case); else a merge (the maxima
-  // already taken are idempotent).
-  std::size_t i = 0, n = into.e.size();
-  bool subset = true;
-  for (const auto& [c, v] : x.e) {
-    while (i < n && into.e[i].first < c) ++i;
-    if (i == n || into.e[i].first != c) {
-      subset = false;
-      break;
-    }
-    if (into.e[i].second < v) into.e[i].second = v;
-  }
-  if (subset) return;
-  std::vector<std::pair<int, std::uint32_t>> out;
-  out.reserve(into.e.size() + x.e.size());
-  std::size_t a = 0, b = 0;
-  while (a < into.e.size() || b < x.e.size()) {
-    if (b == x.e.size() || (a < into.e.size() && into.e[a].first < x.e[b].first)) out.push_back(into.e[a++]);
-    else if (a == into.e.size() || x.e[b].first < into.e[a].first) out.push_back(x.e[b++]);
-    else {
-      out.push_back({into.e[a].first, std::max(into.e[a].second, x.e[b].second)});
-      ++a, ++b;
-    }
-  }
-  into.e.swap(out);
+  if (x.v.empty()) return;
+  into.cover(x.lo, x.lo + static_cast<int>(x.v.size()));
+  std::uint32_t* d = into.v.data() + (x.lo - into.lo);
+  for (std::size_t k = 0; k < x.v.size(); ++k) d[k] = std::max(d[k], x.v[k]);
 }
 
 enum class EventKind : std::uint8_t { Op, GroupEnd, Hub };
@@ -99,6 +92,7 @@ struct Endpoint {
   int seq = 0;             // its number in its group (collective) or in its channel's sends or receives (point-to-point)
   VC vc;                   // the clock when issued
   int event = -1;          // the event that stands for it in the graph
+  int channel = -1;        // point-to-point: index of its (src, dst) channel
   int chain = -1;          // the serialized stream it runs on (-1: `comm`, where ops do not wait for each other)
   std::int64_t unit = -1;  // ops of one unit start together on their stream (a batched group); else its own index
   bool posted = false;     // reached the network (on a serialized stream: once the ops before it completed)
@@ -191,8 +185,15 @@ class Engine {
     events_.reserve(p_.ops.size() + 16);
     edges_.reserve(2 * p_.ops.size() + 16);
     bufs_.reserve(p_.ops.size() + 16);
+    eps_.reserve(p_.ops.size() / 2 + 16);
     static_matching();
     ranks_.resize(static_cast<std::size_t>(space_.count()));
+    // Number the chains rank by rank (compute, then comm) so that clocks of neighbouring ranks are near.
+    chains_.reserve(2 * static_cast<std::size_t>(space_.count()) + 16);
+    for (int r = 0; r < space_.count(); ++r) {
+      chain_of(r, compute_);
+      chain_of(r, comm_);
+    }
     for (int r = 0; r < space_.count(); ++r) {
       const RankProgram& rp = space_.programs[static_cast<std::size_t>(space_.program[static_cast<std::size_t>(r)])];
       ranks_[static_cast<std::size_t>(r)].pc = rp.first_op;
@@ -656,7 +657,10 @@ class Engine {
       ep.kind = send ? EpKind::Send : EpKind::Recv;
       ep.peer = space_.with(r, p_.coords[op.attrs.coords]);
       ep.slot = send ? std::int64_t{r} * kMaxRepresentatives + ep.peer : std::int64_t{ep.peer} * kMaxRepresentatives + r;
-      Channel& ch = channels_[ep.slot];
+      auto [it, fresh] = channel_index_.try_emplace(ep.slot, static_cast<int>(channels_.size()));
+      if (fresh) channels_.emplace_back();
+      ep.channel = it->second;
+      Channel& ch = channels_[static_cast<std::size_t>(ep.channel)];
       ep.seq = send ? ch.n_sends++ : ch.n_recvs++;
     } else {
       ep.kind = EpKind::Collective;
@@ -712,13 +716,12 @@ class Engine {
       case EpKind::Recv: {
         bool send = ep.kind == EpKind::Send;
         std::size_t k = static_cast<std::size_t>(ep.seq);
-        Channel& ch = channels_[ep.slot];
-        auto& mine = send ? ch.sends : ch.recvs;
+        std::size_t c = static_cast<std::size_t>(ep.channel);
+        auto& mine = send ? channels_[c].sends : channels_[c].recvs;
         if (mine.size() <= k) mine.resize(k + 1, -1);
         mine[k] = e;
         if (send && model_ == P2PModel::Eager) complete_ep(e, nullptr);  // a buffered send completes at once
-        Channel& ch2 = channels_[eps_[static_cast<std::size_t>(e)].slot];  // (complete_ep may have touched the map)
-        auto& other = send ? ch2.recvs : ch2.sends;
+        auto& other = send ? channels_[c].recvs : channels_[c].sends;
         if (k < other.size() && other[k] >= 0) {
           int o = other[k];
           send ? transfer(e, o) : transfer(o, e);
@@ -787,7 +790,7 @@ class Engine {
       }
     }
     // Barriers waiting for it.
-    if (auto it = waiters_.find(e); it != waiters_.end()) {
+    if (auto it = waiters_.empty() ? waiters_.end() : waiters_.find(e); it != waiters_.end()) {
       std::vector<int> ws = std::move(it->second);
       waiters_.erase(it);
       for (int b : ws)
@@ -949,16 +952,23 @@ class Engine {
   // the others (a name every rank uses) through a (rank, name) index, so no lookup walks the ranks.
   Buffer& buffer(int r, NameId n) {
     if (static_cast<std::size_t>(n) >= buf_head_.size()) buf_head_.resize(std::max(p_.names.size(), static_cast<std::size_t>(n) + 1), -1);
-    int& head = buf_head_[static_cast<std::size_t>(n)];
-    if (head >= 0 && bufs_[static_cast<std::size_t>(head)].rank == r) return bufs_[static_cast<std::size_t>(head)].b;
-    if (head >= 0) {
+    // The first kDirect ranks of a name: a short list from the name; the rest: the (rank, name) index.
+    constexpr int kDirect = 4;
+    int* link = &buf_head_[static_cast<std::size_t>(n)];
+    int walked = 0;
+    for (; *link >= 0 && walked < kDirect; ++walked) {
+      BufSlot& sl = bufs_[static_cast<std::size_t>(*link)];
+      if (sl.rank == r) return sl.b;
+      link = &sl.next;
+    }
+    if (walked == kDirect) {
       auto [it, fresh] = buf_index_.try_emplace((static_cast<std::uint64_t>(static_cast<std::uint32_t>(r)) << 32) | static_cast<std::uint32_t>(n),
                                                 static_cast<int>(bufs_.size()));
       if (!fresh) return bufs_[static_cast<std::size_t>(it->second)].b;
     } else {
-      head = static_cast<int>(bufs_.size());
+      *link = static_cast<int>(bufs_.size());
     }
-    bufs_.push_back({r, {}});
+    bufs_.push_back({r, -1, {}});
     return bufs_.back().b;
   }
 
@@ -1300,9 +1310,10 @@ class Engine {
   std::vector<Instance> insts_;
   std::vector<Endpoint> eps_;
   std::unordered_map<std::int64_t, Slot> slots_;
-  std::unordered_map<std::int64_t, Channel> channels_;
+  std::vector<Channel> channels_;                          // (complete_ep never adds one: references stay valid)
+  std::unordered_map<std::int64_t, int> channel_index_;   // (src, dst) -> its channel
   struct BufSlot {
-    int rank;
+    int rank, next;  // next: the name's next buffer among its first few ranks
     Buffer b;
   };
   std::vector<int> buf_head_;     // name -> its first buffer (on the first rank that used it)
@@ -1328,6 +1339,7 @@ void dot_graph(const Program& program, const Engine& e, std::ostream& out) {
   for (const auto& [r, cs] : by_rank) {
     out << "  subgraph cluster_rank" << r << " {\n    label=\"rank " << e.rank_label(r) << "\";\n";
     for (std::size_t c : cs) {
+      if (by_chain[c].empty()) continue;  // a stream with no event (every rank's comm is numbered up front)
       out << "    subgraph cluster_" << c << " {\n      label=\"stream " << e.stream_name(static_cast<int>(c)) << "\";\n";
       for (std::size_t i : by_chain[c]) {
         const Op& op = program.ops[static_cast<std::size_t>(ev[i].op)];
