@@ -342,7 +342,10 @@ class Deriver {
       case OpKind::Send: return;  // no output, so never reached with a gradient (see recv below)
       case OpKind::Recv: return;  // no input: a leaf; its gradient goes back to the peer with the schedule
       case OpKind::Wait:
-      case OpKind::WaitAll: return;  // no values
+      case OpKind::WaitAll:
+      case OpKind::WaitStream:
+      case OpKind::RecordEvent:
+      case OpKind::WaitEvent: return;  // no values
       case OpKind::Cast:
       case OpKind::FP8Quantize:  // straight-through
       case OpKind::FP8Dequantize: return identity();

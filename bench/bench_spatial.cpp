@@ -10,6 +10,8 @@
 //        spmd_bench --schedule STAGES MICROBATCHES VIRTUAL (generate, validate, lower and check an interleaved 1F1B)
 //        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
 //        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
+//        spmd_bench --ranks RANKS LAYERS COLLECTIVE [--yaml|--temporal-only] (per-rank programs with rank-local names: spatial and
+//                   temporal check times in memory, or the program as YAML to time `spmdcheck check`)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
 #include <sys/resource.h>
@@ -24,6 +26,7 @@
 #include "autograd/autograd.h"
 #include "bench/forms.h"
 #include "bench/generator.h"
+#include "bench/ranks.h"
 #include "ir/doc.h"
 #include "ir/loader.h"
 #include "ir/source_file.h"
@@ -84,6 +87,29 @@ int main(int argc, char** argv) {
       }
       std::printf("%-28s %10zu %14.1f %14.1f %14ld\n", argv[i], p.ops.size(), t1 - t0, t2 - t1, peak_rss_mib());
     }
+    return 0;
+  }
+  if ((argc == 5 || argc == 6) && std::string(argv[1]) == "--ranks") {
+    using clock = std::chrono::steady_clock;
+    auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    auto t0 = clock::now();
+    spmd::Program p = spmd::bench::make_rank_local(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0);
+    if (argc == 6 && std::string(argv[5]) == "--yaml") {
+      std::fputs(spmd::print_program(p).c_str(), stdout);
+      return 0;
+    }
+    auto t1 = clock::now();
+    std::vector<spmd::Diagnostic> s;
+    if (argc == 5) s = spmd::check_spatial(p);  // `--temporal-only` skips it
+    auto t2 = clock::now();
+    auto d = spmd::check_temporal(p);
+    auto t3 = clock::now();
+    if (!s.empty() || !d.empty()) {
+      std::fprintf(stderr, "the rank-local program is expected to be clean: %s\n", (!s.empty() ? s : d)[0].message.c_str());
+      return 1;
+    }
+    std::printf("ranks %s, ops %zu: build %.1f ms, spatial %.1f ms, temporal %.1f ms, peak RSS %ld MiB\n", argv[2], p.ops.size(), ms(t0, t1), ms(t1, t2),
+                ms(t2, t3), peak_rss_mib());
     return 0;
   }
   if (argc == 5 && std::string(argv[1]) == "--schedule") {

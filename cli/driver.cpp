@@ -246,7 +246,8 @@ int cmd_check(const std::vector<std::string>& files, const std::string& format, 
       if (r.dropped) out << fmt::format("{}: note: {} more diagnostics not shown (--max-diagnostics)\n", f, r.dropped);
     }
   }
-  if (format == "json") out << nlohmann::json{{"files", all}}.dump(2) << "\n";
+  // Diagnostics may echo bytes of the input that are not UTF-8: replace them (U+FFFD) rather than fail.
+  if (format == "json") out << nlohmann::json{{"files", all}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   return code;
 }
 

@@ -84,6 +84,7 @@ struct OpAttrs {
   std::uint32_t bad_axis = kNoIndex;   // an `axis` the mesh lacks: index into Program::bad_axes (a finding, not a load error)
   NameId handle = -1, stream = -1, group = -1;  // group: a batched point-to-point group (batch_isend_irecv)
   NameId matches = -1, label = -1;              // Recv: the name its Send must send; Step: its label (e.g. 1F3)
+  NameId sync = -1;                              // WaitStream: the stream waited for (`for`); RecordEvent / WaitEvent: the event
   double number = 0;                   // scalar / scale / p / eps
   Placement to{}, from{};
   ReduceOp rop = ReduceOp::Sum;

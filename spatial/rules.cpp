@@ -441,6 +441,9 @@ void Checker::apply() {
     case OpKind::Send:
     case OpKind::Wait:
     case OpKind::WaitAll:
+    case OpKind::WaitStream:
+    case OpKind::RecordEvent:
+    case OpKind::WaitEvent:
     case OpKind::OverlapRegion: return;  // no new value; their order is the temporal checks' concern
     case OpKind::Recv: return recv();
     case OpKind::Cast:

@@ -149,3 +149,29 @@ TEST_CASE("a finding inside a module names the instance") {
   CHECK(r.out.find("repeat_mlp_missing_allreduce.yaml:24:9: error[partial-misuse]") != std::string::npos);
   CHECK(r.out.find("26:5: note: in layer 0 of 4 ('mlp.0', module mlp, numbered from 0), expanded here") != std::string::npos);
 }
+
+TEST_CASE("robustness: invalid UTF-8 echoed in JSON, oversized schedules and CSVs are located errors (exit 2)") {
+  // A diagnostic that echoes bytes that are not UTF-8 still prints valid JSON (they become U+FFFD).
+  std::string bad_utf8 = write_tmp("bad_utf8.yaml", "mesh: {dp: 2}\ntensors:\n  x: {shape: [4]}\nops:\n  - {op: GELU, in: [x\xff\xfe], out: y}\n");
+  Run j = run({"check", "--format", "json", bad_utf8});
+  CHECK(j.code == 1);
+  CHECK(j.out.find("\"id\": \"undefined-tensor\"") != std::string::npos);
+  CHECK(j.out.find("\xef\xbf\xbd") != std::string::npos);
+  std::string bad_key = write_tmp("bad_utf8_key.yaml", "mesh: {dp: 2}\nops: []\nx\xff: 1\n");
+  Run k = run({"check", "--format", "json", bad_key});
+  CHECK(k.code == 2);
+  CHECK(k.out.find("\"files\"") != std::string::npos);
+  // Schedules: bounded before anything is allocated.
+  Run g = run({"schedule", "gen", "--kind", "Interleaved1F1B", "--stages", "4096", "--microbatches", "1048576", "--virtual", "64"});
+  CHECK(g.code == 2);
+  CHECK(g.err.find("more than the 2500000 a schedule may have") != std::string::npos);
+  std::string big = write_tmp("schedule_1m.yaml", "mesh: {pp: 4}\nschedule: {kind: 1F1B, microbatches: 1048576}\n");
+  Run s = run({"check", "--format", "json", big});
+  CHECK(s.code == 2);
+  CHECK(s.out.find("\"line\": 2") != std::string::npos);
+  std::string rows;
+  for (int r = 0; r < 65537; ++r) rows += "0F0\n";
+  Run c = run({"check", "--format", "json", write_tmp("rows.csv", rows)});
+  CHECK(c.code == 2);
+  CHECK(c.out.find("at most 65536 are supported") != std::string::npos);
+}
