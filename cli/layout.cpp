@@ -288,7 +288,7 @@ std::string layout_svg(const Layout& l) {
     for (int c = 0; c < l.cols; ++c) {
       const auto& cell = l.cells[static_cast<std::size_t>(r * l.cols + c)];
       int x = left + c * cw, y = top + r * chh;
-      int hue = (cell.color * 67) % 360;
+      int hue = (205 + cell.color * 67) % 360;
       s += fmt::format("<g class=\"block\"><rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"hsl({},70%,85%)\" stroke=\"#333\"/>", x, y, cw, chh, hue);
       for (std::size_t k = 0; k < cell.lines.size(); ++k)
         s += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>", x + padx, y + pady + 11 + static_cast<int>(k) * lh, html_escape(cell.lines[k]));

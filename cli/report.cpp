@@ -60,7 +60,8 @@ table.source tr.line:target td { background: #fff8c5; }
 table.placements { border-collapse: collapse; font-size: 13px; }
 table.placements th, table.placements td { border: 1px solid var(--line); padding: 3px 8px; text-align: left; vertical-align: top; }
 table.placements th { background: #eef1f7; }
-table.placements td.why { color: var(--muted); font-size: 12px; max-width: 640px; }
+table.placements td { white-space: nowrap; }
+table.placements td.why { color: var(--muted); font-size: 12px; max-width: 640px; white-space: normal; }
 .pl { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-weight: 600; padding: 0 4px; border-radius: 3px; }
 .pl-R { background: #e8f5e9; } .pl-I { background: #e0f2f1; } .pl-V { background: #fff3e0; } .pl-P { background: #fce4ec; } .pl-S { background: #e3f2fd; }
 .layouts { display: flex; flex-wrap: wrap; gap: 16px; }

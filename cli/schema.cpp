@@ -12,10 +12,12 @@ namespace {
 using nlohmann::json;
 
 // A YAML scalar that names something (a tensor, a handle, a stream): YAML may read `1` as a number.
-json name_schema() { return {{"type", json::array({"string", "number"})}}; }
+json name_schema() { return {{"type", json::array({"string", "number"})}, {"minLength", 1}}; }
 json names_schema() { return {{"anyOf", json::array({name_schema(), {{"type", "array"}, {"items", name_schema()}}})}}; }
 // A size: a positive integer or an expression over named sizes ("4*H", "S/cp").
-json size_schema() { return {{"anyOf", json::array({{{"type", "integer"}, {"minimum", 1}}, {{"type", "string"}, {"minLength", 1}}})}}; }
+json size_schema(std::int64_t max = kMaxSize) {
+  return {{"anyOf", json::array({{{"type", "integer"}, {"minimum", 1}, {"maximum", max}}, {{"type", "string"}, {"minLength", 1}}})}};
+}
 json shape_schema() { return {{"type", "array"}, {"maxItems", kMaxRank}, {"items", size_schema()}}; }
 
 // The placement spellings of ir/placement.cpp parse_placement (including DTensor's).
@@ -35,20 +37,32 @@ json coords_schema() { return {{"type", "object"}, {"additionalProperties", {{"t
 json bool_schema() {
   return {{"anyOf", json::array({{{"type", "boolean"}}, {{"enum", json::array({"true", "false", "True", "False", "yes", "no"})}}})}};
 }
-json dtype_schema() { return {{"enum", dtype_names()}}; }
+// The dtype names, then the aliases the loader also takes (kept only while parse_dtype accepts them;
+// a new alias missing here makes the schema test fail on the example that uses it).
+json dtype_schema() {
+  json names = dtype_names();
+  for (const char* alias : {"float32", "fp32", "float64", "bfloat16", "float16", "fp16", "int64", "int32", "int8", "fp8"}) {
+    DType d;
+    if (parse_dtype(alias, d)) names.push_back(alias);
+  }
+  return {{"enum", names}};
+}
 
 json attr_schema(const AttrSpec& a) {
   switch (a.type) {
     case AttrType::Axes:
     {
-      json one = {{"type", "string"}};
+      json one = {{"type", json::array({"string", "number"})}};  // an axis the mesh lacks is a finding (illegal-collective), not bad input
       json list = {{"type", "array"}, {"minItems", 1}, {"items", one}};
       return {{"anyOf", json::array({one, list})}, {"description", "a mesh axis name or a list of them"}};
     }
-    case AttrType::Int: return {{"type", "integer"}};
+    case AttrType::Int:  // ranges as the loader's
+      if (a.name == "src" || a.name == "dst") return {{"type", "integer"}, {"minimum", 0}, {"maximum", 1 << 20}};
+      if (a.name == "k") return {{"type", "integer"}, {"minimum", 1}, {"maximum", 1 << 20}};
+      return {{"type", "integer"}, {"minimum", -kMaxRank}, {"maximum", kMaxRank - 1}};
     case AttrType::Ints:
     {
-      json one = {{"type", "integer"}};
+      json one = {{"type", "integer"}, {"minimum", -kMaxRank}, {"maximum", kMaxRank - 1}};
       json list = {{"type", "array"}, {"minItems", 1}, {"maxItems", kMaxRank}, {"items", one}};
       return {{"anyOf", json::array({one, list})}};
     }
@@ -74,7 +88,13 @@ json op_item_schema() {
   for (const OpInfo& info : all_ops()) {
     if (info.category == OpCategory::later) continue;  // reserved: a located error in the loader
     names.push_back(std::string(info.name));
-    json props = {{"op", json::object()}, {"in", json::object()}, {"out", json::object()}};
+    // `in` and `out`: a list of names with the op's arity, or one name where one is allowed.
+    auto arity = [](int lo, int hi) {
+      json list = {{"type", "array"}, {"minItems", lo}, {"maxItems", hi}, {"items", name_schema()}};
+      if (lo > 1 || hi < 1) return list;
+      return json{{"anyOf", json::array({name_schema(), list})}};
+    };
+    json props = {{"op", json::object()}, {"in", arity(info.min_in, info.max_in)}, {"out", arity(info.min_out, info.max_out)}};
     json required = json::array({"op"});
     for (const AttrSpec& a : info.attrs) {
       props[a.name] = attr_schema(a);
@@ -141,8 +161,8 @@ json program_schema() {
       {"properties",
        {{"name", {{"type", "string"}}},
         {"description", {{"type", "string"}}},
-        {"mesh", {{"type", "object"}, {"minProperties", 1}, {"maxProperties", kMaxAxes}, {"additionalProperties", size_schema()}}},
-        {"sizes", {{"type", json::array({"object", "null"})}, {"additionalProperties", {{"anyOf", json::array({size_schema(), symbolic})}}}}},
+        {"mesh", {{"type", "object"}, {"minProperties", 1}, {"maxProperties", kMaxAxes}, {"additionalProperties", size_schema(1 << 20)}}},
+        {"sizes", {{"type", json::array({"object", "null"})}, {"propertyNames", {{"pattern", "^[A-Za-z_]"}}}, {"additionalProperties", {{"anyOf", json::array({size_schema(), symbolic})}}}}},
         {"tensors", {{"type", json::array({"object", "null"})}, {"additionalProperties", tensor}}},
         {"ops", op_list_schema()},
         {"programs", {{"type", "array"}, {"minItems", 1}, {"items", rank_program}}},

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 
 #include "ir/ranks.h"
@@ -13,7 +14,7 @@ namespace spmd {
 namespace {
 
 constexpr int kMaxReps = 16, kMaxSteps = 200;
-constexpr int kColW = 96, kLaneH = 34, kBoxW = 84, kBoxH = 22, kLeft = 150, kTop = 28;
+constexpr int kColW = 150, kLaneH = 40, kBoxW = 110, kBoxH = 24, kLeft = 170, kTop = 28;
 
 std::string esc(const std::string& s) {
   std::string o;
@@ -92,7 +93,7 @@ std::string timeline_svg(const Program& p, const std::vector<Diagnostic>& diags)
   auto unmatched = [&](int r, int i) {
     return std::any_of(leftovers.begin(), leftovers.end(), [&](const P2PLeftover& l) { return l.rank == r && l.op == i; });
   };
-  int w = kLeft + steps * kColW + 20, h = kTop + static_cast<int>(lanes.size()) * kLaneH + 24;
+  int w = kLeft + steps * kColW + 20, h = kTop + static_cast<int>(lanes.size()) * kLaneH + 8;
   std::string o = fmt::format("<svg id=\"timeline\" class=\"timeline\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\">", w, h, w, h);
   o += "<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"7\" markerHeight=\"7\" orient=\"auto-start-reverse\">"
        "<path d=\"M0,0 L10,5 L0,10 z\" fill=\"#2a6\"/></marker>"
@@ -132,8 +133,10 @@ std::string timeline_svg(const Program& p, const std::vector<Diagnostic>& diags)
   }
   for (std::size_t k = 0; blocked.size() > 1 && k < blocked.size(); ++k) {
     Box a = box[blocked[k]], b = box[blocked[(k + 1) % blocked.size()]];
-    o += fmt::format("<path class=\"cycle\" d=\"M{},{} C{},{} {},{} {},{}\" marker-end=\"url(#arrow-red)\"/>", a.x + kBoxW, a.y + kBoxH / 2, a.x + kBoxW + 40,
-                     a.y + kBoxH / 2, b.x + kBoxW + 40, b.y + kBoxH / 2, b.x + kBoxW, b.y + kBoxH / 2);
+    // Bulging left of the boxes, so it crosses no other op.
+    int bulge = 18 + std::abs(b.y - a.y) / 6;
+    o += fmt::format("<path class=\"cycle\" d=\"M{},{} C{},{} {},{} {},{}\" marker-end=\"url(#arrow-red)\"/>", a.x, a.y + kBoxH / 2, a.x - bulge,
+                     a.y + kBoxH / 2, b.x - bulge, b.y + kBoxH / 2, b.x, b.y + kBoxH / 2);
   }
   for (const auto& [key, b] : box) {
     const Op& op = p.ops[static_cast<std::size_t>(key.second)];
@@ -153,11 +156,12 @@ std::string timeline_svg(const Program& p, const std::vector<Diagnostic>& diags)
                      "<text x=\"{}\" y=\"{}\">{}</text></g>",
                      cls, key.second, op.loc.line, esc(title), b.x, b.y, kBoxW, kBoxH, b.x + 5, b.y + 15, esc(label.size() > 13 ? label.substr(0, 12) + "~" : label));
   }
-  int y = h - 8;
-  o += fmt::format("<text x=\"4\" y=\"{}\" class=\"legend\">program order per lane (not to scale); dashed: async in flight until its Wait; green: send -> recv; "
-                   "red: blocked ops and the cycle of waits{}</text>",
-                   y, s.count() > reps ? fmt::format("; first {} of {} ranks", reps, s.count()) : "");
-  return o + "</svg>";
+  o += "</svg>";
+  o += fmt::format("<p class=\"muted legend\">Program order per lane (logical steps, not to scale). Dashed boxes: async ops, joined to the Wait that "
+                   "completes them; green arrows: each Send to its Recv; orange outline: a Send or Recv with no partner; red: the ops where "
+                   "ranks are blocked in a deadlock, and the cycle of waits{}.</p>",
+                   s.count() > reps ? fmt::format(" (the first {} of {} ranks are drawn)", reps, s.count()) : "");
+  return o;
 }
 
 }  // namespace spmd
