@@ -235,6 +235,7 @@ int cmd_test(const std::vector<std::string>& paths, const Options& opt, std::ost
 // `explain FILE`: every value's shape, placements, local shape and why; with --tensor its layout picture.
 int cmd_explain(const std::string& path, const ExplainFilter& filter, const Options& opt, bool color, std::ostream& out, std::ostream& err) {
   SpatialTypes types;
+  types.want_origins = true;
   FileResult r = check_file(path, opt, nullptr, &types);
   const std::string f = display_name(path);
   if (r.load_failed) {
@@ -258,6 +259,7 @@ int cmd_explain(const std::string& path, const ExplainFilter& filter, const Opti
 // `report FILE -o OUT.html`: one self-contained page (exit codes as `check`).
 int cmd_report(const std::string& path, const std::string& output, const Options& opt, std::ostream& out, std::ostream& err) {
   SpatialTypes types;
+  types.want_origins = true;
   FileResult r = check_file(path, opt, nullptr, &types);
   std::string html = report_html(r, r.load_failed || r.schedule ? nullptr : &types, input_text(path, opt).value_or(""), kVersion);
   if (output == "-") out << html;

@@ -27,6 +27,17 @@ struct Walker {
     std::size_t i = t.out_base[static_cast<std::size_t>(r.op)] + static_cast<std::size_t>(r.k);
     return i < t.outs.size() ? &t.outs[i] : nullptr;
   }
+  // The checker's record of where r's placement on axis a arose (nullptr when not recorded).
+  const PlacementOrigin* origin(ValueRef r, int a) const {
+    const AxisOrigins* o = nullptr;
+    if (r.op == -1 && static_cast<std::size_t>(r.k) < t.decl_origins.size()) o = &t.decl_origins[static_cast<std::size_t>(r.k)];
+    if (r.op >= 0 && static_cast<std::size_t>(r.op) < t.out_base.size()) {
+      std::size_t i = t.out_base[static_cast<std::size_t>(r.op)] + static_cast<std::size_t>(r.k);
+      if (i < t.out_origins.size()) o = &t.out_origins[i];
+    }
+    if (!o || !(*o)[static_cast<std::size_t>(a)].known) return nullptr;
+    return &(*o)[static_cast<std::size_t>(a)];
+  }
   std::string name(ValueRef r) const {
     if (r.op == -1) return p.name(p.tensors[static_cast<std::size_t>(r.k)].name);
     return p.name(p.outs(p.ops[static_cast<std::size_t>(r.op)])[static_cast<std::size_t>(r.k)]);
@@ -67,6 +78,8 @@ struct Walker {
         continue;
       }
       s += fmt::format("{}{} became {} at {}{}", s.empty() ? "" : " <- ", name(r), to_string(pl), at, ins.empty() ? "" : " from " + ins);
+      // The rule's own reason, when the checker recorded that the placement arose at this op.
+      if (const PlacementOrigin* o = origin(r, a); o && !o->why.empty() && o->loc.line == op.loc.line && o->loc.col == op.loc.col) s += ": " + o->why;
       return s;
     }
     return s + " <- ...";

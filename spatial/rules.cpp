@@ -31,6 +31,8 @@ std::vector<Diagnostic> Checker::run() {
   if (types_) {
     types_->decls.clear();
     types_->outs.clear();
+    types_->decl_origins.clear();
+    types_->out_origins.clear();
     types_->out_base.assign(p_.ops.size(), 0);
     types_->outs.reserve(p_.ops.size());
   }
@@ -303,7 +305,20 @@ void Checker::declare(const TensorDecl& t) {
   op_idx_ = -1;
   if (!check_local(v, name, t.placement_loc)) v.poisoned = true;
   env_[static_cast<std::size_t>(t.name)] = v;
-  if (types_ && recording_decls_) types_->decls.push_back(type_of(v));
+  if (types_ && recording_decls_) record(true, v);
+}
+
+void Checker::record(bool decl, const Value& v) {
+  (decl ? types_->decls : types_->outs).push_back(type_of(v));
+  if (!types_->want_origins) return;
+  AxisOrigins o;
+  for (int a = 0; a < axes() && !v.poisoned; ++a) {
+    int k = v.origin[static_cast<std::size_t>(a)];
+    if (k < 0) continue;
+    const Origin& org = origins_[static_cast<std::size_t>(k)];
+    o[static_cast<std::size_t>(a)] = {org.loc, org.tensor, org.why, true};
+  }
+  (decl ? types_->decl_origins : types_->out_origins).push_back(std::move(o));
 }
 
 ValueType Checker::type_of(const Value& v) {
@@ -353,7 +368,7 @@ void Checker::step(int i) {
         env_[static_cast<std::size_t>(n)].poisoned = true;
       }
     if (types_)
-      for (NameId n : outs) types_->outs.push_back(type_of(env_[static_cast<std::size_t>(n)]));
+      for (NameId n : outs) record(false, env_[static_cast<std::size_t>(n)]);
     return;
   }
   for (std::size_t k = 0; k < outs.size(); ++k) {
@@ -367,7 +382,7 @@ void Checker::step(int i) {
     }
     v.defined = true;
     env_[static_cast<std::size_t>(outs[k])] = v;
-    if (types_) types_->outs.push_back(type_of(v));
+    if (types_) record(false, v);
   }
 }
 
