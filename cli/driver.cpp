@@ -217,7 +217,10 @@ int cmd_test(const std::vector<std::string>& paths, const Options& opt, std::ost
           for (const auto& x : s) t += (t.empty() ? "" : ", ") + x;
           return "[" + t + "]";
         };
-        why = fmt::format("expected {} but got {}\n{}", list(want_set), list(got), render_text(f, r.diags));
+        // A file with neither `expect:` nor `# expect-error:` is checked as `expect: []` (docs/format.md).
+        why = r.program.has_expect ? fmt::format("expected {} but got {}\n{}", list(want_set), list(got), render_text(f, r.diags))
+                                   : fmt::format("no `expect:`, so it must produce no diagnostic (as `expect: []`), but got {}\n{}", list(got),
+                                                 render_text(display_name(f), r.diags));
       }
     }
     if (why.empty()) {

@@ -61,7 +61,7 @@ std::string local_shape(const Program& p, const ExprPool& ex, const ValueType& t
       for (int a : axes) {
         ExprId sz = p.mesh[static_cast<std::size_t>(a)].size;
         if (ex.is_const(sz)) n *= ex.value(sz);
-        else concrete = false, div += (div.empty() ? "" : "*") + p.mesh[static_cast<std::size_t>(a)].name;
+        else concrete = false, div += (div.empty() ? "" : "*") + ex.str(sz, p.vars);
       }
       if (concrete) {
         std::int64_t g = ex.value(e);
