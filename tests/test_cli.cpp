@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -256,4 +257,52 @@ TEST_CASE("test: a file with no expect: must produce nothing (docs/format.md)") 
   Run b = run({"test", dirty});
   CHECK(b.code == 1);
   CHECK(b.out.find("no `expect:`") != std::string::npos);
+}
+
+TEST_CASE("the explain outputs shown in the docs are what explain prints") {
+  // Each "$ spmdcheck explain ..." block of these pages must match the command's output; a line "..." skips lines.
+  namespace fs = std::filesystem;
+  fs::path old = fs::current_path();
+  fs::current_path(SPMD_SOURCE_DIR);  // the docs run commands from the repository root
+  int blocks = 0;
+  for (const char* doc : {"README.md", "docs/tutorial.md", "docs/coming-from.md"}) {
+    std::istringstream text(slurp(doc));
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(text, l);) lines.push_back(l);
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      if (lines[i].rfind("$ spmdcheck explain ", 0) != 0) continue;
+      std::vector<std::string> args;
+      std::istringstream cmd(lines[i].substr(12));
+      for (std::string a; cmd >> a;) args.push_back(a);
+      std::vector<std::string> want;
+      for (std::size_t k = i + 1; k < lines.size() && lines[k].rfind("```", 0) != 0; ++k) want.push_back(lines[k]);
+      Run r = run(args);
+      std::istringstream got_text(r.out);
+      std::vector<std::string> got;
+      for (std::string l; std::getline(got_text, l);) got.push_back(l);
+      // Match `want` against `got` in order; "..." matches any run of lines.
+      std::size_t g = 0;
+      bool ok = true, skip = false;
+      std::string missing;
+      for (const auto& w : want) {
+        if (w.find_first_not_of(' ') != std::string::npos && w.substr(w.find_first_not_of(' ')) == "...") {
+          skip = true;
+          continue;
+        }
+        while (skip && g < got.size() && got[g] != w) ++g;
+        if (g >= got.size() || got[g] != w) {
+          ok = false;
+          missing = w;
+          break;
+        }
+        ++g;
+        skip = false;
+      }
+      INFO(doc << ": " << lines[i] << "\nfirst line not printed as shown: " << missing << "\noutput:\n" << r.out);
+      CHECK(ok);
+      ++blocks;
+    }
+  }
+  fs::current_path(old);
+  CHECK(blocks >= 5);
 }
