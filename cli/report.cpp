@@ -17,6 +17,7 @@ namespace spmd {
 namespace {
 
 constexpr std::size_t kMaxLayouts = 40;
+constexpr int kMaxRows = 2000;  // placement table rows (a large program's page stays usable)
 
 std::string esc(const std::string& s) {
   std::string o;
@@ -238,7 +239,12 @@ std::string report_html(const FileResult& r, const SpatialTypes* types, const st
     for (const auto& ax : p.mesh) t += fmt::format("<th>{}</th>", esc(ax.name));
     t += "<th>local shape</th><th>why</th></tr></thead><tbody>";
     int rows = 0;
+    int skipped = 0;
     auto row = [&](const std::string& op, Loc loc, const std::string& kind, const ExplainValue& v) {
+      if (rows >= kMaxRows) {
+        ++skipped;
+        return;
+      }
       t += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"mono\">{}</td>", op, line_link(loc), esc(kind), esc(v.name));
       if (!v.type || !v.type->ok) {
         t += fmt::format("<td colspan=\"{}\" class=\"muted\">no type: undefined, or an earlier error</td></tr>", p.mesh.size() + 3);
@@ -258,7 +264,9 @@ std::string report_html(const FileResult& r, const SpatialTypes* types, const st
       const Op& op = p.ops[static_cast<std::size_t>(o.op)];
       for (const auto& v : o.outs) row(std::to_string(o.op), op.loc, std::string(op_name(op.kind)), v);
     }
-    t += "</tbody></table></section>";
+    t += "</tbody></table>";
+    if (skipped) t += fmt::format("<p class=\"muted\">{} more values not listed (spmdcheck explain prints them all)</p>", skipped);
+    t += "</section>";
     want["placements"] = rows;
     body += t;
     nav += "<a href=\"#placements\">Placements</a>";
