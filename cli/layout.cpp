@@ -200,7 +200,7 @@ Layout tensor_layout(const Program& p, const ExprPool& ex, const ValueType& t, c
     switch (pl.kind) {
       case PKind::R: l.notes.push_back(fmt::format("{}: R, every {} coordinate holds the same block ({}*)", an, an, an)); break;
       case PKind::I:
-        l.notes.push_back(fmt::format("{}: I, every {} coordinate holds the same block ({}*), and its gradient stays per rank", an, an, an));
+        l.notes.push_back(fmt::format("{}: I, every {} coordinate holds the same block ({}*), and so does its gradient (nothing to sum)", an, an, an));
         break;
       case PKind::V: l.notes.push_back(fmt::format("{}: V, each {} coordinate holds its own value of the block (not a shard, not a summand)", an, an)); break;
       case PKind::P:
