@@ -3,7 +3,8 @@
 
 Usage: check_sarif.py SPMDCHECK SOURCE_DIR. Runs the checker on every example, golden program and bad
 input in one invocation (so the log has results of every kind, and invalid-input results), validates
-the log against tests/sarif/sarif-schema-2.1.0.json (the OASIS schema, vendored), and checks that every
+the log against the SARIF 2.1.0 JSON Schema (not kept in the repository: scripts/sarif-schema.sh takes it
+from the npm registry package @microsoft/sarif-multitool-linux into a cache, once), and checks that every
 check ID of ir/checks.def has rule metadata and that every result's ruleId/ruleIndex point at its rule.
 """
 import glob
@@ -26,9 +27,14 @@ def main():
     if run.returncode not in (0, 1, 2):
         sys.exit(f"spmdcheck exited with {run.returncode}: {run.stderr}")
     log = json.loads(run.stdout)
-    with open(os.path.join(src, "tests/sarif/sarif-schema-2.1.0.json")) as f:
+    got = subprocess.run(["bash", os.path.join(src, "scripts/sarif-schema.sh")], capture_output=True, text=True)
+    if got.returncode != 0:
+        sys.exit(f"cannot get the SARIF schema (scripts/sarif-schema.sh): {got.stderr}")
+    with open(got.stdout.strip()) as f:
         schema = json.load(f)
-    validator = jsonschema.Draft4Validator(schema)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    validator = cls(schema)
     errors = sorted(validator.iter_errors(log), key=lambda e: list(e.path))
     for e in errors[:10]:
         print("schema violation at", "/".join(map(str, e.path)), ":", e.message)
