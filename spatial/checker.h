@@ -110,6 +110,8 @@ class Checker {
   // ---- declarations -------------------------------------------------------------------------
   void declare(const TensorDecl& t);
   static ValueType type_of(const Value& v);
+  // Appends v's type (and, when SpatialTypes::want_origins, its origin per axis) to the types' lists.
+  void record(bool decl, const Value& v);
 
   // ---- the op loop --------------------------------------------------------------------------
   void step(int i);

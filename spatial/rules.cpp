@@ -32,6 +32,8 @@ std::vector<Diagnostic> Checker::run() {
   if (types_) {
     types_->decls.clear();
     types_->outs.clear();
+    types_->decl_origins.clear();
+    types_->out_origins.clear();
     types_->out_base.assign(p_.ops.size(), 0);
     types_->outs.reserve(p_.ops.size());
   }
@@ -308,7 +310,20 @@ void Checker::declare(const TensorDecl& t) {
   op_idx_ = -1;
   if (!check_local(v, name, t.placement_loc)) v.poisoned = true;
   env_[static_cast<std::size_t>(t.name)] = v;
-  if (types_ && recording_decls_) types_->decls.push_back(type_of(v));
+  if (types_ && recording_decls_) record(true, v);
+}
+
+void Checker::record(bool decl, const Value& v) {
+  (decl ? types_->decls : types_->outs).push_back(type_of(v));
+  if (!types_->want_origins) return;
+  AxisOrigins o;
+  for (int a = 0; a < axes() && !v.poisoned; ++a) {
+    int k = v.origin[static_cast<std::size_t>(a)];
+    if (k < 0) continue;
+    const Origin& org = origins_[static_cast<std::size_t>(k)];
+    o[static_cast<std::size_t>(a)] = {org.loc, org.tensor, org.why, true};
+  }
+  (decl ? types_->decl_origins : types_->out_origins).push_back(std::move(o));
 }
 
 ValueType Checker::type_of(const Value& v) {
@@ -358,7 +373,7 @@ void Checker::step(int i) {
         env_[static_cast<std::size_t>(n)].poisoned = true;
       }
     if (types_)
-      for (NameId n : outs) types_->outs.push_back(type_of(env_[static_cast<std::size_t>(n)]));
+      for (NameId n : outs) record(false, env_[static_cast<std::size_t>(n)]);
     return;
   }
   std::uint32_t fresh_in = 0;  // a V computed from per-rank values is per-rank too
@@ -376,7 +391,7 @@ void Checker::step(int i) {
     }
     v.defined = true;
     env_[static_cast<std::size_t>(outs[k])] = v;
-    if (types_) types_->outs.push_back(type_of(v));
+    if (types_) record(false, v);
   }
 }
 
