@@ -300,6 +300,9 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::Recv:
     case OpKind::Wait:
     case OpKind::WaitAll:
+    case OpKind::WaitStream:
+    case OpKind::RecordEvent:
+    case OpKind::WaitEvent:
     case OpKind::OverlapRegion:
     case OpKind::Cast:
     case OpKind::LossScale:

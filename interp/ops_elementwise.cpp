@@ -74,6 +74,9 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
       case OpKind::Recv:
       case OpKind::Wait:
       case OpKind::WaitAll:
+      case OpKind::WaitStream:
+      case OpKind::RecordEvent:
+      case OpKind::WaitEvent:
       case OpKind::OverlapRegion:
       case OpKind::AmaxUpdate:
       case OpKind::Reshape:
@@ -158,6 +161,9 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
       case OpKind::Recv:
       case OpKind::Wait:
       case OpKind::WaitAll:
+      case OpKind::WaitStream:
+      case OpKind::RecordEvent:
+      case OpKind::WaitEvent:
       case OpKind::OverlapRegion:
       case OpKind::Cast:
       case OpKind::LossScale:
