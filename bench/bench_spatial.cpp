@@ -6,6 +6,8 @@
 //        spmd_bench --schedule STAGES MICROBATCHES VIRTUAL (generate, validate, lower and check an interleaved 1F1B)
 //        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
 //        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
+//        spmd_bench --symbolic [LAYERS...] (spatial check of layers with their own symbolic sizes: Z3 obligations)
+//        spmd_bench --symbolic-yaml LAYERS [wrong] > f.yaml (the same program as YAML; `wrong`: one layer fails)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
 #include <sys/resource.h>
@@ -36,6 +38,29 @@ int main(int argc, char** argv) {
     spmd::bench::GenOptions g;
     g.layers = static_cast<int>(std::max(1L, std::atol(argv[2]) / 22));
     std::fputs(spmd::print_program(spmd::bench::make_transformer(g)).c_str(), stdout);
+    return 0;
+  }
+  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--symbolic-yaml") {
+    std::fputs(spmd::print_program(spmd::bench::make_symbolic(std::atoi(argv[2]), argc == 4)).c_str(), stdout);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--symbolic") {
+    std::vector<int> ls;
+    for (int i = 2; i < argc; ++i) ls.push_back(std::atoi(argv[i]));
+    if (ls.empty()) ls = {64, 128, 256};
+    std::printf("%8s %8s %12s %14s %14s\n", "layers", "ops", "check (ms)", "ms / layer", "peak RSS (MiB)");
+    for (int l : ls) {
+      spmd::Program p = spmd::bench::make_symbolic(l);
+      auto t0 = std::chrono::steady_clock::now();
+      auto diags = spmd::check_spatial(p);
+      auto t1 = std::chrono::steady_clock::now();
+      if (!diags.empty()) {
+        std::fprintf(stderr, "symbolic program is expected to be clean, got %zu diagnostics: %s\n", diags.size(), diags[0].message.c_str());
+        return 1;
+      }
+      double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      std::printf("%8d %8zu %12.1f %14.2f %14ld\n", l, p.ops.size(), ms, ms / l, peak_rss_mib());
+    }
     return 0;
   }
   if (argc == 5 && std::string(argv[1]) == "--schedule") {
