@@ -1,0 +1,265 @@
+// interp/ops_collectives.cpp - the numeric oracle: collectives, point-to-point and conversions.
+//
+// Ops: step_group(), the one dispatch of ops across a group of ranks (AllReduce, AllGather, ReduceScatter,
+// Broadcast, Reduce, Gather, Scatter, AllToAll), Send/Recv, Convert.
+#include "interp/runner.h"
+
+namespace spmd::interp {
+
+void Runner::send(int oi, std::int64_t r) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  if (global_) return;
+  Val v = in(oi, r, 0);
+  std::int64_t dst = peer(op, r);
+  queues_[{r, dst}].push_back(std::move(v));
+  return;
+}
+
+void Runner::recv(int oi, std::int64_t r, const std::vector<std::int64_t>& c) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  const OpAttrs& at = op.attrs;
+  Shape g;
+  if (at.shape == kNoIndex) throw InterpError("Recv needs `shape:`");
+  for (ExprId e : p_.shapes[at.shape]) g.push_back(eval(e, "a dim of a Recv"));
+  Val v;
+  v.gshape = g;
+  v.mask.assign(g.size(), 0);
+  if (at.placements != kNoIndex)
+    for (std::size_t a = 0; a < p_.mesh.size(); ++a) {
+      Placement pl = p_.placement_maps[at.placements][a];
+      if (pl.is_s()) v.mask[static_cast<std::size_t>(norm_dim(pl.dim, static_cast<int>(g.size())))] |= 1u << a;
+    }
+  if (global_) {
+    v.t = Tensor(local_shape(v, c), 0.0);
+    return set_out(oi, r, 0, std::move(v), "it is received point-to-point, which has no single-device meaning");
+  }
+  auto& q = queue(op, r, true);
+  Val got = std::move(q.front());
+  q.pop_front();
+  v.t = std::move(got.t);
+  return set_out(oi, r, 0, std::move(v), "");
+}
+
+std::int64_t Runner::peer(const Op& op, std::int64_t r) const {
+  auto c = coords(r);
+  if (op.attrs.coords == kNoIndex) throw InterpError("point-to-point op without `peer`");
+  for (auto [a, v] : p_.coords[op.attrs.coords]) {
+    if (v >= sizes_[static_cast<std::size_t>(a)]) throw InterpError("peer coordinate " + std::to_string(v) + " is outside axis " + p_.mesh[static_cast<std::size_t>(a)].name);
+    c[static_cast<std::size_t>(a)] = v;
+  }
+  return rank_of(c);
+}
+
+std::deque<Val>& Runner::queue(const Op& op, std::int64_t r, bool incoming) {
+  std::int64_t q = peer(op, r);
+  return incoming ? queues_[{q, r}] : queues_[{r, q}];
+}
+
+void Runner::convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  Val v = in(oi, r, 0);
+  Placement to = op.attrs.to;
+  std::string t = taint;
+  if (to.is_s()) {
+    int d = norm_dim(to.dim, v.t.rank());
+    std::uint32_t axes = op.attrs.axes & ~v.mask[static_cast<std::size_t>(d)];
+    std::int64_t n, idx, lo, hi;
+    part(axes, c, n, idx);
+    chunk_range(v.t.shape[static_cast<std::size_t>(d)], n, idx, lo, hi);
+    v.t = slice(v.t, d, lo, hi);
+    v.mask[static_cast<std::size_t>(d)] |= axes;
+  } else if (to.is_p() && !global_) {
+    // S(d) -> P: each rank's shard in its slot of a zero tensor, so the sum over the axes is the whole.
+    for (int d = 0; d < v.t.rank(); ++d) {
+      std::uint32_t axes = op.attrs.axes & v.mask[static_cast<std::size_t>(d)];
+      if (!axes) continue;
+      std::int64_t n, idx, lo, hi;
+      part(axes, c, n, idx);
+      std::int64_t piece = v.t.shape[static_cast<std::size_t>(d)], full = piece * n;
+      chunk_range(full, n, idx, lo, hi);
+      Shape zs = v.t.shape;
+      zs[static_cast<std::size_t>(d)] = full;
+      Tensor z(zs, 0.0);
+      std::int64_t outer = 1, inner = 1;
+      for (int k = 0; k < d; ++k) outer *= v.t.shape[static_cast<std::size_t>(k)];
+      for (int k = d + 1; k < v.t.rank(); ++k) inner *= v.t.shape[static_cast<std::size_t>(k)];
+      for (std::int64_t o = 0; o < outer; ++o)
+        for (std::int64_t i = 0; i < piece; ++i)
+          for (std::int64_t q = 0; q < inner; ++q)
+            z.data[static_cast<std::size_t>((o * full + lo + i) * inner + q)] = v.t.data[static_cast<std::size_t>((o * piece + i) * inner + q)];
+      v.t = std::move(z);
+      v.mask[static_cast<std::size_t>(d)] &= ~axes;
+    }
+  } else if (to.is_v() && global_) {
+    t = "Convert to V gives per-rank values with no global value";
+  }
+  set_out(oi, r, 0, std::move(v), t);
+}
+
+std::vector<std::int64_t> Runner::group(const Op& op, std::int64_t r) {
+  std::uint32_t axes = op.attrs.axes;
+  if (op.kind == OpKind::CrossEntropyLoss && !axes) {
+    // No `axis`: the axes that shard the vocab; with none, the group a vocab-parallel kernel uses
+    // anyway (Megatron's tensor-parallel group: the axis named tp, else the whole mesh).
+    NameId lg = p_.ins(op)[0];
+    const Val& v = at(r, lg);
+    if (v.defined && !v.mask.empty()) axes = v.mask.back();
+    for (std::size_t a = 0; a < p_.mesh.size() && !axes; ++a)
+      if (p_.mesh[a].name == "tp") axes = 1u << a;
+    if (!axes) axes = (1u << p_.mesh.size()) - 1;
+  }
+  auto c = coords(r);
+  std::vector<std::int64_t> m;
+  for (std::int64_t q = 0; q < ranks_; ++q) {
+    auto cq = coords(q);
+    bool same = true;
+    for (std::size_t a = 0; a < sizes_.size(); ++a)
+      if (!(axes & (1u << a)) && cq[a] != c[a]) same = false;
+    if (same) m.push_back(q);
+  }
+  return m;
+}
+
+double Runner::combine(ReduceOp op, double a, double b) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return a + b;
+    case ReduceOp::Max: return std::max(a, b);
+    case ReduceOp::Min: return std::min(a, b);
+  }
+  return a;
+}
+
+Tensor Runner::reduce_all(const std::vector<const Val*>& xs, ReduceOp op) {
+  Tensor acc = xs[0]->t;
+  for (std::size_t k = 1; k < xs.size(); ++k) {
+    if (xs[k]->t.shape != acc.shape)
+      throw InterpError("ranks hold different local shapes (" + shape_text(acc.shape) + " and " + shape_text(xs[k]->t.shape) + ") for one reduction");
+    for (std::size_t e = 0; e < acc.data.size(); ++e) acc.data[e] = combine(op, acc.data[e], xs[k]->t.data[e]);
+  }
+  if (op == ReduceOp::Avg)
+    for (auto& e : acc.data) e /= static_cast<double>(xs.size());
+  charge(acc.numel() * static_cast<std::int64_t>(xs.size()));
+  return acc;
+}
+
+void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
+  failed_op = oi;
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  if (op.kind == OpKind::CrossEntropyLoss) return cross_entropy(oi, members);
+  const OpAttrs& at = op.attrs;
+  std::size_t n = members.size();
+  std::vector<const Val*> xs;
+  for (auto m : members) xs.push_back(&in(oi, m, 0));
+  std::string taint = global_ ? taint_of(oi, members[0]) : "";
+  std::vector<Val> outs(n);
+  std::uint32_t axes = at.axes;
+  auto src_member = [&](const char* what) -> std::size_t {
+    std::size_t s = at.rank < 0 ? 0 : static_cast<std::size_t>(at.rank);
+    if (n == 1) return 0;  // the single-device run: the identity
+    if (s >= n) throw InterpError(std::string(what) + " rank " + std::to_string(s) + " is outside a group of " + std::to_string(n));
+    return s;
+  };
+  auto dim_of = [&](int d, const Val& v) { return norm_dim(d, static_cast<int>(v.gshape.size())); };
+  switch (op.kind) {
+    case OpKind::AllReduce: {
+      Tensor red = reduce_all(xs, at.rop);
+      for (std::size_t k = 0; k < n; ++k) outs[k] = *xs[k], outs[k].t = red;
+      break;
+    }
+    case OpKind::AllGather: {
+      int d = dim_of(at.dim, *xs[0]);
+      std::vector<Tensor> parts;
+      for (auto* x : xs) parts.push_back(x->t);
+      Tensor all = concat(parts, d);
+      for (std::size_t k = 0; k < n; ++k) outs[k] = *xs[k], outs[k].t = all, outs[k].mask[static_cast<std::size_t>(d)] &= ~axes;
+      break;
+    }
+    case OpKind::ReduceScatter: {
+      int d = dim_of(at.dim, *xs[0]);
+      Tensor red = reduce_all(xs, at.rop);
+      for (std::size_t k = 0; k < n; ++k) {
+        std::int64_t lo, hi;
+        chunk_range(red.shape[static_cast<std::size_t>(d)], static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), lo, hi);
+        outs[k] = *xs[k], outs[k].t = slice(red, d, lo, hi), outs[k].mask[static_cast<std::size_t>(d)] |= axes;
+      }
+      break;
+    }
+    case OpKind::Broadcast: {
+      std::size_t s = src_member("Broadcast source");
+      for (std::size_t k = 0; k < n; ++k) outs[k] = *xs[s];
+      break;
+    }
+    case OpKind::Reduce: {
+      std::size_t s = src_member("Reduce destination");
+      Tensor red = reduce_all(xs, at.rop);
+      for (std::size_t k = 0; k < n; ++k) outs[k] = *xs[k], outs[k].t = k == s ? red : nan_like(red);
+      if (global_) taint = "Reduce leaves its result on one rank only (V)";
+      break;
+    }
+    case OpKind::Gather: {
+      std::size_t s = src_member("Gather destination");
+      int d = dim_of(at.dim, *xs[0]);
+      std::vector<Tensor> parts;
+      for (auto* x : xs) parts.push_back(x->t);
+      Tensor all = concat(parts, d);
+      for (std::size_t k = 0; k < n; ++k)
+        outs[k] = *xs[k], outs[k].t = k == s ? all : nan_like(all), outs[k].mask[static_cast<std::size_t>(d)] &= ~axes;
+      if (global_) taint = "Gather leaves its result on one rank only (V)";
+      break;
+    }
+    case OpKind::Scatter: {
+      std::size_t s = src_member("Scatter source");
+      int d = dim_of(at.dim, *xs[s]);
+      for (std::size_t k = 0; k < n; ++k) {
+        std::int64_t lo, hi;
+        chunk_range(xs[s]->t.shape[static_cast<std::size_t>(d)], static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), lo, hi);
+        outs[k] = *xs[s], outs[k].t = slice(xs[s]->t, d, lo, hi), outs[k].mask[static_cast<std::size_t>(d)] |= axes;
+      }
+      break;
+    }
+    case OpKind::AllToAll: {
+      // S(concat) -> S(split) moves the shard; on values the axes do not shard along concat_dim (V) each rank's
+      // split dim shrinks and its concat dim grows (the global shape of a V is its per-rank shape).
+      int sd = dim_of(at.dim, *xs[0]), cd = dim_of(at.dim2, *xs[0]);
+      bool moves = (xs[0]->mask[static_cast<std::size_t>(cd)] & axes) == axes;
+      if (global_ && !moves && sd != cd && !taint.empty()) {
+        // A V value has no single-device meaning, but later ops need its per-rank shape: split by the real group.
+        std::int64_t g = 1;
+        for (std::size_t a = 0; a < real_sizes_.size(); ++a)
+          if (axes & (1u << a)) g *= real_sizes_[a];
+        Val v = *xs[0];
+        if (v.gshape[static_cast<std::size_t>(sd)] % g) throw InterpError("AllToAll cannot split dim " + std::to_string(sd) + " into " + std::to_string(g));
+        v.gshape[static_cast<std::size_t>(sd)] /= g;
+        v.gshape[static_cast<std::size_t>(cd)] *= g;
+        v.t = Tensor(v.gshape, 0.0);
+        outs[0] = std::move(v);
+        break;
+      }
+      for (std::size_t k = 0; k < n; ++k) {
+        std::vector<Tensor> parts;
+        for (std::size_t j = 0; j < n; ++j) {
+          std::int64_t lo, hi;
+          chunk_range(xs[j]->t.shape[static_cast<std::size_t>(sd)], static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), lo, hi);
+          parts.push_back(slice(xs[j]->t, sd, lo, hi));
+        }
+        outs[k] = *xs[k], outs[k].t = concat(parts, cd);
+        if (moves || sd == cd) {
+          outs[k].mask[static_cast<std::size_t>(cd)] &= ~axes;
+          outs[k].mask[static_cast<std::size_t>(sd)] |= axes;
+        } else {
+          outs[k].gshape[static_cast<std::size_t>(sd)] /= static_cast<std::int64_t>(n);
+          outs[k].gshape[static_cast<std::size_t>(cd)] *= static_cast<std::int64_t>(n);
+        }
+      }
+      break;
+    }
+    default: throw std::logic_error("step_group: not a collective: " + std::string(op_name(op.kind)));
+  }
+  for (std::size_t k = 0; k < n; ++k) {
+    outs[k].taint.clear();
+    set_out(oi, members[k], 0, std::move(outs[k]), taint);
+  }
+}
+
+}  // namespace spmd::interp

@@ -1,0 +1,185 @@
+// interp/ops_reduction.cpp - the numeric oracle: reductions, norms and the loss.
+//
+// Ops: Softmax, LayerNorm/RMSNorm, Sum/Mean, TopKGate, CrossEntropyLoss (also vocab-parallel, whose max
+// and sums all-reduce inside).
+#include "interp/runner.h"
+
+namespace spmd::interp {
+
+void Runner::softmax(int oi, std::int64_t r, const std::string& taint) {
+  const OpAttrs& at = p_.ops[static_cast<std::size_t>(oi)].attrs;
+  Val v = in(oi, r, 0);
+  int d = norm_dim(at.dim, v.t.rank());
+  for_each_group(v.t, {d}, softmax_line);
+  return set_out(oi, r, 0, std::move(v), taint);
+}
+
+void Runner::softmax_line(std::vector<double>& x) {
+  double m = -INFINITY;
+  for (double v : x) m = std::max(m, v);
+  double s = 0;
+  for (double& v : x) s += (v = std::exp(v - m));
+  for (double& v : x) v /= s;
+}
+
+void Runner::norm(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  Val v = in(oi, r, 0);
+  auto dims = norm_dims(op.attrs.dims, v.t.rank(), true);
+  double eps = op.attrs.has_number ? op.attrs.number : 1e-5;
+  bool rms = op.kind == OpKind::RMSNorm;
+  for_each_group(v.t, dims, [&](std::vector<double>& x) {
+    if (x.empty()) return;
+    double mean = 0, var = 0;
+    if (!rms) {
+      for (double e : x) mean += e;
+      mean /= static_cast<double>(x.size());
+    }
+    for (double e : x) var += (e - mean) * (e - mean);
+    var /= static_cast<double>(x.size());
+    for (double& e : x) e = (e - mean) / std::sqrt(var + eps);
+  });
+  // weight (and bias) span the normalized dims: each rank reads its own block of them.
+  for (int i = 1; i < op.n_in; ++i) {
+    const Val& w = in(oi, r, i);
+    if (w.gshape.size() != dims.size()) throw InterpError("a norm weight must have the shape of the normalized dims");
+    std::vector<std::uint32_t> target(dims.size());
+    for (std::size_t k = 0; k < dims.size(); ++k) target[k] = v.mask[static_cast<std::size_t>(dims[k])];
+    Tensor wl = align(w, target, c, p_.name(p_.ins(op)[static_cast<std::size_t>(i)]));
+    // Move the weight's dims to the normalized positions: broadcast by reshaping to rank(x) with ones.
+    Shape ws(v.t.shape.size(), 1);
+    for (std::size_t k = 0; k < dims.size(); ++k) ws[static_cast<std::size_t>(dims[k])] = wl.shape[k];
+    wl = interp::reshape(wl, ws);
+    v.t = binary(v.t, wl, [&](double a, double b) { return i == 1 ? a * b : a + b; });
+  }
+  set_out(oi, r, 0, std::move(v), taint);
+}
+
+void Runner::reduce_dims(int oi, std::int64_t r, const std::string& taint) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  const Val& x = in(oi, r, 0);
+  auto dims = norm_dims(op.attrs.dims, x.t.rank(), false);
+  Val o;
+  o.t = reduce(x.t, dims, op.attrs.keepdim, 0.0, [](double a, double b) { return a + b; });
+  if (op.kind == OpKind::Mean) {
+    std::int64_t n = 1;
+    for (int d : dims) n *= x.t.shape[static_cast<std::size_t>(d)];
+    for (auto& e : o.t.data) e = n ? e / static_cast<double>(n) : NAN;
+  }
+  for (std::size_t d = 0; d < x.gshape.size(); ++d) {
+    bool red = std::find(dims.begin(), dims.end(), static_cast<int>(d)) != dims.end();
+    if (red && !op.attrs.keepdim) continue;
+    o.gshape.push_back(red ? 1 : x.gshape[d]);
+    o.mask.push_back(red ? 0 : x.mask[d]);
+  }
+  set_out(oi, r, 0, std::move(o), taint);
+}
+
+void Runner::topk(int oi, std::int64_t r, const std::string& taint) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  const Val& x = in(oi, r, 0);
+  if (x.t.rank() < 1) throw InterpError("TopKGate needs an expert dim");
+  std::int64_t E = x.t.shape.back(), K = op.attrs.k;
+  if (K > E) throw InterpError("TopKGate k = " + std::to_string(K) + " exceeds the " + std::to_string(E) + " local experts");
+  Val vals, idxs;
+  vals.gshape = idxs.gshape = x.gshape;
+  vals.gshape.back() = idxs.gshape.back() = K;
+  vals.mask = idxs.mask = x.mask;
+  vals.mask.back() = idxs.mask.back() = 0;
+  Shape s = x.t.shape;
+  s.back() = K;
+  vals.t = idxs.t = Tensor(s);
+  std::int64_t rows = E ? x.t.numel() / E : 0;
+  std::vector<double> line(static_cast<std::size_t>(E));
+  std::vector<std::int64_t> order(static_cast<std::size_t>(E));
+  for (std::int64_t row = 0; row < rows; ++row) {
+    std::copy_n(x.t.data.begin() + row * E, E, line.begin());
+    softmax_line(line);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](auto a, auto b2) { return line[static_cast<std::size_t>(a)] > line[static_cast<std::size_t>(b2)]; });
+    for (std::int64_t j = 0; j < K; ++j) {
+      vals.t.data[static_cast<std::size_t>(row * K + j)] = line[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
+      idxs.t.data[static_cast<std::size_t>(row * K + j)] = static_cast<double>(order[static_cast<std::size_t>(j)]);
+    }
+  }
+  set_out(oi, r, 0, std::move(vals), taint);
+  set_out(oi, r, 1, std::move(idxs), taint);
+}
+
+// Softmax cross-entropy per token; with vocab_parallel the vocab dim is split over the group and the
+// max, the sum of exponentials and the target logit are all-reduced (Megatron's
+// vocab_parallel_cross_entropy: rank g owns labels [g * local_vocab, (g + 1) * local_vocab)).
+void Runner::cross_entropy(int oi, const std::vector<std::int64_t>& members) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  std::size_t n = members.size();
+  struct Part {
+    Tensor lg, lb;
+    Val tok;
+    std::vector<double> mx, se, tgt;
+  };
+  std::vector<Part> parts(n);
+  std::int64_t T = -1;
+  for (std::size_t k = 0; k < n; ++k) {
+    std::int64_t r = members[k];
+    auto c = coords(r);
+    const Val& lg = in(oi, r, 0);
+    const Val& lb = in(oi, r, 1);
+    if (lg.gshape.empty() || lb.gshape.size() + 1 != lg.gshape.size()) throw InterpError("CrossEntropyLoss labels must have the logits' shape without the vocab dim");
+    note_range(p_.ins(op)[1], lg.gshape.back());
+    Part& P = parts[k];
+    P.tok.gshape = lb.gshape;
+    P.tok.mask.assign(lb.gshape.size(), 0);
+    for (std::size_t d = 0; d < lb.gshape.size(); ++d) P.tok.mask[d] = lb.mask[d] | (lg.gshape[d] == 1 ? 0 : lg.mask[d]);
+    std::vector<std::uint32_t> tl = lg.mask;
+    for (std::size_t d = 0; d < lb.gshape.size(); ++d) tl[d] = P.tok.mask[d];
+    P.lg = align(lg, tl, c, p_.name(p_.ins(op)[0]));
+    P.lb = align(lb, P.tok.mask, c, p_.name(p_.ins(op)[1]));
+    Shape ts(P.lg.shape.begin(), P.lg.shape.end() - 1);
+    if (ts != P.lb.shape) throw InterpError("CrossEntropyLoss local logits " + shape_text(P.lg.shape) + " and labels " + shape_text(P.lb.shape) + " do not fit");
+    std::int64_t t = P.lb.numel();
+    if (T >= 0 && t != T) throw InterpError("ranks of one vocab-parallel group hold different token counts");
+    T = t;
+    std::int64_t V = P.lg.shape.back();
+    std::int64_t off = static_cast<std::int64_t>(k) * V;  // Megatron: vocab_start_index = rank * partition_vocab_size
+    P.mx.assign(static_cast<std::size_t>(t), -INFINITY);
+    P.se.assign(static_cast<std::size_t>(t), 0);
+    P.tgt.assign(static_cast<std::size_t>(t), 0);
+    for (std::int64_t i = 0; i < t; ++i)
+      for (std::int64_t v = 0; v < V; ++v) P.mx[static_cast<std::size_t>(i)] = std::max(P.mx[static_cast<std::size_t>(i)], P.lg.data[static_cast<std::size_t>(i * V + v)]);
+    for (std::int64_t i = 0; i < t; ++i) {
+      std::int64_t label = as_index(P.lb.data[static_cast<std::size_t>(i)], lg.gshape.back(), "a CrossEntropyLoss label");
+      if (!op.attrs.vocab_parallel && label >= V) throw InterpError("a label indexes past the " + std::to_string(V) + " local logits");
+      if (label >= off && label < off + V) P.tgt[static_cast<std::size_t>(i)] = P.lg.data[static_cast<std::size_t>(i * V + label - off)];
+    }
+    charge(t * V);
+  }
+  // all-reduce max, then the sums
+  std::vector<double> gmax(static_cast<std::size_t>(T), -INFINITY), gse(static_cast<std::size_t>(T), 0), gtgt(static_cast<std::size_t>(T), 0);
+  for (auto& P : parts)
+    for (std::size_t i = 0; i < gmax.size(); ++i) gmax[i] = std::max(gmax[i], P.mx[i]);
+  for (auto& P : parts) {
+    std::int64_t V = P.lg.shape.back();
+    for (std::size_t i = 0; i < gmax.size(); ++i) {
+      for (std::int64_t v = 0; v < V; ++v) gse[i] += std::exp(P.lg.data[i * static_cast<std::size_t>(V) + static_cast<std::size_t>(v)] - gmax[i]);
+      gtgt[i] += P.tgt[i];
+    }
+  }
+  std::string taint = global_ ? taint_of(oi, members[0]) : "";
+  for (std::size_t k = 0; k < n; ++k) {
+    Part& P = parts[k];
+    Val o = P.tok;
+    o.t = Tensor(P.lb.shape);
+    for (std::size_t i = 0; i < gmax.size(); ++i) o.t.data[i] = std::log(gse[i]) + gmax[i] - gtgt[i];
+    if (op.attrs.reduction != Reduction::None) {
+      double s = 0;
+      for (double e : o.t.data) s += e;
+      if (op.attrs.reduction == Reduction::Mean) s = o.t.data.empty() ? NAN : s / static_cast<double>(o.t.data.size());
+      o.t = Tensor({}, s);
+      o.gshape.clear();
+      o.mask.clear();
+    }
+    set_out(oi, members[k], 0, std::move(o), taint);
+  }
+}
+
+}  // namespace spmd::interp

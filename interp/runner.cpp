@@ -1,0 +1,302 @@
+// interp/runner.cpp - the numeric oracle: the Runner's machinery.
+//
+// Holds the layout of values on the mesh, declared inputs, the op loop (a scheduler over per-rank op
+// lists) and step_local(), the one dispatch of per-rank ops.
+#include "interp/runner.h"
+
+namespace spmd::interp {
+
+Runner::Runner(const Program& p, const std::vector<std::int64_t>& vars, std::vector<std::int64_t> axis_sizes, bool global, const OracleOptions& o,
+       std::int64_t& work, std::vector<std::int64_t> real_sizes)
+    : p_(p), vars_(vars), sizes_(std::move(axis_sizes)), real_sizes_(std::move(real_sizes)), global_(global), opt_(o), work_(work) {
+  if (real_sizes_.empty()) real_sizes_ = sizes_;
+  ranks_ = 1;
+  for (auto s : sizes_) ranks_ *= s;
+  env_.assign(static_cast<std::size_t>(ranks_), std::vector<Val>(p.names.size()));
+}
+
+std::vector<std::int64_t> Runner::coords(std::int64_t r) const {
+  std::vector<std::int64_t> c(sizes_.size());
+  for (int a = static_cast<int>(sizes_.size()) - 1; a >= 0; --a) {
+    c[static_cast<std::size_t>(a)] = r % sizes_[static_cast<std::size_t>(a)];
+    r /= sizes_[static_cast<std::size_t>(a)];
+  }
+  return c;
+}
+
+std::int64_t Runner::rank_of(const std::vector<std::int64_t>& c) const {
+  std::int64_t r = 0;
+  for (std::size_t a = 0; a < sizes_.size(); ++a) r = r * sizes_[a] + c[a];
+  return r;
+}
+
+// Number of parts and this rank's part index for a set of axes (flattened in mesh order).
+void Runner::part(std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& n, std::int64_t& idx) const {
+  n = 1, idx = 0;
+  for (std::size_t a = 0; a < sizes_.size(); ++a)
+    if (axes & (1u << a)) n *= sizes_[a], idx = idx * sizes_[a] + c[a];
+}
+
+void Runner::block(std::int64_t gsize, std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& lo, std::int64_t& hi) const {
+  std::int64_t n, idx;
+  part(axes, c, n, idx);
+  chunk_range(gsize, n, idx, lo, hi);
+}
+
+Shape Runner::local_shape(const Val& v, const std::vector<std::int64_t>& c) const {
+  Shape s(v.gshape.size());
+  for (std::size_t d = 0; d < s.size(); ++d) {
+    std::int64_t lo, hi;
+    block(v.gshape[d], v.mask[d], c, lo, hi);
+    s[d] = hi - lo;
+  }
+  return s;
+}
+
+void Runner::declare(const TensorDecl& t, std::int64_t range, std::uint64_t seed) {
+  Shape g;
+  for (ExprId e : t.shape) g.push_back(eval(e, "a dim of " + p_.name(t.name)));
+  check_size(g);
+  std::uint64_t key = mix(seed ^ std::hash<std::string>{}(p_.name(t.name)));
+  for (std::int64_t r = 0; r < ranks_; ++r) {
+    auto c = coords(r);
+    Val v;
+    v.defined = true;
+    v.gshape = g;
+    v.mask.assign(g.size(), 0);
+    std::uint64_t pv = key;
+    for (std::size_t a = 0; a < sizes_.size(); ++a) {
+      Placement pl = t.placement[a];
+      if (pl.is_s() && pl.dim >= 0 && pl.dim < static_cast<int>(g.size())) v.mask[static_cast<std::size_t>(pl.dim)] |= 1u << a;
+      if (pl.is_p() || pl.is_v()) pv = mix(pv ^ (static_cast<std::uint64_t>(a) << 40) ^ static_cast<std::uint64_t>(c[a] + 1));
+    }
+    if (global_) {
+      for (std::size_t a = 0; a < t.placement.size() && a < p_.mesh.size(); ++a)
+        if (t.placement[a].is_v()) v.taint = p_.name(t.name) + " is declared V over " + p_.mesh[a].name;
+    }
+    Shape ls = local_shape(v, c);
+    v.t = Tensor(ls);
+    Shape lo(g.size());
+    for (std::size_t d = 0; d < g.size(); ++d) {
+      std::int64_t h;
+      block(g[d], v.mask[d], c, lo[d], h);
+    }
+    Shape gst = strides_of(g);
+    Shape idx(ls.size(), 0);
+    for (std::size_t w = 0; w < v.t.data.size(); ++w) {
+      std::int64_t flat = 0;
+      for (std::size_t d = 0; d < ls.size(); ++d) flat += (lo[d] + idx[d]) * gst[d];
+      std::uint64_t h = mix(pv ^ static_cast<std::uint64_t>(flat));
+      if (t.dtype == DType::Bool) range = 2;
+      v.t.data[w] = is_int(t.dtype) ? static_cast<double>(h % static_cast<std::uint64_t>(std::max<std::int64_t>(1, range)))
+                                    : unit(h) * 4.0 - 2.0;  // [-2, 2): integer casts are not all 0
+      for (int d = static_cast<int>(ls.size()) - 1; d >= 0; --d) {
+        if (++idx[static_cast<std::size_t>(d)] < ls[static_cast<std::size_t>(d)]) break;
+        idx[static_cast<std::size_t>(d)] = 0;
+      }
+    }
+    at(r, t.name) = std::move(v);
+  }
+}
+
+void Runner::run(std::uint64_t seed) {
+  seed_ = seed;
+  std::vector<int> prog(p_.ops.size());
+  std::iota(prog.begin(), prog.end(), 0);
+  std::vector<std::size_t> pc(static_cast<std::size_t>(ranks_), 0);
+  auto group_op = [&](const Op& op) {
+    return op_info(op.kind).category == OpCategory::collective || (op.kind == OpKind::CrossEntropyLoss && op.attrs.vocab_parallel);
+  };
+  for (;;) {
+    bool progress = false, done = true;
+    for (std::int64_t r = 0; r < ranks_; ++r) {
+      auto& i = pc[static_cast<std::size_t>(r)];
+      while (i < prog.size()) {
+        const Op& op = p_.ops[static_cast<std::size_t>(prog[i])];
+        if (group_op(op)) break;
+        if (op.kind == OpKind::Recv && !global_ && queue(op, r, true).empty()) break;
+        step_local(prog[i], r);
+        ++i;
+        progress = true;
+      }
+      if (i < prog.size()) done = false;
+    }
+    if (done) return;
+    for (std::int64_t r = 0; r < ranks_; ++r) {
+      auto i = pc[static_cast<std::size_t>(r)];
+      if (i >= prog.size() || !group_op(p_.ops[static_cast<std::size_t>(prog[i])])) continue;
+      int oi = prog[i];
+      auto members = group(p_.ops[static_cast<std::size_t>(oi)], r);
+      bool ready = std::all_of(members.begin(), members.end(), [&](std::int64_t m) {
+        auto j = pc[static_cast<std::size_t>(m)];
+        return j < prog.size() && prog[j] == oi;
+      });
+      if (!ready) continue;
+      step_group(oi, members);
+      for (auto m : members) ++pc[static_cast<std::size_t>(m)];
+      progress = true;
+    }
+    if (!progress) throw InterpError("no rank can make progress (a Recv with no matching Send, or a collective some ranks never reach)");
+  }
+}
+
+std::int64_t Runner::eval(ExprId e, const std::string& what) const {
+  auto v = p_.exprs.eval(e, vars_);
+  if (!v || *v < 0) throw InterpError(what + " (" + p_.expr_str(e) + ") has no value under these sizes");
+  return *v;
+}
+
+void Runner::check_size(const Shape& s) const {
+  std::int64_t n = 1;
+  for (auto d : s) {
+    if (d > opt_.max_elements || (n *= std::max<std::int64_t>(d, 1)) > opt_.max_elements)
+      throw BudgetError("a tensor of shape " + shape_text(s) + " exceeds the interpreter's limit of " + std::to_string(opt_.max_elements) + " elements");
+  }
+}
+
+void Runner::charge(std::int64_t n) {
+  work_ += n;
+  if (work_ > opt_.max_work) throw BudgetError("the run exceeds the interpreter's work limit (" + std::to_string(opt_.max_work) + " element operations)");
+}
+
+const Val& Runner::in(int op, std::int64_t r, int i) {
+  const Op& o = p_.ops[static_cast<std::size_t>(op)];
+  NameId n = p_.ins(o)[static_cast<std::size_t>(i)];
+  const Val& v = at(r, n);
+  if (!v.defined) throw InterpError("reads '" + p_.name(n) + "', which nothing defines");
+  return v;
+}
+
+std::string Runner::taint_of(int op, std::int64_t r) {
+  std::string t;
+  for (int i = 0; i < n_in(op); ++i) {
+    const Val& v = in(op, r, i);
+    if (!v.taint.empty() && (t.empty() || v.taint[0] == kExcluded)) t = v.taint;
+  }
+  return t;
+}
+
+void Runner::set_out(int op, std::int64_t r, int k, Val v, const std::string& taint) {
+  const Op& o = p_.ops[static_cast<std::size_t>(op)];
+  v.defined = true;
+  if (v.taint.empty() || (!taint.empty() && taint[0] == kExcluded)) v.taint = taint;
+  if (v.mask.size() != v.gshape.size()) v.mask.resize(v.gshape.size(), 0);
+  check_size(v.gshape);
+  Shape want = local_shape(v, coords(r));
+  if (want != v.t.shape)
+    throw InterpError("the local result has shape " + shape_text(v.t.shape) + ", but its layout (global " + shape_text(v.gshape) + ") needs " +
+                      shape_text(want) + " on rank " + coord_text(p_, coords(r)));
+  charge(v.t.numel() + 1);
+  at(r, p_.outs(o)[static_cast<std::size_t>(k)]) = std::move(v);
+}
+
+// Slices `v` so that dim d holds the block of `target[d]` (the operand's own block must contain it).
+Tensor Runner::align(const Val& v, const std::vector<std::uint32_t>& target, const std::vector<std::int64_t>& c, const std::string& what) const {
+  Tensor t = v.t;
+  for (std::size_t d = 0; d < v.gshape.size(); ++d) {
+    if (target[d] == v.mask[d] || v.gshape[d] == 1) continue;
+    std::int64_t lo, hi, olo, ohi;
+    block(v.gshape[d], target[d], c, lo, hi);
+    block(v.gshape[d], v.mask[d], c, olo, ohi);
+    if (lo < olo || hi > ohi)
+      throw InterpError(what + " holds [" + std::to_string(olo) + ", " + std::to_string(ohi) + ") of dim " + std::to_string(d) + " on rank " +
+                        coord_text(p_, c) + ", but the other operand needs [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                        "): no local slice gives it");
+    t = slice(t, static_cast<int>(d), lo - olo, hi - olo);
+  }
+  return t;
+}
+
+// Right-aligned union of the masks of two operands (broadcast dims of size 1 carry no shard).
+std::vector<std::uint32_t> Runner::union_masks(const Val& x, const Val& y, std::size_t r, std::size_t skip_tail) {
+  std::vector<std::uint32_t> m(r, 0);
+  for (std::size_t k = 0; k + skip_tail < r; ++k) {
+    auto pick = [&](const Val& v) -> std::uint32_t {
+      std::size_t rv = v.gshape.size() - skip_tail;
+      if (k + rv < r - skip_tail) return 0;
+      std::size_t d = k + rv - (r - skip_tail);
+      return v.gshape[d] == 1 ? 0 : v.mask[d];
+    };
+    m[k] = pick(x) | pick(y);
+  }
+  return m;
+}
+
+// The masks of `v`'s dims taken from an output-shaped mask (right-aligned).
+std::vector<std::uint32_t> Runner::slice_target(const Val& v, const std::vector<std::uint32_t>& out, std::size_t skip_tail) {
+  std::vector<std::uint32_t> t = v.mask;
+  std::size_t rv = v.gshape.size() - skip_tail, r = out.size() - skip_tail;
+  for (std::size_t d = 0; d < rv; ++d)
+    if (v.gshape[d] != 1) t[d] = out[d + r - rv];
+  return t;
+}
+
+std::vector<int> Runner::norm_dims(std::uint32_t list, int rank, bool default_last) const {
+  std::vector<int> dims;
+  if (list == kNoIndex) {
+    if (default_last && rank > 0) dims.push_back(rank - 1);
+    return dims;
+  }
+  for (int d : p_.int_lists[list]) {
+    if (d < -rank || d >= rank) throw InterpError("dim " + std::to_string(d) + " out of range for rank " + std::to_string(rank));
+    d = d < 0 ? d + rank : d;
+    if (std::find(dims.begin(), dims.end(), d) != dims.end()) throw InterpError("dim listed twice");
+    dims.push_back(d);
+  }
+  std::sort(dims.begin(), dims.end());
+  return dims;
+}
+
+int Runner::norm_dim(int d, int rank) {
+  if (d == kUnset) d = -1;
+  if (d < -rank || d >= rank) throw InterpError("dim " + std::to_string(d) + " out of range for rank " + std::to_string(rank));
+  return d < 0 ? d + rank : d;
+}
+
+void Runner::step_local(int oi, std::int64_t r) {
+  failed_op = oi;
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  auto c = coords(r);
+  std::string taint = global_ ? taint_of(oi, r) : "";
+  switch (op.kind) {
+    case OpKind::MatMul: return matmul(oi, r, c, taint);
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Multiply: return elementwise(oi, r, c, taint);
+    case OpKind::SiLU:
+    case OpKind::GELU:
+    case OpKind::ReLU:
+    case OpKind::FP8Quantize:
+    case OpKind::Cast:
+    case OpKind::LossScale:
+    case OpKind::FP8Dequantize: return pointwise(oi, r, taint);
+    case OpKind::Dropout: return dropout(oi, r, c, taint);
+    case OpKind::LayerNorm:
+    case OpKind::RMSNorm: return norm(oi, r, c, taint);
+    case OpKind::Softmax: return softmax(oi, r, taint);
+    case OpKind::Sum:
+    case OpKind::Mean: return reduce_dims(oi, r, taint);
+    case OpKind::FlashAttention: return attention(oi, r, taint);
+    case OpKind::Embedding: return embedding(oi, r, c, taint);
+    case OpKind::CrossEntropyLoss: return cross_entropy(oi, {r});
+    case OpKind::TopKGate: return topk(oi, r, taint);
+    case OpKind::AmaxUpdate: return amax(oi, r, taint);
+    case OpKind::Reshape: return reshape(oi, r, taint);
+    case OpKind::Transpose: return transpose_dims(oi, r, taint);
+    case OpKind::Reinterpret:
+      return set_out(oi, r, 0, in(oi, r, 0), global_ ? std::string(1, kExcluded) + "it passes through Reinterpret, which changes the global value on purpose" : "");
+    case OpKind::Convert: return convert(oi, r, c, taint);
+    case OpKind::SPMDGuard:
+      if (op.n_out) set_out(oi, r, 0, in(oi, r, 0), taint);
+      return;
+    case OpKind::Send: return send(oi, r);
+    case OpKind::Recv: return recv(oi, r, c);
+    case OpKind::Wait:
+    case OpKind::WaitAll: return;  // async values are available at their op; a Wait moves no data
+    // Opaque ops (OverlapRegion, a schedule's Step) and the gradient ops of derived backwards have no
+    // numeric kernel yet: the program is skipped with the reason, never counted as agreement.
+    default: throw InterpError(std::string(op_name(op.kind)) + " has no numeric kernel in the oracle");
+  }
+}
+
+}  // namespace spmd::interp

@@ -1,0 +1,139 @@
+// interp/runner.h - the oracle's Runner: one simulated mesh running a program per rank (private to interp/).
+//
+// step_local() in runner.cpp is the one dispatch over OpKind for per-rank ops, step_group() in ops_collectives.cpp
+// the one for ops that run across a group of ranks; each op's numeric meaning is a member defined in the file
+// of its op family (ops_*.cpp).
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <numeric>
+#include <sstream>
+
+#include "interp/interp.h"
+#include "interp/tensor.h"
+
+namespace spmd::interp {
+
+struct BudgetError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A taint that starts with this marks a value outside the promise altogether (Reinterpret): not even
+// the agreement of ranks on an R output is checked. Other taints (V) still get that check.
+constexpr char kExcluded = '!';
+
+// A value on one rank: its local data and the layout a runtime tracks for it.
+struct Val {
+  Tensor t;
+  Shape gshape;                      // global shape
+  std::vector<std::uint32_t> mask;   // per dim: the mesh axes that shard it (mesh order = outer major)
+  std::string taint;                 // single-device run only: why the global value is undefined
+  bool defined = false;
+};
+
+inline std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+inline double unit(std::uint64_t h) { return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+
+inline bool is_int(DType d) { return d == DType::I64 || d == DType::I32 || d == DType::I8 || d == DType::Bool; }
+
+inline std::string coord_text(const Program& p, const std::vector<std::int64_t>& c) {
+  std::string s = "{";
+  for (std::size_t a = 0; a < c.size(); ++a) s += (a ? ", " : "") + p.mesh[a].name + ": " + std::to_string(c[a]);
+  return s + "}";
+}
+
+// ---- the runner: one mesh (the real one, or all ones for the single-device run) ----------------
+class Runner {
+ public:
+  Runner(const Program& p, const std::vector<std::int64_t>& vars, std::vector<std::int64_t> axis_sizes, bool global, const OracleOptions& o,
+         std::int64_t& work, std::vector<std::int64_t> real_sizes = {});
+
+  std::int64_t ranks() const { return ranks_; }
+  const std::vector<std::int64_t>& sizes() const { return sizes_; }
+  std::vector<std::int64_t> coords(std::int64_t r) const;
+  std::int64_t rank_of(const std::vector<std::int64_t>& c) const;
+  Val& at(std::int64_t r, NameId n) { return env_[static_cast<std::size_t>(r)][static_cast<std::size_t>(n)]; }
+
+  void part(std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& n, std::int64_t& idx) const;
+  void block(std::int64_t gsize, std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& lo, std::int64_t& hi) const;
+  Shape local_shape(const Val& v, const std::vector<std::int64_t>& c) const;
+
+  // ---- inputs ---------------------------------------------------------------------------------
+  void declare(const TensorDecl& t, std::int64_t range, std::uint64_t seed);
+
+  // ---- the op loop (a scheduler over per-rank op lists, so per-rank programs can plug in) --------
+  void run(std::uint64_t seed);
+
+  int failed_op = -1;  // the op a thrown InterpError came from
+  // When set (a shape-only pre-run with all integer inputs 0), records the range integer inputs must take:
+  // Embedding ids index the table's rows, labels the logits' vocab.
+  std::vector<std::int64_t>* int_range = nullptr;
+
+ private:
+  std::int64_t eval(ExprId e, const std::string& what) const;
+  void check_size(const Shape& s) const;
+  void charge(std::int64_t n);
+  const Val& in(int op, std::int64_t r, int i);
+  int n_in(int op) const { return p_.ops[static_cast<std::size_t>(op)].n_in; }
+  std::string taint_of(int op, std::int64_t r);
+  void set_out(int op, std::int64_t r, int k, Val v, const std::string& taint);
+  Tensor align(const Val& v, const std::vector<std::uint32_t>& target, const std::vector<std::int64_t>& c, const std::string& what) const;
+  static std::vector<std::uint32_t> union_masks(const Val& x, const Val& y, std::size_t r, std::size_t skip_tail = 0);
+  static std::vector<std::uint32_t> slice_target(const Val& v, const std::vector<std::uint32_t>& out, std::size_t skip_tail = 0);
+  std::vector<int> norm_dims(std::uint32_t list, int rank, bool default_last) const;
+  static int norm_dim(int d, int rank);
+
+  // ---- compute ops ----------------------------------------------------------------------------
+  void step_local(int oi, std::int64_t r);
+  void pointwise(int oi, std::int64_t r, const std::string& taint);
+  void softmax(int oi, std::int64_t r, const std::string& taint);
+  void amax(int oi, std::int64_t r, const std::string& taint);
+  void transpose_dims(int oi, std::int64_t r, const std::string& taint);
+  void send(int oi, std::int64_t r);
+  void recv(int oi, std::int64_t r, const std::vector<std::int64_t>& c);
+  std::int64_t peer(const Op& op, std::int64_t r) const;
+  std::deque<Val>& queue(const Op& op, std::int64_t r, bool incoming);
+  static void softmax_line(std::vector<double>& x);
+  void elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void matmul(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void dropout(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void norm(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void reduce_dims(int oi, std::int64_t r, const std::string& taint);
+  void attention(int oi, std::int64_t r, const std::string& taint);
+  void note_range(NameId n, std::int64_t limit);
+  static std::int64_t as_index(double x, std::int64_t limit, const char* what);
+  void embedding(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void topk(int oi, std::int64_t r, const std::string& taint);
+  void reshape(int oi, std::int64_t r, const std::string& taint);
+  void convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+
+  // ---- collectives (and the vocab-parallel loss, whose max and sum all-reduce inside) ----------------
+  std::vector<std::int64_t> group(const Op& op, std::int64_t r);
+  static double combine(ReduceOp op, double a, double b);
+  Tensor reduce_all(const std::vector<const Val*>& xs, ReduceOp op);
+  static Tensor nan_like(const Tensor& t) { return Tensor(t.shape, NAN); }
+
+  void step_group(int oi, const std::vector<std::int64_t>& members);
+  void cross_entropy(int oi, const std::vector<std::int64_t>& members);
+
+  const Program& p_;
+  const std::vector<std::int64_t>& vars_;
+  std::vector<std::int64_t> sizes_;
+  std::vector<std::int64_t> real_sizes_;  // the real mesh (the single-device run needs it for the per-rank shapes of V values)
+  bool global_;
+  const OracleOptions& opt_;
+  std::int64_t& work_;
+  std::int64_t ranks_ = 1;
+  std::uint64_t seed_ = 0;
+  std::vector<std::vector<Val>> env_;
+  std::map<std::pair<std::int64_t, std::int64_t>, std::deque<Val>> queues_;
+};
+
+}  // namespace spmd::interp

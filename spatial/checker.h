@@ -1,0 +1,212 @@
+// spatial/checker.h - the spatial checker's state and rules (private to spatial/; the entry point is spatial.h).
+//
+// One Checker walks the ops in order; apply() in rules.cpp is the one exhaustive switch over OpKind, and
+// each rule is a member defined in the file of its op family (rules_*.cpp).
+#pragma once
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <iterator>
+#include <numeric>
+#include <set>
+#include <unordered_map>
+#include <stdexcept>
+
+#include "ir/ranks.h"
+#include "spatial/obligations.h"
+#include "spatial/spatial.h"
+
+namespace spmd::detail {
+
+struct Value {
+  std::array<ExprId, kMaxRank> shape{};
+  std::uint8_t rank = 0;
+  Placements pl{};
+  std::array<std::int32_t, kMaxAxes> origin;  // where this axis's placement arose (Checker::origins_), -1 = nowhere
+  DType dtype = DType::F32;
+  bool defined = false;
+  bool poisoned = false;
+  bool uneven = false;
+  std::uint8_t strict = 0;  // dims whose shard this op created: they must divide evenly even if the input is uneven
+  Value() { origin.fill(-1); }
+  std::span<const ExprId> dims() const { return {shape.data(), rank}; }
+};
+
+struct Origin {
+  Loc loc;
+  std::string tensor;  // the value the placement arose on
+  Placement pl;
+  int axis;
+  std::string why;     // empty for a declaration
+};
+
+class Checker {
+ public:
+  Checker(const Program& p, const SpatialOptions& o);
+  std::vector<Diagnostic> run();
+
+ private:
+  // ---- context helpers ----------------------------------------------------------------------
+  int axes() const { return p_.axis_count(); }
+  const std::string& axn(int a) const { return p_.mesh[static_cast<std::size_t>(a)].name; }
+  ExprId axis_size(int a) const { return p_.mesh[static_cast<std::size_t>(a)].size; }
+  std::string axsize(int a) const { return dstr(axis_size(a)); }
+  std::string opname() const { return std::string(op_name(op_->kind)); }
+  const Value& in(int i) const { return *in_[static_cast<std::size_t>(i)]; }
+  int n_in() const { return static_cast<int>(in_.size()); }
+  const std::string& iname(int i) const { return p_.name(p_.ins(*op_)[static_cast<std::size_t>(i)]); }
+  std::string oname(int i) const;
+  Loc here() const { return op_->loc; }
+  const OpAttrs& at() const { return op_->attrs; }
+  std::string ps(Placement pl) const { return to_string(pl); }
+  std::string dstr(ExprId e) const { return pool_.str(e, p_.vars); }
+  std::string sstr(std::span<const ExprId> shape) const;
+  void report(CheckId id, std::string msg, const std::string& tensor, std::vector<Note> notes = {});
+
+  Note fix(const std::string& text) const { return {here(), "fix: " + text}; }
+
+  void origin_note(std::vector<Note>& notes, const Value& v, int a) const;
+  int new_origin(Loc l, std::string tensor, Placement pl, int a, std::string why);
+  void set_new(Value& v, int a, Placement pl, std::string why);
+  void set_from(Value& v, int a, Placement pl, int i);
+
+  static Placement pl_of(const Value& v, int a) { return v.pl[static_cast<std::size_t>(a)]; }
+  Placement pin(int i, int a) const { return pl_of(in(i), a); }
+
+  Value& out(int i = 0) { return out_[static_cast<std::size_t>(i)]; }
+  void set_shape(Value& v, std::span<const ExprId> s);
+  int norm_dim(int d, int rank, const std::string& what, const std::string& tensor);
+  std::string fix_allreduce(const std::string& t, int a, Placement p = Placement::p()) const;
+  std::string fix_allgather(const std::string& t, int a, int d) const;
+
+  // ---- obligations --------------------------------------------------------------------------
+  bool same_dim(ExprId a, ExprId b, const std::string& what, const std::string& tensor);
+  std::uint32_t shard_mask(const Value& v, int d) const;
+  ExprId mask_size(std::uint32_t m);
+  std::string mask_names(std::uint32_t m) const;
+  bool check_local(Value& v, const std::string& name, Loc loc, std::vector<Note> notes = {});
+  void check_expr(ExprId e, Loc loc, const std::string& what);
+  void declare_sizes();
+
+  // ---- declarations -------------------------------------------------------------------------
+  void declare(const TensorDecl& t);
+  static ValueType type_of(const Value& v);
+
+  // ---- the op loop --------------------------------------------------------------------------
+  void step(int i);
+  void undefined(NameId n);
+  void apply();
+
+  // ---- shared rule pieces -------------------------------------------------------------------
+  bool invariant_ok(std::initializer_list<int> which);
+  void partial_misuse(int i, int a, const std::string& why, const std::string& fix_text = "");
+  void sharded_dim(int i, int a, int d, const std::string& why);
+  void layout_conflict(const std::string& msg, const std::string& tensor, int i, int a, const std::string& fix_text);
+  void illegal(const std::string& msg, int a, const std::string& fix_text);
+  bool broadcast_shape(const Value& x, const Value& y, Value& o);
+  static Placement shift(Placement pl, int ri, int ro);
+  bool slice_ok(int i, int a, int d, int other);
+
+  // ---- compute rules ------------------------------------------------------------------------
+  void nonlinear();
+  void step_rule();
+  void linear();
+  void loss_scale();
+  void dropout();
+  void add_like(bool multiply);
+  void matmul();
+  bool attr_dims(int rank, std::vector<int>& dims, const std::string& tensor);
+  void norm();
+  void softmax();
+  void reduce_dims();
+  void attention();
+  void embedding();
+  void cross_entropy();
+  void topk();
+
+  // ---- collectives --------------------------------------------------------------------------
+  std::vector<int> coll_axes(bool innermost_first) const;
+  bool can_add_shard(const Value& v, int d, int a);
+  bool can_remove_shard(const Value& v, int d, int a);
+  bool rank_in_axis(int a);
+  void all_reduce();
+  void all_gather();
+  void reduce_scatter();
+  void broadcast();
+  void reduce();
+  void all_to_all();
+  void scatter();
+  void gather();
+  bool recv_waits(int i) const;
+  void recv();
+
+  std::uint32_t line_of(int op) const { return p_.ops[static_cast<std::size_t>(op)].loc.line; }
+
+  std::string type_str(const Value& v) const;
+  std::string type_difference(const Value& a, const Value& b, bool placements = true);
+  void defer_equal(const Value& a, const Value& b, CheckId id, const std::string& what_a, const std::string& what_b);
+  void check_declared(const Value& sent, int send_op);
+  void compare_collectives(const std::vector<CollectivePair>& pairs, const RankSpace& space);
+
+  // ---- shape ops ----------------------------------------------------------------------------
+  void transpose();
+
+  // Rational monomials (num/den * f1*f2... / g1*g2...) for grouping reshape dims: B/4 * 4 == B.
+  struct Mono {
+    std::int64_t num = 1, den = 1;
+    std::vector<ExprId> f, g;  // sorted factors above and below the line
+    bool ok = true;            // false after an overflow: compares unequal to everything
+    bool operator==(const Mono& o) const { return ok && o.ok && num == o.num && den == o.den && f == o.f && g == o.g; }
+  };
+  static void normalize(Mono& m);
+  static Mono times(const Mono& x, const Mono& y);
+  static Mono inverse(Mono m);
+  Mono mono(ExprId e) const;
+  static bool divides(const Mono& x, const Mono& y);
+  bool is_one(ExprId e) const { return pool_.is_const(e) && pool_.value(e) == 1; }
+
+  void reshape();
+
+  // ---- SPMD conversions ---------------------------------------------------------------------
+  Placement norm_target(Placement t, int rank, bool& ok);
+  bool from_ok(int a);
+  void convert();
+  void reinterpret();
+  void guard();
+  void amax();
+
+  // ---- gradient ops (the VJPs derived backward programs are made of) --------------------------
+  void expand();
+  bool same_shape(int i, int j);
+  void pointwise_grad();
+  void norm_grad();
+  void attention_grad();
+  void embedding_grad();
+  void cross_entropy_grad();
+  void topk_grad();
+
+  // ---- postconditions -----------------------------------------------------------------------
+  void check_outputs();
+
+  const Program& p_;
+  ExprPool pool_;
+  Obligations obl_;
+  std::vector<Diagnostic> diags_;
+  std::vector<Value> env_;
+  std::vector<Origin> origins_;
+  int op_idx_ = -1;
+  const Op* op_ = nullptr;
+  std::vector<const Value*> in_;
+  std::array<Value, 2> out_{};
+  bool failed_ = false;
+  std::unordered_map<int, std::vector<int>> recv_sends_;  // Recv op -> the Send ops it pairs with (on some rank)
+  std::unordered_map<int, Value> sent_;                   // Send op -> the value it sends, once reached
+  std::unordered_map<int, Value> watched_;                // collective op -> its input (ops matched across programs)
+  SpatialTypes* types_ = nullptr;
+  bool recording_decls_ = true;
+  std::vector<std::optional<Placements>>* inferred_ = nullptr;
+};
+
+}  // namespace spmd::detail

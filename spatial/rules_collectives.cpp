@@ -1,0 +1,385 @@
+// spatial/rules_collectives.cpp - placement and shape rules of the collectives and point-to-point
+//
+// Ops: AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, Scatter, Gather, Recv (its Send),
+// and the cross-program comparison of matched collectives. Dispatched from Checker::apply() in rules.cpp.
+#include "spatial/checker.h"
+
+namespace spmd::detail {
+
+std::vector<int> Checker::coll_axes(bool innermost_first) const {
+  std::vector<int> v;
+  for (int a = 0; a < axes(); ++a)
+    if (at().axes & (1u << a)) v.push_back(a);
+  if (innermost_first) std::reverse(v.begin(), v.end());
+  return v;
+}
+
+// Adding a shard of axis a to dim d keeps mesh order only if a is inner to every axis already there.
+bool Checker::can_add_shard(const Value& v, int d, int a) {
+  std::uint32_t m = shard_mask(v, d);
+  for (int b = a + 1; b < axes(); ++b)
+    if (m & (1u << b)) {
+      illegal(fmt::format("{} over {} would shard dim {} of {} outside mesh order: dim {} is already sharded over {}, which is inner to {}; "
+                          "the pieces would interleave (a strided layout no placement describes)",
+                          opname(), axn(a), d, iname(0), d, axn(b), axn(a)),
+              -1, fmt::format("shard over {} first, or gather over {} before this op", axn(a), axn(b)));
+      return false;
+    }
+  return true;
+}
+
+bool Checker::can_remove_shard(const Value& v, int d, int a) {
+  std::uint32_t m = shard_mask(v, d);
+  for (int b = a + 1; b < axes(); ++b)
+    if (m & (1u << b)) {
+      illegal(fmt::format("{} over {} gathers dim {} of {}, which is also sharded over the inner axis {}: the gathered pieces would not be "
+                          "contiguous",
+                          opname(), axn(a), d, iname(0), axn(b)),
+              -1, fmt::format("gather over {} first (or over both axes at once)", axn(b)));
+      return false;
+    }
+  return true;
+}
+
+bool Checker::rank_in_axis(int a) {
+  if (at().rank < 0) return true;
+  auto n = obl_.concrete(axis_size(a));
+  if (n && at().rank >= *n) {
+    report(CheckId::IllegalCollective, fmt::format("{} names rank {} of axis {}, which has only {} ranks", opname(), at().rank, axn(a), *n), iname(0));
+    return false;
+  }
+  return true;
+}
+
+void Checker::all_reduce() {
+  Value& o = out() = in(0);
+  ReduceOp rop = at().rop;
+  for (int a : coll_axes(false)) {
+    Placement p = pin(0, a);
+    Placement dst = at().dst_invariant ? Placement::i() : Placement::r();
+    std::string why = fmt::format("AllReduce({}) over {}", reduce_name(rop), axn(a));
+    if (p.is_p()) {
+      if (p.op != rop)
+        return illegal(fmt::format("AllReduce({}) of {}, which is {} over {}: the reduce op must match the pending reduction", reduce_name(rop),
+                                   iname(0), ps(p), axn(a)),
+                       a, fmt::format("use `reduce: {}`", reduce_name(p.op)));
+      set_new(o, a, dst, why);
+    } else if (p.is_v()) {
+      set_new(o, a, dst, why);
+    } else if (p.is_s()) {
+      return illegal(fmt::format("AllReduce of {}, which is S({}) over {}: its shards are different pieces of one tensor, not summands", iname(0), p.dim, axn(a)),
+                     a, fmt::format("use {{op: AllGather, in: [{}], out: {}_full, axis: {}, dim: {}}} to assemble the pieces", iname(0), iname(0), axn(a), p.dim));
+    } else if (rop == ReduceOp::Sum) {
+      return illegal(fmt::format("AllReduce of {}, which is already {} over {}: all-reducing a replicated value multiplies it by {}", iname(0), ps(p),
+                                 axn(a), axsize(a)),
+                     a, "remove this AllReduce (the value is already whole on every rank)");
+    } else {
+      set_from(o, a, p.is_i() && !at().dst_invariant ? Placement::r() : p, 0);  // avg/max/min of a replicated value is that value
+    }
+  }
+}
+
+void Checker::all_gather() {
+  Value& o = out() = in(0);
+  int d = norm_dim(at().dim, in(0).rank, "dim", iname(0));
+  if (d < 0) return;
+  for (int a : coll_axes(true)) {
+    Placement p = pl_of(o, a);
+    if (!p.is_s(d)) {
+      std::string fix_text = p.is_s() ? fmt::format("gather the dim it is sharded on: `dim: {}`", p.dim)
+                             : p.is_p() ? fmt::format("a pending sum needs {{op: AllReduce, in: [{}], out: {}_reduced, axis: {}}}", iname(0), iname(0), axn(a))
+                             : p.is_v() ? "declare the pieces' layout (S(d)) with Convert or SPMDGuard first"
+                                        : "remove this AllGather: the value is already whole on every rank";
+      return illegal(fmt::format("AllGather over {} along dim {} of {}, which is {} over {}: AllGather assembles a tensor sharded S({})", axn(a), d,
+                                 iname(0), ps(p), axn(a), d),
+                     a, fix_text);
+    }
+    if (!can_remove_shard(o, d, a)) return;
+    set_new(o, a, at().dst_invariant ? Placement::i() : Placement::r(), fmt::format("AllGather over {}", axn(a)));
+  }
+}
+
+void Checker::reduce_scatter() {
+  Value& o = out() = in(0);
+  int d = norm_dim(at().dim, in(0).rank, "dim", iname(0));
+  if (d < 0) return;
+  for (int a : coll_axes(false)) {
+    Placement p = pl_of(o, a);
+    if (p.is_p() && p.op != at().rop)
+      return illegal(fmt::format("ReduceScatter({}) of {}, which is {} over {}: the reduce op must match", reduce_name(at().rop), iname(0), ps(p), axn(a)),
+                     a, fmt::format("use `reduce: {}`", reduce_name(p.op)));
+    if (!(p.is_p() || p.is_v()))
+      return illegal(fmt::format("ReduceScatter over {} of {}, which is {} over {}: ReduceScatter takes a pending reduction (P) or per-rank "
+                                 "summands (V)",
+                                 axn(a), iname(0), ps(p), axn(a)),
+                     a, p.is_r() || p.is_i() ? fmt::format("to split a replicated value use {{op: Convert, in: [{}], out: {}_shard, axis: {}, to: S({})}}",
+                                                           iname(0), iname(0), axn(a), d)
+                                             : "");
+    if (!can_add_shard(o, d, a)) return;
+    set_new(o, a, Placement::s(d), fmt::format("ReduceScatter over {} along dim {}", axn(a), d));
+  }
+}
+
+void Checker::broadcast() {
+  Value& o = out() = in(0);
+  for (int a : coll_axes(false)) {
+    if (!rank_in_axis(a)) return;
+    Placement p = pin(0, a);
+    if (p.is_p() || p.is_s())
+      return illegal(fmt::format("Broadcast over {} of {}, which is {} over {}: the source rank holds only {}, not the whole value", axn(a), iname(0),
+                                 ps(p), axn(a), p.is_p() ? "a summand" : "a shard"),
+                     a, p.is_p() ? fix_allreduce(iname(0), a, p) : fix_allgather(iname(0), a, p.dim));
+    set_new(o, a, Placement::r(), fmt::format("Broadcast over {}", axn(a)));
+  }
+}
+
+void Checker::reduce() {
+  Value& o = out() = in(0);
+  for (int a : coll_axes(false)) {
+    if (!rank_in_axis(a)) return;
+    Placement p = pin(0, a);
+    if (p.is_p() && p.op != at().rop)
+      return illegal(fmt::format("Reduce({}) of {}, which is {} over {}: the reduce op must match", reduce_name(at().rop), iname(0), ps(p), axn(a)), a,
+                     fmt::format("use `reduce: {}`", reduce_name(p.op)));
+    if (!(p.is_p() || p.is_v()))
+      return illegal(fmt::format("Reduce over {} of {}, which is {} over {}: Reduce takes a pending reduction (P) or per-rank summands (V)", axn(a),
+                                 iname(0), ps(p), axn(a)),
+                     a, p.is_s() ? fmt::format("use {{op: Gather, in: [{}], axis: {}, dim: {}}} to assemble the shards", iname(0), axn(a), p.dim)
+                                 : "remove this Reduce: the value is already whole on every rank");
+    set_new(o, a, Placement::v(), fmt::format("Reduce over {} leaves the result on rank {} only", axn(a), std::max(0, at().rank)));
+  }
+}
+
+void Checker::all_to_all() {
+  Value& o = out() = in(0);
+  int s = norm_dim(at().dim, in(0).rank, "split_dim", iname(0));
+  if (s < 0) return;
+  int c = norm_dim(at().dim2, in(0).rank, "concat_dim", iname(0));
+  if (c < 0) return;
+  for (int a : coll_axes(true)) {
+    Placement p = pl_of(o, a);
+    if (p.is_v()) {  // per-rank values stay per-rank (e.g. MoE token exchange), but each rank's split dim shrinks and its concat dim grows
+      if (s == c) continue;
+      ExprId n = axis_size(a), ds = o.shape[static_cast<std::size_t>(s)];
+      std::string what = fmt::format("AllToAll over {} splits dim {} of {} ({}) into {} pieces, so it must be divisible by {}", axn(a), s, iname(0), dstr(ds),
+                                     axsize(a), axsize(a));
+      Decision dec = obl_.decide(OblKind::Divisible, ds, n);
+      if (dec == Decision::Fails) return report(CheckId::ShapeMismatch, what + ", but it is not", iname(0));
+      if (dec == Decision::Deferred && obl_.first_time(OblKind::Divisible, ds, n))
+        obl_.push({OblKind::Divisible, ds, n, CheckId::ShapeMismatch, here(), op_idx_, iname(0), what, {}});
+      o.shape[static_cast<std::size_t>(s)] = pool_.div(ds, n);
+      o.shape[static_cast<std::size_t>(c)] = pool_.mul(o.shape[static_cast<std::size_t>(c)], n);
+      continue;
+    }
+    if (!p.is_s(c) || s == c)
+      return illegal(fmt::format("AllToAll over {} (split_dim {}, concat_dim {}) of {}, which is {} over {}: AllToAll turns S(concat_dim) into "
+                                 "S(split_dim)",
+                                 axn(a), s, c, iname(0), ps(p), axn(a)),
+                     a, p.is_s() && s != p.dim ? fmt::format("use `concat_dim: {}`", p.dim)
+                        : p.is_p()               ? fix_allreduce(iname(0), a, p)
+                                                 : fmt::format("AllToAll needs the input sharded on concat_dim: make {} S({}) over {} first", iname(0), c, axn(a)));
+    if (!can_remove_shard(o, c, a)) return;
+    o.pl[static_cast<std::size_t>(a)] = Placement::r();
+    if (!can_add_shard(o, s, a)) return;
+    set_new(o, a, Placement::s(s), fmt::format("AllToAll over {} from S({}) to S({})", axn(a), c, s));
+  }
+}
+
+void Checker::scatter() {
+  Value& o = out() = in(0);
+  int d = norm_dim(at().dim, in(0).rank, "dim", iname(0));
+  if (d < 0) return;
+  for (int a : coll_axes(false)) {
+    if (!rank_in_axis(a)) return;
+    Placement p = pl_of(o, a);
+    if (p.is_p() || p.is_s())
+      return illegal(fmt::format("Scatter over {} of {}, which is {} over {}: the source rank must hold the whole value", axn(a), iname(0), ps(p), axn(a)),
+                     a, "");
+    if (!can_add_shard(o, d, a)) return;
+    set_new(o, a, Placement::s(d), fmt::format("Scatter over {} along dim {}", axn(a), d));
+  }
+}
+
+void Checker::gather() {
+  Value& o = out() = in(0);
+  int d = norm_dim(at().dim, in(0).rank, "dim", iname(0));
+  if (d < 0) return;
+  for (int a : coll_axes(true)) {
+    if (!rank_in_axis(a)) return;
+    Placement p = pl_of(o, a);
+    if (!p.is_s(d))
+      return illegal(fmt::format("Gather over {} along dim {} of {}, which is {} over {}: Gather assembles a tensor sharded S({})", axn(a), d, iname(0),
+                                 ps(p), axn(a), d),
+                     a, "");
+    if (!can_remove_shard(o, d, a)) return;
+    set_new(o, a, Placement::v(), fmt::format("Gather over {} leaves the whole tensor on rank {} only", axn(a), std::max(0, at().rank)));
+  }
+}
+
+// A Recv waits (in the round-robin over programs) until one of its Sends has been reached.
+bool Checker::recv_waits(int i) const {
+  if (p_.ops[static_cast<std::size_t>(i)].kind != OpKind::Recv) return false;
+  auto it = recv_sends_.find(i);
+  if (it == recv_sends_.end()) return false;
+  return std::none_of(it->second.begin(), it->second.end(), [&](int s) { return sent_.count(s) > 0; });
+}
+
+// A Recv takes the type of its matching Send (every Send it pairs with, on every rank running
+// it, must agree); a declared shape, dtype or placement is checked against it (p2p-mismatch).
+// Without a reached Send (unmatched, or a deadlock) the declared type stands in, else nothing.
+void Checker::recv() {
+  Value& o = out();
+  const Value* sent = nullptr;
+  int send_op = -1;
+  if (auto it = recv_sends_.find(op_idx_); it != recv_sends_.end())
+    for (int s : it->second)
+      if (auto v = sent_.find(s); v != sent_.end()) {
+        if (!sent) {
+          sent = &v->second;
+          send_op = s;
+        } else if (!sent->poisoned && !v->second.poisoned) {
+          std::string why = type_difference(*sent, v->second);
+          if (!why.empty())
+            return report(CheckId::P2PMismatch,
+                          fmt::format("Recv of {} pairs with Sends that disagree on different ranks: the Send at line {} sends {}, the Send at line {} "
+                                      "sends {} ({})",
+                                      oname(0), line_of(send_op), type_str(*sent), line_of(s), type_str(v->second), why),
+                          oname(0), {{p_.ops[static_cast<std::size_t>(send_op)].loc, "one Send is here"}, {p_.ops[static_cast<std::size_t>(s)].loc, "the other Send is here"}});
+        }
+      }
+  if (sent && sent->poisoned) {
+    failed_ = true;  // the sent value already has an error: no cascade
+    return;
+  }
+  if (sent) {
+    o.rank = sent->rank;
+    o.shape = sent->shape;
+    o.dtype = sent->dtype;
+    o.uneven = sent->uneven;
+    for (int a = 0; a < axes(); ++a) {
+      Placement pl = sent->pl[static_cast<std::size_t>(a)];
+      o.pl[static_cast<std::size_t>(a)] = pl;
+      if (!pl.is_r())
+        o.origin[static_cast<std::size_t>(a)] =
+            new_origin(here(), oname(0), pl, a, fmt::format("received from the Send at line {}", line_of(send_op)));
+    }
+    check_declared(*sent, send_op);
+    return;
+  }
+  if (at().shape == kNoIndex) {
+    failed_ = true;  // no Send reached it and no declared type: unmatched-p2p or a deadlock says why
+    return;
+  }
+  set_shape(o, p_.shapes[at().shape]);
+  if (at().has_dtype) o.dtype = at().dtype;
+  if (at().placements != kNoIndex) {
+    const Placements& pm = p_.placement_maps[at().placements];
+    for (int a = 0; a < axes(); ++a) {
+      Placement pl = pm[static_cast<std::size_t>(a)];
+      if (pl.is_s()) {
+        int d = norm_dim(pl.dim, o.rank, "placement dim", oname(0));
+        if (d < 0) return;
+        pl.dim = static_cast<std::int16_t>(d);
+      }
+      set_new(o, a, pl, fmt::format("declared {} by this Recv", ps(pl)));
+    }
+  }
+}
+
+std::string Checker::type_str(const Value& v) const {
+  std::string pl;
+  for (int a = 0; a < axes(); ++a) pl += (a ? ", " : "") + axn(a) + ": " + ps(v.pl[static_cast<std::size_t>(a)]);
+  return fmt::format("{} {} {{{}}}", sstr(v.dims()), dtype_name(v.dtype), pl);
+}
+
+// Why two values differ (empty: they agree, or their dims differ only symbolically, left to the solver).
+std::string Checker::type_difference(const Value& a, const Value& b, bool placements) {
+  if (a.rank != b.rank) return fmt::format("rank {} vs {}", a.rank, b.rank);
+  for (std::size_t d = 0; d < a.rank; ++d)
+    if (obl_.decide(OblKind::Equal, a.shape[d], b.shape[d]) == Decision::Fails)
+      return fmt::format("dim {} is {} vs {}", d, dstr(a.shape[d]), dstr(b.shape[d]));
+  if (a.dtype != b.dtype) return fmt::format("dtype {} vs {}", dtype_name(a.dtype), dtype_name(b.dtype));
+  if (placements)
+    for (int x = 0; x < axes(); ++x)
+      if (!(a.pl[static_cast<std::size_t>(x)] == b.pl[static_cast<std::size_t>(x)]))
+        return fmt::format("{} vs {} over {}", ps(a.pl[static_cast<std::size_t>(x)]), ps(b.pl[static_cast<std::size_t>(x)]), axn(x));
+  return "";
+}
+
+// Symbolic dims that may differ: an obligation, proved (or refuted with a counterexample) by Z3.
+void Checker::defer_equal(const Value& a, const Value& b, CheckId id, const std::string& what_a, const std::string& what_b) {
+  if (a.rank != b.rank) return;
+  for (std::size_t d = 0; d < a.rank; ++d)
+    if (obl_.decide(OblKind::Equal, a.shape[d], b.shape[d]) == Decision::Deferred && obl_.first_time(OblKind::Equal, a.shape[d], b.shape[d]))
+      obl_.push({OblKind::Equal, a.shape[d], b.shape[d], id, here(), op_idx_, oname(0),
+                 fmt::format("dim {} of {} ({}) must equal dim {} of {} ({})", d, what_b, dstr(b.shape[d]), d, what_a, dstr(a.shape[d])), {}});
+}
+
+// The Recv's declared shape, dtype and placement against what its Send sends.
+void Checker::check_declared(const Value& sent, int send_op) {
+  std::vector<Note> notes{{p_.ops[static_cast<std::size_t>(send_op)].loc, fmt::format("the matching Send (FIFO order per sender and receiver) is here")}};
+  if (at().shape != kNoIndex) {
+    Value want;
+    set_shape(want, p_.shapes[at().shape]);
+    want.dtype = sent.dtype;
+    std::string why = type_difference(sent, want, false);
+    if (!why.empty())
+      return report(CheckId::P2PMismatch,
+                    fmt::format("Recv of {} declares shape {}, but its matching Send sends {} ({})", oname(0), sstr(want.dims()), type_str(sent), why),
+                    oname(0), notes);
+    defer_equal(sent, want, CheckId::P2PMismatch, fmt::format("the value the Send at line {} sends", line_of(send_op)), "the declared shape of " + oname(0));
+  }
+  if (at().has_dtype && at().dtype != sent.dtype)
+    return report(CheckId::P2PMismatch,
+                  fmt::format("Recv of {} declares dtype {}, but its matching Send sends {}", oname(0), dtype_name(at().dtype), type_str(sent)), oname(0),
+                  notes);
+  if (at().placements != kNoIndex) {
+    const Placements& pm = p_.placement_maps[at().placements];
+    for (int a = 0; a < axes(); ++a) {
+      Placement want = pm[static_cast<std::size_t>(a)];
+      if (want.is_s() && want.dim < 0) want.dim = static_cast<std::int16_t>(want.dim + sent.rank);
+      if (!(want == sent.pl[static_cast<std::size_t>(a)]))
+        return report(CheckId::P2PMismatch,
+                      fmt::format("Recv of {} declares {} over {}, but its matching Send sends {}", oname(0), ps(want), axn(a), type_str(sent)),
+                      oname(0), notes);
+    }
+  }
+}
+
+// Matched collectives of different programs must agree on shape and dtype (kind, axis and
+// reduce op are the temporal checker's: it reports those).
+void Checker::compare_collectives(const std::vector<CollectivePair>& pairs, const RankSpace& space) {
+  std::set<std::pair<int, int>> seen;
+  for (const auto& c : pairs) {
+    const Op& a = p_.ops[static_cast<std::size_t>(c.op_a)];
+    const Op& b = p_.ops[static_cast<std::size_t>(c.op_b)];
+    if (a.kind != b.kind || a.attrs.axes != b.attrs.axes || a.attrs.rop != b.attrs.rop) continue;
+    if (!seen.insert({c.op_a, c.op_b}).second) continue;
+    const Value& va = watched_[c.op_a];
+    const Value& vb = watched_[c.op_b];
+    if (va.poisoned || vb.poisoned || !va.defined || !vb.defined) continue;
+    op_ = &b;
+    op_idx_ = c.op_b;
+    std::string why = type_difference(va, vb, false);
+    std::string an = p_.name(p_.ins(a)[0]), bn = p_.name(p_.ins(b)[0]);
+    if (!why.empty()) {
+      Diagnostic d;
+      d.id = CheckId::CollectiveMismatch;
+      d.loc = b.loc;
+      d.op = c.op_b;
+      d.tensor = bn;
+      d.message = fmt::format("{} is the {} collective of its group on rank {} with {} {}, but rank {} issues it with {} {} ({}): the ranks of a "
+                              "group must exchange tensors of one shape and dtype",
+                              op_name(b.kind), ordinal(c.seq + 1), space.label(p_, c.rank_b), bn, type_str(vb), space.label(p_, c.rank_a), an,
+                              type_str(va), why);
+      d.notes.push_back({a.loc, fmt::format("rank {} issues it here", space.label(p_, c.rank_a))});
+      d.ranks = {space.label(p_, c.rank_a), space.label(p_, c.rank_b)};
+      diags_.push_back(std::move(d));
+      continue;
+    }
+    defer_equal(va, vb, CheckId::CollectiveMismatch, fmt::format("{} on rank {} (line {})", an, space.label(p_, c.rank_a), a.loc.line),
+                fmt::format("{} on rank {}", bn, space.label(p_, c.rank_b)));
+  }
+}
+
+}  // namespace spmd::detail

@@ -1,0 +1,211 @@
+// spatial/rules_contraction.cpp - placement and shape rules of the contractions
+//
+// Ops: MatMul, FlashAttention, Embedding. Dispatched from Checker::apply() in rules.cpp.
+#include "spatial/checker.h"
+
+namespace spmd::detail {
+
+void Checker::matmul() {
+  const Value& A = in(0);
+  const Value& B = in(1);
+  int ra = A.rank, rb = B.rank;
+  if (ra < 2 || rb < 2)
+    return report(CheckId::ShapeMismatch, fmt::format("MatMul needs operands of rank >= 2; {} has rank {} and {} has rank {}", iname(0), ra, iname(1), rb),
+                  iname(ra < 2 ? 0 : 1));
+  int kA = ra - 1, mA = ra - 2, kB = rb - 2, nB = rb - 1;
+  if (!same_dim(A.shape[static_cast<std::size_t>(kA)], B.shape[static_cast<std::size_t>(kB)],
+                fmt::format("MatMul contracts dim {} of {} with dim {} of {}", kA, iname(0), kB, iname(1)), iname(1)))
+    return;
+  int ro = std::max(ra, rb);
+  Value& o = out();
+  o.rank = static_cast<std::uint8_t>(ro);
+  o.dtype = A.dtype;
+  o.uneven = A.uneven || B.uneven;
+  // Batch dims broadcast right-aligned (B of rank 2 broadcasts over all of A's batch dims).
+  for (int k = 0; k < ro - 2; ++k) {
+    int da = k - (ro - ra), db = k - (ro - rb);
+    ExprId ea = da >= 0 ? A.shape[static_cast<std::size_t>(da)] : -1;
+    ExprId eb = db >= 0 ? B.shape[static_cast<std::size_t>(db)] : -1;
+    if (ea >= 0 && eb >= 0 && !same_dim(ea, eb, fmt::format("MatMul batch dim {} of {} against dim {} of {}", da, iname(0), db, iname(1)), iname(1)))
+      return;
+    o.shape[static_cast<std::size_t>(k)] = ea >= 0 ? ea : eb;
+  }
+  o.shape[static_cast<std::size_t>(ro - 2)] = A.shape[static_cast<std::size_t>(mA)];
+  o.shape[static_cast<std::size_t>(ro - 1)] = B.shape[static_cast<std::size_t>(nB)];
+  if (!invariant_ok({0, 1})) return;
+  for (int a = 0; a < axes(); ++a) {
+    Placement x = pin(0, a), y = pin(1, a);
+    if (x.is_p() || y.is_p()) {
+      int pi = x.is_p() ? 0 : 1;
+      Placement other = pi == 0 ? y : x;
+      if (other.is_p()) return partial_misuse(1, a, "a product of two pending sums is not the sum of the per-rank products");
+      if (!(pi == 0 ? x : y).linear_partial()) return partial_misuse(pi, a, "a matrix product does not commute with a pending max or min");
+      if (!other.is_r())
+        return partial_misuse(pi, a, fmt::format("the other operand, {}, is {} over {}, so each rank's summand is multiplied by a different "
+                                                 "piece",
+                                                 iname(1 - pi), ps(other), axn(a)));
+      set_from(o, a, pi == 0 ? x : y, pi);
+      continue;
+    }
+    if (x.is_i() && y.is_i()) {
+      set_from(o, a, x, 0);
+      continue;
+    }
+    bool xk = x.is_s(kA), yk = y.is_s(kB);
+    if (xk && yk) {
+      set_new(o, a, Placement::p(), fmt::format("MatMul contracts a dim sharded S({}) x S({}) over {}", kA, kB, axn(a)));
+      continue;
+    }
+    if (xk || yk) {
+      int si = xk ? 0 : 1;
+      std::vector<Note> notes;
+      origin_note(notes, in(si), a);
+      notes.push_back(fix(fmt::format("shard both sides of the contraction (make {} S({}) over {}, the row-parallel pattern) or gather {} first",
+                                      iname(1 - si), xk ? kB : kA, axn(a), iname(si))));
+      return report(CheckId::ShapeMismatch,
+                    fmt::format("MatMul contracts dim {} of {} ({} over {}) with dim {} of {} ({} over {}): one side holds a 1/{} slice of "
+                                "the contraction dim and the other the whole, so the local shapes do not fit",
+                                kA, iname(0), ps(x), axn(a), kB, iname(1), ps(y), axn(a), axsize(a)),
+                    iname(si), std::move(notes));
+    }
+    // V with R or V gives V; V with a shard is read like R (its local slice), so the shard stays.
+    if ((x.is_v() && !y.is_s()) || (y.is_v() && !x.is_s())) {
+      set_new(o, a, Placement::v(), fmt::format("MatMul of {} and {} gives per-rank values", ps(x), ps(y)));
+      continue;
+    }
+    auto out_dim_a = [&](int d) { return d + (ro - ra); };  // A's batch dims and m
+    auto out_dim_b = [&](int d) { return d == nB ? ro - 1 : d + (ro - rb); };
+    if (x.is_r() && y.is_r()) {
+      set_from(o, a, x, 0);
+    } else if (x.is_s() && (y.is_r() || y.is_v())) {
+      if (x.dim < mA && !slice_ok(1, a, out_dim_a(x.dim) - (ro - rb), 0)) return;  // a batch shard slices B's batch dim
+      set_from(o, a, Placement::s(out_dim_a(x.dim)), 0);
+    } else if ((x.is_r() || x.is_v()) && y.is_s()) {
+      if (y.dim < kB && !slice_ok(0, a, out_dim_b(y.dim) - (ro - ra), 1)) return;
+      set_from(o, a, Placement::s(out_dim_b(y.dim)), 1);
+    } else if (x.is_s() && y.is_s() && x.dim != mA && y.dim != nB && out_dim_a(x.dim) == out_dim_b(y.dim)) {
+      set_from(o, a, Placement::s(out_dim_a(x.dim)), 0);
+    } else {
+      std::string what = x.dim == mA && y.dim == nB
+                             ? "each rank multiplies its own rows by its own columns, so only the diagonal blocks are computed (the "
+                               "block-diagonal bug); the result would be sharded two ways"
+                             : "the two operands are split along dims that do not correspond, so the result would be sharded two ways";
+      return layout_conflict(fmt::format("MatMul of {} ({} over {}) and {} ({} over {}): {}", iname(0), ps(x), axn(a), iname(1), ps(y), axn(a), what),
+                             iname(1), 1, a,
+                             fmt::format("replicate one operand over {}: e.g. insert {{op: AllGather, in: [{}], out: {}_full, axis: {}, dim: {}}} "
+                                         "before this op",
+                                         axn(a), iname(1), iname(1), axn(a), y.dim));
+    }
+  }
+}
+
+void Checker::attention() {
+  int b = 0, h = 1, s = 2, dd = 3;
+  if (at().layout == AttnLayout::BSHD) s = 1, h = 2;
+  if (at().layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
+  const char* names[] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i)
+    if (in(i).rank != 4)
+      return report(CheckId::ShapeMismatch, fmt::format("FlashAttention {} ({}) must have rank 4 ({}), got shape {}", names[i], iname(i),
+                                                        at().layout == AttnLayout::BHSD ? "batch, heads, seq, head_dim" : "see `layout`",
+                                                        sstr(in(i).dims())),
+                    iname(i));
+  auto dim = [&](int i, int d) { return in(i).shape[static_cast<std::size_t>(d)]; };
+  auto same = [&](int i, int di, int j, int dj, const char* what) {
+    return same_dim(dim(i, di), dim(j, dj), fmt::format("FlashAttention {} of {} and {}", what, iname(i), iname(j)), iname(j));
+  };
+  if (!same(0, b, 1, b, "batch") || !same(1, b, 2, b, "batch") || !same(0, dd, 1, dd, "head_dim") || !same(1, s, 2, s, "key sequence") ||
+      !same(1, h, 2, h, "heads"))
+    return;
+  // Grouped-query attention: q's heads a multiple of k's.
+  auto qh = obl_.concrete(dim(0, h)), kh = obl_.concrete(dim(1, h));
+  if (!(qh && kh && *kh > 0 && *qh % *kh == 0) && !same(0, h, 1, h, "heads")) return;
+  if (!invariant_ok({0, 1, 2})) return;
+  Value& o = out() = in(0);
+  o.shape[static_cast<std::size_t>(dd)] = dim(2, dd);
+  for (int a = 0; a < axes(); ++a) {
+    Placement q = pin(0, a), k = pin(1, a), v = pin(2, a);
+    for (int i = 0; i < 3; ++i)
+      if (pin(i, a).is_p()) return partial_misuse(i, a, "attention is nonlinear in q, k and v");
+    if (q.is_i() && k.is_i() && v.is_i()) continue;
+    if (q.is_s(dd) || k.is_s(dd)) return sharded_dim(q.is_s(dd) ? 0 : 1, a, dd, "the q.k scores contract head_dim, so each rank would softmax partial scores");
+    if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) {
+      set_from(o, a, q, 0);
+    } else if (q.is_s(s) && k.is_r() && v.is_r()) {
+      if (at().causal)
+        return layout_conflict(fmt::format("causal FlashAttention with q sharded on the sequence (S({}) over {}) and whole k, v: a causal kernel aligns "
+                                           "the mask to the local q block, not to its global position, so every rank but one masks the wrong keys",
+                                           s, axn(a)),
+                               iname(0), 0, a, fmt::format("use RingAttention over {} (it offsets the mask per rank), or gather q first", axn(a)));
+      set_from(o, a, q, 0);
+    } else if (q.is_r() && k.is_r() && v.is_s(dd)) {
+      set_from(o, a, v, 2);
+    } else if (k.is_s(s) || v.is_s(s)) {
+      int i = k.is_s(s) ? 1 : 2;
+      return layout_conflict(fmt::format("FlashAttention with {} sharded on the sequence dim (S({}) over {}) and no ring: each rank attends to its "
+                                         "own keys only, and partial attention outputs cannot be summed (they need log-sum-exp rescaling)",
+                                         iname(i), s, axn(a)),
+                             iname(i), i, a, fmt::format("use RingAttention over {}, or gather k and v along dim {} first", axn(a), s));
+    } else if ((q.is_v() || q.is_r()) && (k.is_v() || k.is_r()) && (v.is_v() || v.is_r())) {
+      set_new(o, a, Placement::v(), "attention over per-rank values gives per-rank values");
+    } else {
+      return layout_conflict(fmt::format("FlashAttention gets q {}, k {}, v {} over {}: the shards do not line up (shard q, k and v alike on "
+                                         "batch or heads, or q alone on the sequence)",
+                                         ps(q), ps(k), ps(v), axn(a)),
+                             iname(0), 0, a,
+                             fmt::format("give q, k and v the same placement over {} (e.g. all S({}) for heads), or gather the odd one out", axn(a), h));
+    }
+  }
+}
+
+void Checker::embedding() {
+  const Value& ids = in(0);
+  const Value& w = in(1);
+  if (w.rank != 2)
+    return report(CheckId::ShapeMismatch, fmt::format("Embedding weight {} must be [vocab, hidden], got shape {}", iname(1), sstr(w.dims())), iname(1));
+  if (ids.rank + 1 > kMaxRank) return report(CheckId::ShapeMismatch, "Embedding output would exceed rank 8", iname(0));
+  Value& o = out();
+  o.rank = static_cast<std::uint8_t>(ids.rank + 1);
+  std::copy(ids.shape.begin(), ids.shape.begin() + ids.rank, o.shape.begin());
+  o.shape[ids.rank] = w.shape[1];
+  o.dtype = w.dtype;
+  o.uneven = ids.uneven;
+  int last = ids.rank;
+  for (int a = 0; a < axes(); ++a) {
+    Placement pi = pin(0, a), pw = pin(1, a);
+    if (pi.is_p()) return partial_misuse(0, a, "token ids cannot be a pending sum", "reduce or replicate the ids first");
+    bool ids_whole = pi.is_r() || pi.is_i();
+    if (pw.is_i()) {
+      if (!ids_whole) {
+        invariant_ok({0, 1});  // reports
+        if (!failed_)
+          report(CheckId::InvariantMix, fmt::format("Embedding combines {}, which is I over {}, with ids {} ({})", iname(1), axn(a), iname(0), ps(pi)), iname(1));
+        return;
+      }
+      set_from(o, a, pw, 1);
+    } else if (pw.is_r()) {
+      set_from(o, a, pi.is_i() ? Placement::r() : pi, 0);
+    } else if (pw.is_s(0) || pw.is_s(1)) {
+      if (!ids_whole)
+        return layout_conflict(fmt::format("Embedding with weight {} sharded {} over {} and ids {} sharded {} over the same axis: each rank would "
+                                           "look up only its own ids in only its own slice of the table",
+                                           iname(1), ps(pw), axn(a), iname(0), ps(pi)),
+                               iname(0), 0, a, fmt::format("replicate the ids over {}, or replicate the table", axn(a)));
+      if (pw.is_s(0))
+        set_new(o, a, Placement::p(), fmt::format("Embedding looks up {}, which is vocab-sharded S(0) over {}: each rank holds only its rows, "
+                                                  "zeros elsewhere (masked lookup)",
+                                                  iname(1), axn(a)));
+      else
+        set_from(o, a, Placement::s(last), 1);
+    } else if (pw.is_p()) {
+      if (!ids_whole) return partial_misuse(1, a, "a lookup by per-rank ids in a pending sum mixes summands");
+      set_from(o, a, pw, 1);
+    } else if (pi.is_s()) {
+      set_from(o, a, pi, 0);  // a per-rank table looked up by sharded ids: each rank holds the rows of its own ids
+    } else {
+      set_new(o, a, Placement::v(), "Embedding with a per-rank table gives per-rank values");
+    }
+  }
+}
+
+}  // namespace spmd::detail
