@@ -6,12 +6,16 @@
 //        spmd_bench --schedule STAGES MICROBATCHES VIRTUAL (generate, validate, lower and check an interleaved 1F1B)
 //        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
 //        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
+//        spmd_bench --ranks [RANKS...]    (spatial and temporal check of per-rank programs with rank-local names)
+//        spmd_bench --ranks-yaml RANKS > f.yaml (the same program as YAML)
+//        spmd_bench --phases FILE [--backward] (time each phase of `spmdcheck check FILE`: load, spatial, temporal, training)
 //        spmd_bench --symbolic [LAYERS...] (spatial check of layers with their own symbolic sizes: Z3 obligations)
 //        spmd_bench --symbolic-yaml LAYERS [wrong] > f.yaml (the same program as YAML; `wrong`: one layer fails)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +24,7 @@
 
 #include "autograd/autograd.h"
 #include "bench/generator.h"
+#include "ir/loader.h"
 #include "ir/printer.h"
 #include "schedules/schedule.h"
 #include "spatial/spatial.h"
@@ -42,6 +47,62 @@ int main(int argc, char** argv) {
   }
   if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--symbolic-yaml") {
     std::fputs(spmd::print_program(spmd::bench::make_symbolic(std::atoi(argv[2]), argc == 4)).c_str(), stdout);
+    return 0;
+  }
+  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--phases") {
+    using clock = std::chrono::steady_clock;
+    auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    auto t0 = clock::now();
+    spmd::Program p = spmd::load_program_file(argv[2]);
+    auto t1 = clock::now();
+    std::printf("load %.1f ms (%zu ops), RSS %ld MiB\n", ms(t0, t1), p.ops.size(), peak_rss_mib());
+    bool training = p.train || p.has_backward || argc == 4;
+    spmd::SpatialTypes types;
+    spmd::SpatialOptions so;
+    if (training) so.types = &types;
+    auto sd = spmd::check_spatial(p, so);
+    auto t2 = clock::now();
+    auto td = spmd::check_temporal(p);
+    auto t3 = clock::now();
+    std::printf("spatial %.1f ms, temporal %.1f ms, RSS %ld MiB (%zu findings)\n", ms(t1, t2), ms(t2, t3), peak_rss_mib(), sd.size() + td.size());
+    if (training) {
+      spmd::TrainingOptions to;
+      to.forward_types = &types;
+      to.forward_ok = std::none_of(sd.begin(), sd.end(), [](const spmd::Diagnostic& d) { return d.severity == spmd::Severity::Error; });
+      spmd::TrainingCheck t = spmd::check_training(p, to);
+      auto t4 = clock::now();
+      std::size_t n = 0;
+      if (t.built) n = spmd::check_temporal(t.program).size();
+      auto t5 = clock::now();
+      std::printf("training (derive + backward spatial) %.1f ms, training temporal %.1f ms, step ops %zu, RSS %ld MiB (%zu findings)\n", ms(t3, t4),
+                  ms(t4, t5), t.program.ops.size(), peak_rss_mib(), t.diags.size() + n);
+    }
+    std::printf("total %.1f ms\n", ms(t0, clock::now()));
+    return 0;
+  }
+  if (argc == 3 && std::string(argv[1]) == "--ranks-yaml") {
+    std::fputs(spmd::print_program(spmd::bench::make_rank_local(std::atoi(argv[2]))).c_str(), stdout);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--ranks") {
+    std::vector<int> rs;
+    for (int i = 2; i < argc; ++i) rs.push_back(std::atoi(argv[i]));
+    if (rs.empty()) rs = {256, 1024};
+    std::printf("%8s %8s %12s %14s %14s\n", "ranks", "ops", "spatial (ms)", "temporal (ms)", "peak RSS (MiB)");
+    for (int r : rs) {
+      spmd::Program p = spmd::bench::make_rank_local(r);
+      auto t0 = std::chrono::steady_clock::now();
+      auto sd = spmd::check_spatial(p);
+      auto t1 = std::chrono::steady_clock::now();
+      auto td = spmd::check_temporal(p);
+      auto t2 = std::chrono::steady_clock::now();
+      if (!sd.empty() || !td.empty()) {
+        std::fprintf(stderr, "rank-local program is expected to be clean, got: %s\n", (sd.empty() ? td : sd)[0].message.c_str());
+        return 1;
+      }
+      auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+      std::printf("%8d %8zu %12.1f %14.1f %14ld\n", r, p.ops.size(), ms(t0, t1), ms(t1, t2), peak_rss_mib());
+    }
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--symbolic") {

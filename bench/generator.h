@@ -339,3 +339,54 @@ inline Program make_symbolic(int layers, bool wrong = false) {
 }
 
 }  // namespace spmd::bench
+
+namespace spmd::bench {
+
+// Per-rank programs with rank-local names: a `ranks`-stage pipeline (`mesh: {pp: ranks}`), one program
+// per stage, each with its own weight w<r> and its own value names (a<r>, z<r>, ...), as a generator
+// that writes one program per rank does. Forward: receive the activation from the previous stage (the
+// first stage reads its input), MatMul and GELU, send to the next; backward: receive the gradient from
+// the next stage (the last stage starts from its output), Multiply and MatMul, send it back. 7-8 ops per
+// rank, blocking point-to-point (no handles); correct under both models.
+inline Program make_rank_local(int ranks) {
+  Program p;
+  p.file = "rank_local.yaml";
+  p.per_rank = true;
+  p.mesh.push_back({"pp", p.exprs.constant(ranks), {}});
+  Builder b(p);
+  Placements rr{};
+  b.tensor("x", {16, 64}, rr);
+  auto peer = [&](int s) {
+    p.coords.push_back({{0, s}});
+    return static_cast<std::uint32_t>(p.coords.size() - 1);
+  };
+  for (int r = 0; r < ranks; ++r) b.tensor("w" + std::to_string(r), {64, 64}, rr);
+  for (int r = 0; r < ranks; ++r) {
+    std::string R = std::to_string(r);
+    auto n = [&](const char* s) { return b.name(std::string(s) + R); };
+    RankProgram rp;
+    rp.selector = {{0, r}};
+    rp.first_op = static_cast<std::uint32_t>(p.ops.size());
+    NameId in = b.name("x");
+    if (r > 0) {
+      in = n("a_in");
+      b.op(OpKind::Recv, {}, {in}).attrs.coords = peer(r - 1);
+    }
+    b.op(OpKind::MatMul, {in, n("w")}, {n("z")});
+    b.op(OpKind::GELU, {n("z")}, {n("a_out")});
+    if (r + 1 < ranks) b.op(OpKind::Send, {n("a_out")}, {}).attrs.coords = peer(r + 1);
+    NameId g = n("a_out");
+    if (r + 1 < ranks) {
+      g = n("g_in");
+      b.op(OpKind::Recv, {}, {g}).attrs.coords = peer(r + 1);
+    }
+    b.op(OpKind::Multiply, {g, n("z")}, {n("dz")});
+    b.op(OpKind::MatMul, {n("dz"), n("w")}, {n("g_out")});
+    if (r > 0) b.op(OpKind::Send, {n("g_out")}, {}).attrs.coords = peer(r - 1);
+    rp.n_ops = static_cast<std::uint32_t>(p.ops.size()) - rp.first_op;
+    p.programs.push_back(rp);
+  }
+  return p;
+}
+
+}  // namespace spmd::bench
