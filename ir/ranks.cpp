@@ -78,6 +78,42 @@ RankSpace make_rank_space(const Program& p) {
   s.stride.assign(s.axes.size(), 1);
   for (std::size_t i = s.axes.size(); i-- > 1;) s.stride[i - 1] = s.stride[i] * s.sizes[i];
   s.program.assign(static_cast<std::size_t>(total), -1);
+  // Each program's ranks, enumerated from its selector (the axes it names fixed, the other relevant axes
+  // free): linear in ranks + programs. A rank matched twice or never is a load error, located by the
+  // rank-by-rank pass below (taken only then, for its first offending rank).
+  bool clash = false;
+  for (std::size_t k = 0; k < s.programs.size() && !clash; ++k) {
+    std::vector<std::int64_t> fixed(s.axes.size(), -1);
+    bool none = false;
+    for (auto [axis, v] : s.programs[k].selector)
+      for (std::size_t i = 0; i < s.axes.size(); ++i)
+        if (s.axes[i] == axis) {
+          none |= (fixed[i] >= 0 && fixed[i] != v) || v < 0 || v >= s.sizes[i];
+          fixed[i] = v;
+        }
+    if (none) continue;
+    std::vector<std::int64_t> c(s.axes.size(), 0);
+    for (std::size_t i = 0; i < s.axes.size(); ++i) c[i] = fixed[i] >= 0 ? fixed[i] : 0;
+    for (;;) {
+      std::int64_t r = 0;
+      for (std::size_t i = 0; i < s.axes.size(); ++i) r += c[i] * s.stride[i];
+      int& owner = s.program[static_cast<std::size_t>(r)];
+      if (owner >= 0) {
+        clash = true;
+        break;
+      }
+      owner = static_cast<int>(k);
+      std::size_t i = s.axes.size();
+      while (i-- > 0) {
+        if (fixed[i] >= 0) continue;
+        if (++c[i] < s.sizes[i]) break;
+        c[i] = 0;
+      }
+      if (i == static_cast<std::size_t>(-1)) break;
+    }
+  }
+  if (!clash && std::none_of(s.program.begin(), s.program.end(), [](int x) { return x < 0; })) return s;
+  s.program.assign(static_cast<std::size_t>(total), -1);
   for (int r = 0; r < static_cast<int>(total); ++r) {
     for (std::size_t k = 0; k < s.programs.size(); ++k) {
       bool ok = true;

@@ -120,26 +120,52 @@ std::vector<Diagnostic> Checker::run() {
       states.push_back(std::move(st));
     }
   }
-  bool force = false;  // no program could advance: let waiting Recvs go on without a Send's type
+  // Run each program until it ends or reaches a Recv whose Send no program has reached; a Send wakes the
+  // programs waiting at its Recvs (no rounds over every program). When none can advance (a deadlock or an
+  // unmatched Recv), the first waiting program goes on past its Recv without a Send's type.
+  std::unordered_map<int, std::vector<int>> send_recvs;
+  for (const auto& m : matches) send_recvs[m.send_op].push_back(m.recv_op);
+  std::unordered_map<int, std::vector<std::size_t>> waiting;  // Recv op -> programs stopped at it
+  std::vector<std::size_t> ready;
+  std::vector<char> queued(states.size(), 0);
+  for (std::size_t k = states.size(); k-- > 0;)
+    if (states[k].pc < states[k].end) ready.push_back(k), queued[k] = 1;
+  bool force = false;
+  std::size_t first_pending = 0;
   for (;;) {
-    bool progress = false, pending = false;
-    for (auto& st : states) {
-      if (st.pc == st.end) continue;
+    while (!ready.empty()) {
+      std::size_t k = ready.back();
+      ready.pop_back();
+      queued[k] = 0;
+      State& st = states[k];
       env_ = std::move(st.env);
       origins_ = std::move(st.origins);
       slot_names_ = &st.names;
       while (st.pc < st.end) {
-        if (!force && recv_waits(static_cast<int>(st.pc))) break;
-        step(static_cast<int>(st.pc++));
-        progress = true;
+        int i = static_cast<int>(st.pc);
+        if (!force && recv_waits(i)) {
+          waiting[i].push_back(k);
+          break;
+        }
         force = false;
+        step(static_cast<int>(st.pc++));
+        if (p_.ops[static_cast<std::size_t>(i)].kind != OpKind::Send) continue;
+        if (auto it = send_recvs.find(i); it != send_recvs.end())
+          for (int r : it->second)
+            if (auto w = waiting.find(r); w != waiting.end()) {
+              for (std::size_t x : w->second)
+                if (!queued[x]) ready.push_back(x), queued[x] = 1;
+              waiting.erase(w);
+            }
       }
-      pending |= st.pc < st.end;
       st.env = std::move(env_);
       st.origins = std::move(origins_);
     }
-    if (!pending) break;
-    force = !progress;
+    while (first_pending < states.size() && states[first_pending].pc == states[first_pending].end) ++first_pending;
+    if (first_pending == states.size()) break;
+    force = true;
+    ready.push_back(first_pending);
+    queued[first_pending] = 1;
   }
   for (auto& st : states) {
     env_ = std::move(st.env);
