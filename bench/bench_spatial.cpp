@@ -174,13 +174,21 @@ int main(int argc, char** argv) {
   for (int i = temporal || backward ? 2 : 1; i < argc; ++i) targets.push_back(std::atol(argv[i]));
   if (backward) {
     if (targets.empty()) targets = {10'000, 100'000, 1'000'000};
-    std::printf("%12s %14s %16s %12s %14s\n", "forward ops", "training ops", "derive+check ms", "ns/fwd op", "peak RSS (MiB)");
+    std::printf("%12s %14s %16s %12s %14s\n", "forward ops", "training ops", "fwd+bwd check ms", "ns/fwd op", "peak RSS (MiB)");
     for (long t : targets) {
       spmd::bench::GenOptions g;
       g.layers = static_cast<int>(std::max(1L, t / 22));
       spmd::Program p = spmd::bench::make_training(g);
+      // As `spmdcheck check --backward` does: the forward's spatial check (its types), then the training step.
       auto t0 = std::chrono::steady_clock::now();
-      spmd::TrainingCheck r = spmd::check_training(p);
+      spmd::SpatialTypes ft;
+      spmd::SpatialOptions so;
+      so.types = &ft;
+      auto fd = spmd::check_spatial(p, so);
+      spmd::TrainingOptions to;
+      to.forward_types = &ft;
+      to.forward_ok = fd.empty();
+      spmd::TrainingCheck r = spmd::check_training(p, to);
       auto t1 = std::chrono::steady_clock::now();
       if (!r.built || !r.diags.empty()) {
         std::fprintf(stderr, "training program is expected to be clean, got %zu diagnostics: %s\n", r.diags.size(),

@@ -217,6 +217,8 @@ class Checker {
   SpatialTypes* types_ = nullptr;
   bool recording_decls_ = true;
   std::vector<std::optional<Placements>>* inferred_ = nullptr;
+  const SpatialTypes* prefix_ = nullptr;  // types of ops [0, prefix_ops_), checked before
+  std::size_t prefix_ops_ = 0;
 };
 
 }  // namespace spmd::detail

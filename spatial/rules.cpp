@@ -25,7 +25,13 @@ std::vector<Loc> var_locs(const Program& p) {
 namespace detail {
 
 Checker::Checker(const Program& p, const SpatialOptions& o)
-    : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms), types_(o.types), inferred_(o.inferred_outputs) {}
+    : p_(p),
+      pool_(p.exprs),
+      obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms),
+      types_(o.types),
+      inferred_(o.inferred_outputs),
+      prefix_(o.prefix),
+      prefix_ops_(o.prefix ? std::min(o.prefix_ops, o.prefix->out_base.size()) : 0) {}
 
 std::vector<Diagnostic> Checker::run() {
   if (types_) {
@@ -407,6 +413,7 @@ void Checker::step(int i) {
   failed_ = false;
   in_.clear();
   bool poisoned = false;
+  bool given = static_cast<std::size_t>(i) < prefix_ops_;
   for (std::uint32_t k = op_->first; k < op_->first + op_->n_in; ++k) {
     NameId n = p_.operands[k];
     const Value& v = env_[slot(k)];
@@ -416,7 +423,18 @@ void Checker::step(int i) {
   }
   if (!failed_ && !poisoned) {
     for (auto& o : out_) o = Value();
-    apply();
+    if (given) {  // checked before (the forward of a training step): its outputs' types as they were
+      for (int k = 0; k < op_->n_out; ++k) {
+        const ValueType& t = prefix_->out(static_cast<std::size_t>(i), k);
+        Value& v = out_[static_cast<std::size_t>(k)];
+        set_shape(v, t.dims());
+        v.pl = t.pl;
+        v.dtype = t.dtype;
+        if (!t.ok) failed_ = true;
+      }
+    } else {
+      apply();
+    }
   }
   if (op_->kind == OpKind::Send && !in_.empty()) {
     Value v = *in_[0];
@@ -449,7 +467,7 @@ void Checker::step(int i) {
       v.poisoned = true;
     } else {
       v = out_[k];
-      if (!check_local(v, p_.name(outs[k]), here())) v.poisoned = true;
+      if (!given && !check_local(v, p_.name(outs[k]), here())) v.poisoned = true;
       v.strict = 0;
     }
     v.defined = true;
