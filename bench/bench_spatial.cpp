@@ -6,6 +6,7 @@
 //        spmd_bench --schedule STAGES MICROBATCHES VIRTUAL (generate, validate, lower and check an interleaved 1F1B)
 //        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
 //        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
+//        spmd_bench --training-yaml OPS > f.yaml (the training program as YAML: `spmdcheck check f.yaml` end to end)
 //        spmd_bench --ranks [RANKS...]    (spatial and temporal check of per-rank programs with rank-local names)
 //        spmd_bench --ranks-yaml RANKS > f.yaml (the same program as YAML)
 //        spmd_bench --phases FILE [--backward] (time each phase of `spmdcheck check FILE`: load, spatial, temporal, training)
@@ -39,10 +40,11 @@ long peak_rss_mib() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--yaml") {
+  if (argc == 3 && (std::string(argv[1]) == "--yaml" || std::string(argv[1]) == "--training-yaml")) {
     spmd::bench::GenOptions g;
     g.layers = static_cast<int>(std::max(1L, std::atol(argv[2]) / 22));
-    std::fputs(spmd::print_program(spmd::bench::make_transformer(g)).c_str(), stdout);
+    bool training = std::string(argv[1]) == "--training-yaml";
+    std::fputs(spmd::print_program(training ? spmd::bench::make_training(g) : spmd::bench::make_transformer(g)).c_str(), stdout);
     return 0;
   }
   if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--symbolic-yaml") {

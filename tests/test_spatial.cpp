@@ -281,6 +281,25 @@ TEST_CASE("symbolic sizes: many sizes are proved one query at a time, and a time
   CHECK(t[0].message.find("this is not a pass") != std::string::npos);
 }
 
+TEST_CASE("per-rank programs: each program sees its own names and the tensors it uses") {
+  // Value tables are per program (the names its ops use): a name another program defines is still undefined
+  // here, with a "did you mean" among this program's names; a declared tensor reaches every program using it.
+  auto prog = [](const char* second) {
+    return std::string("mesh: {pp: 2}\ntensors:\n  x: {shape: [4, 8]}\n  w0: {shape: [8, 8]}\n  w1: {shape: [8, 8]}\n"
+                       "programs:\n  - ranks: {pp: 0}\n    ops:\n      - {op: MatMul, in: [x, w0], out: a0}\n"
+                       "      - {op: GELU, in: [a0], out: b0}\n  - ranks: {pp: 1}\n    ops:\n") +
+           second + "outputs:\n  b0: {}\n  b1: {}\n";
+  };
+  CHECK(ids(prog("      - {op: MatMul, in: [x, w1], out: a1}\n      - {op: GELU, in: [a1], out: b1}\n")) == none());
+  auto d = diags(prog("      - {op: MatMul, in: [x, w1], out: a1}\n      - {op: GELU, in: [a0], out: b1}\n"));
+  REQUIRE(d.size() == 1);
+  CHECK(check_name(d[0].id) == "undefined-tensor");
+  CHECK(d[0].message.find("did you mean 'a1'") != std::string::npos);
+  // An output is checked in the program that holds it (b1 is a summand over pp on rank 1 only).
+  CHECK(ids(prog("      - {op: MatMul, in: [x, w1], out: a1}\n      - {op: Reinterpret, in: [a1], out: b1, axis: pp, to: P}\n")) ==
+        one("partial-output"));
+}
+
 TEST_CASE("no cascades: a value with an error is not reported again") {
   CHECK(ids(row_linear("  - {op: GELU, in: [y_partial], out: g}\n  - {op: GELU, in: [g], out: y}")) == one("partial-misuse"));
 }
