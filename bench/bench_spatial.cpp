@@ -11,6 +11,7 @@
 //        spmd_bench --ranks-yaml RANKS > f.yaml (the same program as YAML)
 //        spmd_bench --phases FILE [--backward] (time each phase of `spmdcheck check FILE`: load, spatial, temporal, training)
 //        spmd_bench --symbolic [LAYERS...] (spatial check of layers with their own symbolic sizes: Z3 obligations)
+//        spmd_bench --symbolic-z3 [LAYERS...] (the same with one obligation per layer that only Z3 proves)
 //        spmd_bench --symbolic-yaml LAYERS [wrong] > f.yaml (the same program as YAML; `wrong`: one layer fails)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
@@ -107,13 +108,14 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (argc > 1 && std::string(argv[1]) == "--symbolic") {
+  if (argc > 1 && (std::string(argv[1]) == "--symbolic" || std::string(argv[1]) == "--symbolic-z3")) {
+    bool z3 = std::string(argv[1]) == "--symbolic-z3";
     std::vector<int> ls;
     for (int i = 2; i < argc; ++i) ls.push_back(std::atoi(argv[i]));
     if (ls.empty()) ls = {64, 128, 256};
     std::printf("%8s %8s %12s %14s %14s\n", "layers", "ops", "check (ms)", "ms / layer", "peak RSS (MiB)");
     for (int l : ls) {
-      spmd::Program p = spmd::bench::make_symbolic(l);
+      spmd::Program p = spmd::bench::make_symbolic(l, false, z3);
       auto t0 = std::chrono::steady_clock::now();
       auto diags = spmd::check_spatial(p);
       auto t1 = std::chrono::steady_clock::now();
