@@ -269,6 +269,16 @@ TEST_CASE("symbolic sizes: many sizes are proved one query at a time, and a time
     CHECK(x.message.find("H23") != std::string::npos);
     CHECK(x.message.find("but it fails when") != std::string::npos);  // a counterexample, not "could not decide"
   }
+  // Identities are proved without the solver only when every division in them is known to be exact.
+  auto contraction = [](const char* h) {
+    return std::string("mesh: {tp: 2}\nsizes:\n  H: ") + h + "\ntensors:\n  x: {shape: [8, H]}\n  w: {shape: [H/2*2, 4]}\n" +
+           "ops:\n  - {op: MatMul, in: [x, w], out: y}\n";
+  };
+  CHECK(ids(contraction("{min: 2, max: 1024, multiple_of: 2}")) == none());
+  auto odd = diags(contraction("{min: 2, max: 1024}"));  // an odd H: H/2 is inexact, and H/2*2 != H
+  REQUIRE(odd.size() == 2);
+  for (const auto& x : odd) CHECK(x.message.find("but it fails when H = ") != std::string::npos);
+  CHECK(odd[1].message.find("MatMul contracts") != std::string::npos);
   // A claim Z3 cannot settle in time (A^3 - A is always a multiple of 3) is reported as undecided, never passed.
   SpatialOptions o;
   o.z3_timeout_ms = 50;
