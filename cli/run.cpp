@@ -119,14 +119,14 @@ RunReport run_program_text(const std::string& text, const std::string& filename,
   }
   OracleOptions oo;
   oo.seed = opt.seed;
-  // An output with no declared placement claims only "not P": it is assembled by the inferred placement,
-  // with any P axis read as R (so a missing reduction shows up as ranks that disagree).
+  // An output with no declared placement claims one value: it is assembled by the inferred placement, with
+  // any P or V axis read as R (so a missing reduction or per-rank values show up as ranks that disagree).
   for (std::size_t k = 0; k < run->outputs.size(); ++k) {
     std::optional<Placements> pl;
     if (!run->outputs[k].has_placement && k < inferred.size() && inferred[k]) {
       pl = *inferred[k];
       for (auto& x : *pl)
-        if (x.is_p()) x = Placement::r();
+        if (x.is_p() || x.is_v()) x = Placement::r();
     }
     oo.assemble.push_back(pl);
   }

@@ -90,9 +90,11 @@ void Runner::convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c,
       v.t = std::move(z);
       v.mask[static_cast<std::size_t>(d)] &= ~axes;
     }
-  } else if (to.is_v() && global_) {
-    t = "Convert to V gives per-rank values with no global value";
   }
+  // Convert to V moves no data: from R every rank keeps the whole value, which is the single-device value
+  // (a later reduction of those copies must keep it; the checker rejects a sum of them).
+  if (to.is_v()) vlabel_in_ |= op.attrs.axes;
+  else vlabel_in_ &= ~op.attrs.axes;
   set_out(oi, r, 0, std::move(v), t);
 }
 
@@ -223,6 +225,9 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
       // split dim shrinks and its concat dim grows (the global shape of a V is its per-rank shape).
       int sd = dim_of(at.dim, *xs[0]), cd = dim_of(at.dim2, *xs[0]);
       bool moves = (xs[0]->mask[static_cast<std::size_t>(cd)] & axes) == axes;
+      // Exchanging values labelled V gives each rank pieces of every rank's values: no single-device value,
+      // even when the ranks held copies of one value (Convert R -> V).
+      if (global_ && !moves && (xs[0]->vlabel & axes) && taint.empty()) taint = "AllToAll of per-rank values (V) mixes every rank's values";
       if (global_ && !moves && sd != cd && !taint.empty()) {
         // A V value has no single-device meaning, but later ops need its per-rank shape: split by the real group.
         std::int64_t g = 1;
@@ -256,6 +261,8 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     }
     default: throw std::logic_error("step_group: not a collective: " + std::string(op_name(op.kind)));
   }
+  // After the collective the value is no longer labelled V over its axes (AllToAll of V keeps the label).
+  if (global_ && !(op.kind == OpKind::AllToAll && (xs[0]->mask[static_cast<std::size_t>(dim_of(at.dim2, *xs[0]))] & axes) != axes)) vlabel_in_ &= ~axes;
   for (std::size_t k = 0; k < n; ++k) {
     outs[k].taint.clear();
     set_out(oi, members[k], 0, std::move(outs[k]), taint);

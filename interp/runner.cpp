@@ -72,7 +72,7 @@ void Runner::declare(const TensorDecl& t, std::int64_t range, std::uint64_t seed
     }
     if (global_) {
       for (std::size_t a = 0; a < t.placement.size() && a < p_.mesh.size(); ++a)
-        if (t.placement[a].is_v()) v.taint = p_.name(t.name) + " is declared V over " + p_.mesh[a].name;
+        if (t.placement[a].is_v()) v.taint = p_.name(t.name) + " is declared V over " + p_.mesh[a].name, v.vlabel |= 1u << a;
     }
     Shape ls = local_shape(v, c);
     v.t = Tensor(ls);
@@ -169,9 +169,11 @@ const Val& Runner::in(int op, std::int64_t r, int i) {
 
 std::string Runner::taint_of(int op, std::int64_t r) {
   std::string t;
+  vlabel_in_ = 0;
   for (int i = 0; i < n_in(op); ++i) {
     const Val& v = in(op, r, i);
     if (!v.taint.empty() && (t.empty() || v.taint[0] == kExcluded)) t = v.taint;
+    vlabel_in_ |= v.vlabel;
   }
   return t;
 }
@@ -180,6 +182,7 @@ void Runner::set_out(int op, std::int64_t r, int k, Val v, const std::string& ta
   const Op& o = p_.ops[static_cast<std::size_t>(op)];
   v.defined = true;
   if (v.taint.empty() || (!taint.empty() && taint[0] == kExcluded)) v.taint = taint;
+  if (global_) v.vlabel = vlabel_in_;
   if (v.mask.size() != v.gshape.size()) v.mask.resize(v.gshape.size(), 0);
   check_size(v.gshape);
   Shape want = local_shape(v, coords(r));

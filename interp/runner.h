@@ -30,6 +30,7 @@ struct Val {
   Shape gshape;                      // global shape
   std::vector<std::uint32_t> mask;   // per dim: the mesh axes that shard it (mesh order = outer major)
   std::string taint;                 // single-device run only: why the global value is undefined
+  std::uint32_t vlabel = 0;          // single-device run only: axes the program labels V (a declaration, Convert to V)
   bool defined = false;
 };
 
@@ -130,6 +131,7 @@ class Runner {
   bool global_;
   const OracleOptions& opt_;
   std::int64_t& work_;
+  std::uint32_t vlabel_in_ = 0;  // the union of the current op's inputs' V labels (single-device run)
   std::int64_t ranks_ = 1;
   std::uint64_t seed_ = 0;
   std::vector<std::vector<Val>> env_;

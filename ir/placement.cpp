@@ -24,6 +24,25 @@ std::optional<ReduceOp> parse_reduce(std::string_view t) {
   return std::nullopt;
 }
 
+std::optional<ReduceOp> reduce_through(PointwiseMap f, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return f.additive ? std::optional<ReduceOp>(op) : std::nullopt;
+    case ReduceOp::Avg: return f.affine ? std::optional<ReduceOp>(op) : std::nullopt;
+    case ReduceOp::Max:
+    case ReduceOp::Min: {
+      if (f.monotone == 0) return std::nullopt;
+      if (f.monotone > 0) return op;
+      return op == ReduceOp::Max ? ReduceOp::Min : ReduceOp::Max;
+    }
+  }
+  return std::nullopt;
+}
+
+bool reductions_commute(ReduceOp a, ReduceOp b) {
+  auto linear = [](ReduceOp x) { return x == ReduceOp::Sum || x == ReduceOp::Avg; };
+  return a == b || (linear(a) && linear(b));
+}
+
 std::string to_string(Placement p) {
   switch (p.kind) {
     case PKind::R: return "R";

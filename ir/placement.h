@@ -43,6 +43,34 @@ struct Placement {
   }
 };
 
+// ---- what commutes with a pending reduction (the one place this is decided) ------------------------
+// A pointwise map f applied to a value pending under op (every rank applies it to its own summand) keeps
+// the value when f(op_r x_r) = op'_r f(x_r): then the result is pending under op'.
+//   sum  needs f additive (f(a + b) = f(a) + f(b): linear, no offset);
+//   avg  needs f affine (f(x) = c x + d, c and d the same on every rank of the axis);
+//   max, min need f monotone: non-decreasing keeps them, non-increasing swaps them (max <-> min).
+// Floating-point rounding is outside the promise, so a cast to a float dtype is the identity here;
+// a cast to an integer dtype truncates (monotone, not affine); a cast to bool (x != 0) is neither.
+struct PointwiseMap {
+  bool additive = false;
+  bool affine = false;
+  int monotone = 0;  // +1 non-decreasing, -1 non-increasing, 0 neither (or unknown)
+  static PointwiseMap identity() { return {true, true, +1}; }
+  static PointwiseMap scale(double c) { return {true, true, c < 0 ? -1 : +1}; }       // c x (c = 0: constant 0, both)
+  static PointwiseMap offset(int slope) { return {false, true, slope}; }             // x + b, x - b (+1); b - x (-1)
+  static PointwiseMap times_unknown_sign() { return {true, true, 0}; }               // x * y, y a replicated tensor
+  static PointwiseMap monotone_up() { return {false, false, +1}; }                   // ReLU, integer casts
+  static PointwiseMap opaque() { return {}; }                                        // GELU, SiLU, cast to bool, ...
+};
+// The reduction the result is pending under, or nullopt when f does not commute with op.
+std::optional<ReduceOp> reduce_through(PointwiseMap f, ReduceOp op);
+
+// Whether reducing over one axis with a and over another with b gives the same value in either order:
+// sum and avg commute (both linear), and each op with itself; sum or avg with max or min, and max with
+// min, do not. A value pending over several axes means the reduction of the innermost axis first
+// (docs/semantics.md, section 1), so an outer axis may be reduced first only when this holds.
+bool reductions_commute(ReduceOp a, ReduceOp b);
+
 // "R", "I", "V", "P(sum)", "P(avg)", "S(1)". P(sum) prints as "P(sum)".
 std::string to_string(Placement p);
 

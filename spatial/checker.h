@@ -30,6 +30,11 @@ struct Value {
   bool poisoned = false;
   bool uneven = false;
   std::uint8_t strict = 0;  // dims whose shard this op created: they must divide evenly even if the input is uneven
+  // Axes (bitmask) on which a V value holds per-rank values with no single-device counterpart (a declared V,
+  // per-rank Dropout, Reduce, Gather, AllToAll of V, a Recv). A V axis without the bit holds, on every rank,
+  // the whole value computed from replicated ones (Convert R -> V): reading those copies as summands
+  // counts it once per rank.
+  std::uint32_t fresh = 0;
   Value() { origin.fill(-1); }
   std::span<const ExprId> dims() const { return {shape.data(), rank}; }
 };
@@ -73,6 +78,17 @@ class Checker {
   void set_from(Value& v, int a, Placement pl, int i);
 
   static Placement pl_of(const Value& v, int a) { return v.pl[static_cast<std::size_t>(a)]; }
+  static std::uint32_t v_axes(const Value& v) {
+    std::uint32_t m = 0;
+    for (int a = 0; a < kMaxAxes; ++a)
+      if (v.pl[static_cast<std::size_t>(a)].is_v()) m |= 1u << a;
+    return m;
+  }
+  // V over a, holding on every rank the whole value computed from replicated ones (not per-rank values).
+  static bool whole_v(const Value& v, int a) { return pl_of(v, a).is_v() && !((v.fresh >> a) & 1u); }
+  // A value of placement `got` is also a valid `want` with no data moved: R is P(avg), P(max) and P(min)
+  // (reducing equal copies with those gives the value back), but not P(sum) (N copies add up to N times it).
+  static bool satisfies(Placement got, Placement want) { return got == want || (got.is_r() && want.is_p() && want.op != ReduceOp::Sum); }
   Placement pin(int i, int a) const { return pl_of(in(i), a); }
 
   Value& out(int i = 0) { return out_[static_cast<std::size_t>(i)]; }
@@ -110,6 +126,7 @@ class Checker {
   bool slice_ok(int i, int a, int d, int other);
 
   // ---- compute rules ------------------------------------------------------------------------
+  bool map_partials(Value& o, int i, PointwiseMap f, const std::string& what, const std::string& fix_text = "");
   void nonlinear();
   void step_rule();
   void linear();
@@ -131,6 +148,7 @@ class Checker {
   bool can_add_shard(const Value& v, int d, int a);
   bool can_remove_shard(const Value& v, int d, int a);
   bool rank_in_axis(int a);
+  bool reduction_ok(int a, ReduceOp rop);
   void all_reduce();
   void all_gather();
   void reduce_scatter();

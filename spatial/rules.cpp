@@ -389,6 +389,7 @@ void Checker::declare(const TensorDecl& t, std::size_t slot) {
   for (int a = 0; a < axes(); ++a)
     if (!v.pl[static_cast<std::size_t>(a)].is_r())
       v.origin[static_cast<std::size_t>(a)] = new_origin(t.placement_loc, name, v.pl[static_cast<std::size_t>(a)], a, "");
+  v.fresh = v_axes(v);
   for (std::size_t d = 0; d < t.shape.size(); ++d)
     check_expr(t.shape[d], d < t.dim_locs.size() ? t.dim_locs[d] : t.shape_loc, fmt::format("dim {} of {}", d, name));
   op_idx_ = -1;
@@ -404,6 +405,8 @@ ValueType Checker::type_of(const Value& v) {
   t.pl = v.pl;
   t.dtype = v.dtype;
   t.ok = v.defined && !v.poisoned;
+  t.fresh = v.fresh;
+  t.uneven = v.uneven;
   return t;
 }
 
@@ -430,6 +433,8 @@ void Checker::step(int i) {
         set_shape(v, t.dims());
         v.pl = t.pl;
         v.dtype = t.dtype;
+        v.fresh = t.fresh;
+        v.uneven = t.uneven;
         if (!t.ok) failed_ = true;
       }
     } else {
@@ -461,12 +466,16 @@ void Checker::step(int i) {
     }
     return;
   }
+  std::uint32_t fresh_in = 0;  // a V computed from per-rank values is per-rank too
+  for (const Value* x : in_) fresh_in |= x->fresh & v_axes(*x);
   for (std::size_t k = 0; k < outs.size(); ++k) {
     Value v;
     if (failed_ || poisoned) {
       v.poisoned = true;
     } else {
       v = out_[k];
+      v.fresh = (v.fresh | fresh_in) & v_axes(v);
+      if (op_->kind == OpKind::Recv || op_->kind == OpKind::Reinterpret) v.fresh = v_axes(v);  // another rank's value; a relabel
       if (!given && !check_local(v, p_.name(outs[k]), here())) v.poisoned = true;
       v.strict = 0;
     }
@@ -690,7 +699,8 @@ void Checker::check_outputs(const std::vector<std::pair<std::uint32_t, std::uint
         if (want.dim < 0) want.dim = static_cast<std::int16_t>(want.dim + v.rank);
       }
       Placement got = pl_of(v, a);
-      if (got == want || (!od.has_placement && !got.is_p())) continue;  // no placement declared: only P is wrong
+      // No placement declared claims one value: P (a summand) and V (per-rank values) are wrong, S is assembled.
+      if (od.has_placement ? satisfies(got, want) : !(got.is_p() || got.is_v())) continue;
       Diagnostic d;
       d.loc = od.loc;
       d.tensor = name;
@@ -706,6 +716,13 @@ void Checker::check_outputs(const std::vector<std::pair<std::uint32_t, std::uint
                                        : fmt::format("{{op: AllReduce, in: [{}], out: {}_reduced, axis: {}{}}}", name, name, axn(a),
                                                      got.op == ReduceOp::Sum ? "" : fmt::format(", reduce: {}", reduce_name(got.op)));
         d.notes.push_back({od.loc, fmt::format("fix: insert {} after the op that produces {} and output {}_reduced", coll, name, name)});
+      } else if (!od.has_placement) {
+        d.id = CheckId::PlacementMismatch;
+        d.message = fmt::format("output {} is V over {}: its ranks hold different values, and an output with no declared placement claims one value",
+                                name, axn(a));
+        d.notes.push_back({od.loc, fmt::format("fix: declare `placement: {{{}: V}}` if per-rank values are meant; otherwise make the ranks agree "
+                                               "(e.g. Dropout with the default `rng: shared`)",
+                                               axn(a))});
       } else {
         d.id = CheckId::PlacementMismatch;
         d.message = fmt::format("output {} is {} over {}, but it is declared {}", name, ps(got), axn(a), ps(want));

@@ -51,6 +51,40 @@ bool Checker::rank_in_axis(int a) {
   return true;
 }
 
+// A reduction with `rop` over axis a (of the op's axes) of input 0. A value pending over several axes means
+// the reduction of the innermost axis first (docs/semantics.md, section 1), so an inner axis (not reduced by
+// this op) that is still P(op2) must commute with rop (ir/placement.h, reductions_commute). A V whose ranks
+// hold the whole value (made from a replicated one) is not a set of summands: a sum counts it once per
+// rank. False after a report.
+bool Checker::reduction_ok(int a, ReduceOp rop) {
+  Placement p = pin(0, a);
+  if (p.is_p())
+    for (int b = a + 1; b < axes(); ++b) {
+      Placement q = pin(0, b);
+      if ((at().axes >> b) & 1u || !q.is_p() || reductions_commute(rop, q.op)) continue;
+      std::vector<Note> notes;
+      origin_note(notes, in(0), b);
+      notes.push_back(fix(fmt::format("reduce over the inner axis first: insert {{op: AllReduce, in: [{}], out: {}_{}, axis: {}, reduce: {}}} "
+                                      "before this op",
+                                      iname(0), iname(0), axn(b), axn(b), reduce_name(q.op))));
+      report(CheckId::IllegalCollective,
+             fmt::format("{}({}) over {} of {}, which is also {} over {}: a value pending over both axes is the {} over {} of the {} over the inner "
+                         "axis {}, and reducing {} first computes the {} of {}s instead, which differs",
+                         opname(), reduce_name(rop), axn(a), iname(0), ps(q), axn(b), reduce_name(rop), axn(a), reduce_name(q.op), axn(b), axn(a),
+                         reduce_name(q.op), reduce_name(rop)),
+             iname(0), std::move(notes));
+      return false;
+    }
+  if (rop == ReduceOp::Sum && whole_v(in(0), a)) {
+    illegal(fmt::format("{}(sum) over {} of {}, which is V over {} but holds the whole value on every rank (it was made from a replicated value): "
+                        "reading the copies as summands counts it {} times",
+                        opname(), axn(a), iname(0), axn(a), axsize(a)),
+            a, "reduce with `reduce: avg` (or max, min), which keeps the value, or do not convert the replicated value to V");
+    return false;
+  }
+  return true;
+}
+
 void Checker::all_reduce() {
   Value& o = out() = in(0);
   ReduceOp rop = at().rop;
@@ -63,8 +97,10 @@ void Checker::all_reduce() {
         return illegal(fmt::format("AllReduce({}) of {}, which is {} over {}: the reduce op must match the pending reduction", reduce_name(rop),
                                    iname(0), ps(p), axn(a)),
                        a, fmt::format("use `reduce: {}`", reduce_name(p.op)));
+      if (!reduction_ok(a, rop)) return;
       set_new(o, a, dst, why);
     } else if (p.is_v()) {
+      if (!reduction_ok(a, rop)) return;
       set_new(o, a, dst, why);
     } else if (p.is_s()) {
       return illegal(fmt::format("AllReduce of {}, which is S({}) over {}: its shards are different pieces of one tensor, not summands", iname(0), p.dim, axn(a)),
@@ -108,13 +144,17 @@ void Checker::reduce_scatter() {
     if (p.is_p() && p.op != at().rop)
       return illegal(fmt::format("ReduceScatter({}) of {}, which is {} over {}: the reduce op must match", reduce_name(at().rop), iname(0), ps(p), axn(a)),
                      a, fmt::format("use `reduce: {}`", reduce_name(p.op)));
-    if (!(p.is_p() || p.is_v()))
-      return illegal(fmt::format("ReduceScatter over {} of {}, which is {} over {}: ReduceScatter takes a pending reduction (P) or per-rank "
-                                 "summands (V)",
-                                 axn(a), iname(0), ps(p), axn(a)),
+    // avg, max and min of equal copies are the value: a replicated input is reduced to itself and sliced
+    bool copies = (p.is_r() || p.is_i()) && at().rop != ReduceOp::Sum;
+    if (!(p.is_p() || p.is_v() || copies))
+      return illegal(fmt::format("ReduceScatter({}) over {} of {}, which is {} over {}: ReduceScatter takes a pending reduction (P) or per-rank "
+                                 "summands (V){}",
+                                 reduce_name(at().rop), axn(a), iname(0), ps(p), axn(a),
+                                 p.is_r() || p.is_i() ? fmt::format("; a sum of the {} equal copies is {} times the value", axsize(a), axsize(a)) : ""),
                      a, p.is_r() || p.is_i() ? fmt::format("to split a replicated value use {{op: Convert, in: [{}], out: {}_shard, axis: {}, to: S({})}}",
                                                            iname(0), iname(0), axn(a), d)
                                              : "");
+    if (!reduction_ok(a, at().rop)) return;
     if (!can_add_shard(o, d, a)) return;
     set_new(o, a, Placement::s(d), fmt::format("ReduceScatter over {} along dim {}", axn(a), d));
   }
@@ -141,12 +181,15 @@ void Checker::reduce() {
     if (p.is_p() && p.op != at().rop)
       return illegal(fmt::format("Reduce({}) of {}, which is {} over {}: the reduce op must match", reduce_name(at().rop), iname(0), ps(p), axn(a)), a,
                      fmt::format("use `reduce: {}`", reduce_name(p.op)));
-    if (!(p.is_p() || p.is_v()))
+    bool copies = (p.is_r() || p.is_i()) && at().rop != ReduceOp::Sum;  // avg, max, min of equal copies: the value
+    if (!(p.is_p() || p.is_v() || copies))
       return illegal(fmt::format("Reduce over {} of {}, which is {} over {}: Reduce takes a pending reduction (P) or per-rank summands (V)", axn(a),
                                  iname(0), ps(p), axn(a)),
                      a, p.is_s() ? fmt::format("use {{op: Gather, in: [{}], axis: {}, dim: {}}} to assemble the shards", iname(0), axn(a), p.dim)
                                  : "remove this Reduce: the value is already whole on every rank");
+    if (!reduction_ok(a, at().rop)) return;
     set_new(o, a, Placement::v(), fmt::format("Reduce over {} leaves the result on rank {} only", axn(a), std::max(0, at().rank)));
+    o.fresh |= 1u << a;
   }
 }
 
@@ -156,9 +199,15 @@ void Checker::all_to_all() {
   if (s < 0) return;
   int c = norm_dim(at().dim2, in(0).rank, "concat_dim", iname(0));
   if (c < 0) return;
+  // A list of axes is one group whose ranks are in mesh order (section 4): the shard of every listed axis
+  // leaves concat_dim (they must be its innermost axes), then joins split_dim (inner to every axis already there).
+  std::vector<int> moved;
   for (int a : coll_axes(true)) {
     Placement p = pl_of(o, a);
-    if (p.is_v()) {  // per-rank values stay per-rank (e.g. MoE token exchange), but each rank's split dim shrinks and its concat dim grows
+    if (p.is_v()) {
+      // per-rank values stay per-rank (e.g. MoE token exchange), but each rank's split dim shrinks and its concat dim grows;
+      // each rank now holds pieces of every rank's values, so even copies of one value become per-rank values
+      o.fresh |= 1u << a;
       if (s == c) continue;
       ExprId n = axis_size(a), ds = o.shape[static_cast<std::size_t>(s)];
       std::string what = fmt::format("AllToAll over {} splits dim {} of {} ({}) into {} pieces, so it must be divisible by {}", axn(a), s, iname(0), dstr(ds),
@@ -180,6 +229,15 @@ void Checker::all_to_all() {
                                                  : fmt::format("AllToAll needs the input sharded on concat_dim: make {} S({}) over {} first", iname(0), c, axn(a)));
     if (!can_remove_shard(o, c, a)) return;
     o.pl[static_cast<std::size_t>(a)] = Placement::r();
+    moved.push_back(a);
+  }
+  if (!moved.empty() && moved.size() != coll_axes(true).size())
+    return illegal(fmt::format("AllToAll over several axes of {}, which is V over some of them and S({}) over others: one group cannot both "
+                               "exchange per-rank values and move a shard",
+                               iname(0), c),
+                   -1, "split it into one AllToAll per axis");
+  for (auto it = moved.rbegin(); it != moved.rend(); ++it) {  // outer axes first
+    int a = *it;
     if (!can_add_shard(o, s, a)) return;
     set_new(o, a, Placement::s(s), fmt::format("AllToAll over {} from S({}) to S({})", axn(a), c, s));
   }
@@ -213,6 +271,7 @@ void Checker::gather() {
                      a, "");
     if (!can_remove_shard(o, d, a)) return;
     set_new(o, a, Placement::v(), fmt::format("Gather over {} leaves the whole tensor on rank {} only", axn(a), std::max(0, at().rank)));
+    o.fresh |= 1u << a;
   }
 }
 

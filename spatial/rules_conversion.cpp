@@ -38,17 +38,25 @@ void Checker::convert() {
     Placement p = pin(0, a);
     std::string why = fmt::format("Convert over {} from {} to {}", axn(a), ps(p), ps(t));
     if (p == t) continue;
-    bool legal = (p.is_i() && t.is_r()) || (p.is_r() && t.is_s()) || (p.is_v() && t.is_p()) || (p.is_r() && t.is_v()) ||
+    // R -> P(avg|max|min): the avg, max or min of equal copies is the value, so no data moves
+    bool copies = p.is_r() && t.is_p() && t.op != ReduceOp::Sum;
+    bool legal = (p.is_i() && t.is_r()) || (p.is_r() && t.is_s()) || (p.is_v() && t.is_p()) || (p.is_r() && t.is_v()) || copies ||
                  (p.is_s() && t.is_p() && t.op == ReduceOp::Sum);  // S(d) -> P: the shard in its slot of a zero tensor
     if (!legal) {
       std::string hint = p.is_p()           ? fix_allreduce(iname(0), a, p)
-                         : p.is_r() && t.is_p() ? "R -> P multiplies the global value by the axis size; if that is meant, use Reinterpret"
+                         : p.is_r() && t.is_p() ? "R -> P(sum) multiplies the global value by the axis size (R -> P(avg), P(max) or P(min) keeps it); "
+                                                  "if that is meant, use Reinterpret"
                          : p.is_s() && t.is_r() ? fix_allgather(iname(0), a, p.dim)
                          : p.is_r() && t.is_i() ? "R -> I would drop the gradient's AllReduce; produce I directly (e.g. AllReduce with dst: I)"
                          : p.is_i()             ? fmt::format("convert I to R first ({{op: Convert, ..., axis: {}, to: R}}), then to {}", axn(a), ps(t))
-                                                : "Convert takes I -> R, R -> S(d), S(d) -> P, V -> P and R -> V";
+                                                : "Convert takes I -> R, R -> S(d), R -> P(avg|max|min), S(d) -> P, V -> P and R -> V";
       return illegal(fmt::format("Convert over {} cannot turn {} ({}) into {} without communication", axn(a), iname(0), ps(p), ps(t)), a, hint);
     }
+    if (p.is_v() && t.op == ReduceOp::Sum && whole_v(in(0), a))
+      return illegal(fmt::format("Convert over {} of {} to P(sum): {} is V but holds the whole value on every rank (it was made from a replicated "
+                                 "value), so its {} copies would be summands of {} times the value",
+                                 axn(a), iname(0), iname(0), axsize(a), axsize(a)),
+                     a, "convert to P(avg) (or P(max), P(min)), which keeps the value; R -> P(sum) is Reinterpret's job");
     if (t.is_s() && !can_add_shard(o, t.dim, a)) return;
     if (p.is_s() && t.is_p() && !can_remove_shard(o, p.dim, a)) return;  // only the innermost shard has a contiguous slot
     set_new(o, a, t, why);
@@ -80,7 +88,7 @@ void Checker::guard() {
     bool ok = true;
     Placement t = norm_target(want[static_cast<std::size_t>(a)], x.rank, ok);
     if (!ok) return;
-    if (t == pin(0, a)) continue;
+    if (satisfies(pin(0, a), t)) continue;
     std::vector<Note> notes;
     origin_note(notes, x, a);
     return report(CheckId::PlacementMismatch, fmt::format("SPMDGuard expects {} to be {} over {}, but it is {}", iname(0), ps(t), axn(a), ps(pin(0, a))),

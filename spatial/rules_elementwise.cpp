@@ -6,13 +6,39 @@
 
 namespace spmd::detail {
 
+// Every rank applies the pointwise map f (described by `what`) to input i's summands. On each axis where
+// input i is P(op), the result is P(op') when f commutes with op (ir/placement.h, reduce_through), else
+// partial-misuse. False after a report.
+bool Checker::map_partials(Value& o, int i, PointwiseMap f, const std::string& what, const std::string& fix_text) {
+  for (int a = 0; a < axes(); ++a) {
+    Placement p = pin(i, a);
+    if (!p.is_p()) continue;
+    if (auto r = reduce_through(f, p.op)) {
+      if (*r != p.op) set_from(o, a, Placement::p(*r), i);
+      continue;
+    }
+    std::string lacks;
+    switch (p.op) {
+      case ReduceOp::Sum: lacks = "linear"; break;
+      case ReduceOp::Avg: lacks = "affine"; break;
+      case ReduceOp::Max:
+      case ReduceOp::Min: lacks = "monotone"; break;
+    }
+    std::string why = fmt::format("{} is not {}, so applying it to each rank's value does not give it applied to the pending {}", what, lacks,
+                                  reduce_name(p.op));
+    partial_misuse(i, a, why, fix_text);
+    return false;
+  }
+  return true;
+}
+
 void Checker::nonlinear() {
   Value& o = out() = in(0);
   if (op_->kind == OpKind::FP8Quantize) o.dtype = at().has_dtype ? at().dtype : DType::FP8E4M3;
-  for (int a = 0; a < axes(); ++a)
-    if (pin(0, a).is_p())
-      return partial_misuse(0, a, pin(0, a).op == ReduceOp::Sum ? "a nonlinear op on a pending sum is not the sum of its parts"
-                                                                 : "a nonlinear op on a pending reduction is not the reduction of its parts");
+  // ReLU is monotone non-decreasing: it keeps a pending max or min. FP8Quantize is not taken as monotone: a
+  // real FP8 recipe scales by each rank's own amax first, which does not commute with the reduction.
+  bool up = op_->kind == OpKind::ReLU;
+  map_partials(o, 0, up ? PointwiseMap::monotone_up() : PointwiseMap::opaque(), opname());
 }
 
 // An opaque step: its output has the type of its first input; nothing is known to be linear.
@@ -23,23 +49,24 @@ void Checker::step_rule() {
       if (pin(i, a).is_p()) return partial_misuse(i, a, "an opaque compute step is not known to be linear in a pending sum");
 }
 
+// Cast and FP8Dequantize. A cast to a float dtype is the identity (rounding is outside the promise); to an
+// integer dtype it truncates (monotone, not affine); to bool it is x != 0 (neither). FP8Dequantize
+// multiplies by a positive scale.
 void Checker::linear() {
   Value& o = out() = in(0);
   if (at().has_dtype) o.dtype = at().dtype;
   else if (op_->kind == OpKind::FP8Dequantize) o.dtype = DType::F32;
-  bool integral = o.dtype == DType::I64 || o.dtype == DType::I32 || o.dtype == DType::I8 || o.dtype == DType::Bool;
-  for (int a = 0; a < axes() && integral; ++a)
-    if (pin(0, a).linear_partial())
-      return partial_misuse(0, a, fmt::format("rounding to {} does not commute with the pending sum (the rounded summands need not add up "
-                                              "to the rounded total)",
-                                              dtype_name(o.dtype)));
+  if (op_->kind != OpKind::Cast || !at().has_dtype) return (void)map_partials(o, 0, PointwiseMap::identity(), opname());
+  DType t = o.dtype;
+  if (t == DType::Bool) return (void)map_partials(o, 0, PointwiseMap::opaque(), "a cast to bool (x != 0)");
+  if (t == DType::I64 || t == DType::I32 || t == DType::I8)
+    return (void)map_partials(o, 0, PointwiseMap::monotone_up(), fmt::format("rounding to {}", dtype_name(t)));
+  map_partials(o, 0, PointwiseMap::identity(), opname());
 }
 
 void Checker::loss_scale() {
   Value& o = out() = in(0);
-  for (int a = 0; a < axes(); ++a)
-    if (pin(0, a).is_p() && !pin(0, a).linear_partial() && at().number < 0)
-      return partial_misuse(0, a, "a negative scale swaps max and min, so the pending reduction changes meaning");
+  if (!map_partials(o, 0, PointwiseMap::scale(at().number), opname())) return;  // a negative scale turns max into min
   if (!at().axes) return;
   // `axis` states the normalization: divide by the ranks of these axes, turning per-rank values that are
   // pending over them into summands of the normalized loss. It must cover exactly the pending axes.
@@ -82,31 +109,32 @@ void Checker::loss_scale() {
 
 void Checker::dropout() {
   Value& o = out() = in(0);
+  // A shared mask is the same on every rank: x -> m x / (1 - p) with m in {0, 1}, linear with a non-negative
+  // factor, so every pending reduction passes. Per-rank masks scale each summand differently.
+  if (!at().rng_per_rank) return (void)map_partials(o, 0, PointwiseMap::scale(1), "Dropout");
   for (int a = 0; a < axes(); ++a) {
     Placement p = pin(0, a);
-    if (p.is_p()) return partial_misuse(0, a, "a random mask on a pending reduction is not the reduction of masked parts");
-    if (at().rng_per_rank && (p.is_r() || p.is_i()))
+    if (p.is_p()) return partial_misuse(0, a, "a per-rank random mask scales each rank's summand differently");
+    if (p.is_r() || p.is_i())
       set_new(o, a, Placement::v(), fmt::format("Dropout with `rng: per_rank` draws a different mask on every rank of {}", axn(a)));
   }
+  o.fresh = v_axes(o);
 }
 
 void Checker::add_like(bool multiply) {
   const std::string op = opname();
   if (n_in() == 1) {
-    out() = in(0);
+    Value& o = out() = in(0);
     if (!at().has_number) return report(CheckId::ShapeMismatch, fmt::format("{} with one input needs `scalar:`", op), iname(0));
-    for (int a = 0; a < axes(); ++a) {
-      Placement p = pin(0, a);
-      if (!p.is_p()) continue;
-      if (multiply && p.linear_partial()) continue;
-      if (multiply && at().number >= 0) continue;  // a non-negative scale keeps max and min
-      if (multiply) return partial_misuse(0, a, "a negative scale swaps max and min");
-      return partial_misuse(0, a, fmt::format("every rank adds the scalar, so the pending reduction counts it {} times", axsize(a)),
-                            fmt::format("apply the scalar after the reduction: insert {{op: AllReduce, in: [{}], out: {}_reduced, axis: {}}} "
-                                        "before this op",
-                                        iname(0), iname(0), axn(a)));
-    }
-    return;
+    if (multiply) return (void)map_partials(o, 0, PointwiseMap::scale(at().number), fmt::format("multiplying by {}", at().number));
+    // x + c and x - c: an offset commutes with avg, max and min; a pending sum would count it once per rank
+    for (int a = 0; a < axes(); ++a)
+      if (pin(0, a).is_p() && pin(0, a).op == ReduceOp::Sum)
+        return partial_misuse(0, a, fmt::format("every rank adds the scalar, so the pending sum counts it {} times", axsize(a)),
+                              fmt::format("apply the scalar after the reduction: insert {{op: AllReduce, in: [{}], out: {}_reduced, axis: {}}} "
+                                          "before this op",
+                                          iname(0), iname(0), axn(a)));
+    return (void)map_partials(o, 0, PointwiseMap::offset(+1), fmt::format("adding {}", at().number));
   }
   if (at().has_number) return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
   if (!invariant_ok({0, 1})) return;
@@ -123,30 +151,46 @@ void Checker::add_like(bool multiply) {
       Placement part = pi == 0 ? x : y;
       if (multiply) {
         if (other.is_p()) return partial_misuse(1, a, "a product of two pending sums is not the sum of the per-rank products");
-        if (!part.linear_partial()) return partial_misuse(pi, a, "a product does not commute with a pending max or min");
-        if (other.is_r()) {
-          set_from(o, a, part, pi);
-          continue;
-        }
-        return partial_misuse(pi, a, fmt::format("multiplying by {}, which is {} over {}, scales each summand by a different value", iname(oi),
-                                                 ps(other), axn(a)));
+        if (!other.is_r())
+          return partial_misuse(pi, a, fmt::format("multiplying by {}, which is {} over {}, scales each summand by a different value", iname(oi),
+                                                   ps(other), axn(a)));
+        // x * y with y replicated: linear in x, but y's sign is unknown (a negative factor turns a max into a min)
+        auto r = reduce_through(PointwiseMap::times_unknown_sign(), part.op);
+        if (!r)
+          return partial_misuse(pi, a, fmt::format("the sign of {} is not known, and a negative factor turns a pending {} into a {}", iname(oi),
+                                                   reduce_name(part.op), part.op == ReduceOp::Max ? "min" : "max"),
+                                fix_allreduce(iname(pi), a, part));
+        set_from(o, a, Placement::p(*r), pi);
+        continue;
       }
       if (other.is_p() && other == part && part.linear_partial()) {
         set_from(o, a, part, pi);
         continue;
       }
       if (other.is_p())
-        return partial_misuse(pi, a, fmt::format("{} is {}; pending reductions of different kinds do not add up", iname(oi), ps(other)),
+        return partial_misuse(pi, a,
+                              other.op == part.op ? fmt::format("{} is {} too; the {} of per-rank sums is not the sum of the two {}s", iname(oi), ps(other),
+                                                                reduce_name(part.op), reduce_name(part.op))
+                                                  : fmt::format("{} is {}; pending reductions of different kinds do not add up", iname(oi), ps(other)),
                               fmt::format("reduce both operands first ({} with reduce: {}, {} with reduce: {}), then combine them", iname(pi),
                                           reduce_name(part.op), iname(oi), reduce_name(other.op)));
-      if (!part.linear_partial()) return partial_misuse(pi, a, "an addition does not commute with a pending max or min");
-      std::string why = other.is_r()
-                            ? fmt::format("every rank adds {} (R), so the pending sum counts it {} times (the row-parallel bias bug)", iname(oi), axsize(a))
-                            : fmt::format("{} is {}; adding per-rank values to a pending sum is not affine-safe", iname(oi), ps(other));
-      return partial_misuse(pi, a, why,
-                            fmt::format("add {} after the reduction: insert {{op: AllReduce, in: [{}], out: {}_reduced, axis: {}}} before this op "
-                                        "and add {} to its result",
-                                        iname(oi), iname(pi), iname(pi), axn(a), iname(oi)));
+      std::string fix_text = fmt::format("add {} after the reduction: insert {{op: AllReduce, in: [{}], out: {}_reduced, axis: {}{}}} before this op "
+                                         "and add {} to its result",
+                                         iname(oi), iname(pi), iname(pi), axn(a),
+                                         part.op == ReduceOp::Sum ? "" : fmt::format(", reduce: {}", reduce_name(part.op)), iname(oi));
+      if (!other.is_r())
+        return partial_misuse(pi, a, fmt::format("{} is {}; adding per-rank values to a pending reduction is not the reduction of the sums", iname(oi), ps(other)),
+                              fix_text);
+      // x + b, x - b (slope +1) and b - x (slope -1) with b replicated: affine, monotone; not additive
+      bool negated = op_->kind == OpKind::Sub && pi == 1;
+      auto r = reduce_through(PointwiseMap::offset(negated ? -1 : +1), part.op);
+      if (!r)
+        return partial_misuse(pi, a,
+                              fmt::format("every rank {} {} (R), so the pending sum counts it {} times (the row-parallel bias bug)",
+                                          op_->kind == OpKind::Sub && pi == 0 ? "subtracts" : "adds", iname(oi), axsize(a)),
+                              fix_text);
+      set_from(o, a, Placement::p(*r), pi);
+      continue;
     }
     if (x == y) {
       set_from(o, a, x, 0);

@@ -50,6 +50,8 @@ void Checker::pointwise_grad() {
     if (pin(1, a).is_p()) return partial_misuse(1, a, "the derivative of a nonlinear op at a pending sum is not the sum of derivatives");
   if (!same_shape(0, 1)) return;
   add_like(true);
+  // Dropout's mask may have been drawn per rank (the gradient op does not say): per-rank values
+  if (op_info(OpKind::PointwiseGrad).find_attr("of")->choices[at().choice] == "Dropout") out().fresh = v_axes(out());
 }
 
 void Checker::norm_grad() {

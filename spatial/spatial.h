@@ -24,6 +24,8 @@ struct ValueType {
   Placements pl{};
   DType dtype = DType::F32;
   bool ok = false;
+  std::uint32_t fresh = 0;  // axes on which a V holds per-rank values (the checker's Value::fresh)
+  bool uneven = false;      // shards may be padded (declared `uneven`, or computed from such a value)
   std::span<const ExprId> dims() const { return {shape.data(), rank}; }
 };
 

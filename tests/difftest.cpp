@@ -160,10 +160,12 @@ class Gen {
     if (r < 0.42 || rank == 0) return Placement::r();
     if (r < 0.72) return Placement::s(rng_.below(rank));
     if (r < 0.85) {
-      ReduceOp op = rng_.chance(0.75) ? ReduceOp::Sum : rng_.pick(std::vector<ReduceOp>{ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min});
+      ReduceOp op = rng_.chance(0.55) ? ReduceOp::Sum : rng_.pick(std::vector<ReduceOp>{ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min});
       if (pop) {
-        if (*pop == static_cast<ReduceOp>(255)) *pop = op;
-        op = *pop;  // one reduction kind per tensor: mixed kinds over two axes have no single global value
+        // Mostly one reduction kind per tensor; now and then mixed kinds over several axes (their global value
+        // reduces the innermost axis first, and only some reduction orders compute it).
+        if (*pop == static_cast<ReduceOp>(255) || rng_.chance(0.35)) *pop = op;
+        op = *pop;
       }
       return Placement::p(op);
     }
@@ -213,12 +215,34 @@ class Gen {
     return it->second[a];
   }
   std::string axis_attr(std::size_t a) {
+    if (mesh_.size() > 2 && rng_.chance(0.04)) {  // every axis, in a random order (the group is in mesh order anyway)
+      std::vector<std::size_t> all;
+      for (std::size_t b = 0; b < mesh_.size(); ++b) all.push_back(b);
+      if (rng_.chance(0.5)) std::reverse(all.begin(), all.end());
+      return axes_text(all);
+    }
     if (mesh_.size() > 1 && rng_.chance(0.12)) {
       std::size_t b = (a + 1 + static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size()) - 1))) % mesh_.size();
-      return "[" + mesh_[std::min(a, b)].first + ", " + mesh_[std::max(a, b)].first + "]";
+      return rng_.chance(0.8) ? axes_text({std::min(a, b), std::max(a, b)}) : axes_text({std::max(a, b), std::min(a, b)});
     }
     return mesh_[a].first;
   }
+  std::string axes_text(const std::vector<std::size_t>& axes) const {
+    if (axes.size() == 1) return mesh_[axes[0]].first;
+    std::string s = "[";
+    for (std::size_t i = 0; i < axes.size(); ++i) s += (i ? ", " : "") + mesh_[axes[i]].first;
+    return s + "]";
+  }
+  // The axes (mesh order) on which v is sharded along dim d.
+  std::vector<std::size_t> shard_axes(const GVal& v, int d) const {
+    std::vector<std::size_t> out;
+    for (std::size_t a = 0; a < mesh_.size(); ++a) {
+      auto q = pl_of(v, a);
+      if (q && q->is_s(d)) out.push_back(a);
+    }
+    return out;
+  }
+  std::string rop_text() { return rng_.pick(std::vector<std::string>{"avg", "max", "min"}); }
   void emit(const std::string& op, const std::vector<std::string>& ins, const std::vector<GVal>& outs, const std::string& attrs = "") {
     std::string s = "{op: " + op + ", in: [";
     for (std::size_t i = 0; i < ins.size(); ++i) s += (i ? ", " : "") + ins[i];
@@ -274,14 +298,19 @@ class Gen {
     if (!x) return;
     GVal o{fresh("u"), x->shape};
     std::string xn = x->name;
-    switch (rng_.below(8)) {
+    switch (rng_.below(9)) {
       case 0: return emit("GELU", {xn}, {o});
       case 1: return emit("SiLU", {xn}, {o});
       case 2: return emit("ReLU", {xn}, {o});
-      case 3: return emit("Cast", {xn}, {o}, rng_.chance(0.85) ? "dtype: bf16" : "dtype: i32");
-      case 4: return emit("LossScale", {xn}, {o}, rng_.chance(0.8) ? "scale: 2.5" : "scale: -0.5");
-      case 5: return emit("FP8Quantize", {xn}, {o});
-      case 6: return emit("FP8Dequantize", {xn}, {o});
+      case 3: return emit("Cast", {xn}, {o}, rng_.pick(std::vector<std::string>{"dtype: bf16", "dtype: bf16", "dtype: i32", "dtype: i8", "dtype: bool"}));
+      case 4: return emit("LossScale", {xn}, {o}, rng_.pick(std::vector<std::string>{"scale: 2.5", "scale: 2.5", "scale: -0.5", "scale: 0"}));
+      case 5: {  // integer values (with zeros and negatives), so a later cast to bool can tell a max of bools from a bool of the max
+        GVal i{fresh("u"), x->shape};
+        emit("Cast", {xn}, {i}, "dtype: i32");
+        return emit("Cast", {i.name}, {o}, rng_.chance(0.7) ? "dtype: bool" : "dtype: bf16");
+      }
+      case 6: return emit("FP8Quantize", {xn}, {o});
+      case 7: return emit("FP8Dequantize", {xn}, {o});
       default: return emit("Dropout", {xn}, {o}, rng_.chance(0.5) ? "p: 0.25" : "p: 0.25, rng: per_rank");
     }
   }
@@ -294,7 +323,7 @@ class Gen {
     std::string k = kinds[rng_.below(3)];
     GVal o{fresh("e"), xv.shape};
     double r = rng_.unit();
-    if (r < 0.15) return emit(k, {xv.name}, {o}, rng_.chance(0.7) ? "scalar: 1.5" : "scalar: -2");
+    if (r < 0.15) return emit(k, {xv.name}, {o}, rng_.pick(std::vector<std::string>{"scalar: 1.5", "scalar: 1.5", "scalar: -2", "scalar: 0"}));
     if (r < 0.5) {
       const GVal* y = pick_value([&](const GVal& v) { return v.shape == xv.shape && v.name != xv.name; });
       if (y) {
@@ -468,23 +497,33 @@ class Gen {
       if (c < 0.65 || r < 2) return emit("AllGather", {xv.name}, {o}, ax + fmt::format(", dim: {}", q->dim) + (rng_.chance(0.1) ? ", dst: I" : ""));
       if (c < 0.95) {
         int s = (q->dim + 1 + rng_.below(r - 1)) % r;
+        auto sh = shard_axes(xv, q->dim);  // every axis sharding concat_dim at once: one group in mesh order
+        if (sh.size() > 1 && rng_.chance(0.5)) {
+          if (rng_.chance(0.3)) std::reverse(sh.begin(), sh.end());
+          ax = "axis: " + axes_text(sh);
+        }
         return emit("AllToAll", {xv.name}, {o}, ax + fmt::format(", split_dim: {}, concat_dim: {}", s, q->dim));
       }
       return emit("Gather", {xv.name}, {o}, ax + fmt::format(", dim: {}, dst: 0", q->dim));
     }
     if (!wrong && (q->is_r() || q->is_i())) {
       double c = rng_.unit();
-      if (c < 0.35) return emit("Convert", {xv.name}, {o}, ax + fmt::format(", to: S({})", rng_.below(r)));
-      if (c < 0.55) return emit("Scatter", {xv.name}, {o}, ax + fmt::format(", dim: {}, src: 0", rng_.below(r)));
-      if (c < 0.7) return emit("Broadcast", {xv.name}, {o}, ax + ", src: 0");
-      if (c < 0.8 && q->is_i()) return emit("Convert", {xv.name}, {o}, ax + ", to: R");
-      if (c < 0.9) return emit("AllReduce", {xv.name}, {o}, ax + (rng_.chance(0.5) ? ", reduce: max" : ", reduce: avg"));
+      if (c < 0.28) return emit("Convert", {xv.name}, {o}, ax + fmt::format(", to: S({})", rng_.below(r)));
+      if (c < 0.42) return emit("Scatter", {xv.name}, {o}, ax + fmt::format(", dim: {}, src: 0", rng_.below(r)));
+      if (c < 0.52) return emit("Broadcast", {xv.name}, {o}, ax + ", src: 0");
+      if (c < 0.6 && q->is_i()) return emit("Convert", {xv.name}, {o}, ax + ", to: R");
+      if (c < 0.68) return emit("Convert", {xv.name}, {o}, "axis: " + mesh_[a].first + ", to: V");
+      if (c < 0.76) return emit("Convert", {xv.name}, {o}, "axis: " + mesh_[a].first + ", to: " + rng_.pick(std::vector<std::string>{"P(avg)", "P(max)", "P(min)", "P"}));
+      if (c < 0.84) return emit("ReduceScatter", {xv.name}, {o}, ax + fmt::format(", dim: {}, reduce: {}", rng_.below(r), rop_text()));
+      if (c < 0.93) return emit("AllReduce", {xv.name}, {o}, ax + ", reduce: " + rop_text());
       return emit("AllReduce", {xv.name}, {o}, ax);
     }
     if (!wrong && q->is_v()) {
       double c = rng_.unit();
-      if (c < 0.5) return emit("AllReduce", {xv.name}, {o}, ax);
-      if (c < 0.8) return emit("ReduceScatter", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)));
+      std::string rop = rng_.chance(0.6) ? "" : ", reduce: " + rop_text();
+      if (c < 0.45) return emit("AllReduce", {xv.name}, {o}, ax + rop);
+      if (c < 0.7) return emit("ReduceScatter", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)) + rop);
+      if (c < 0.85) return emit("Convert", {xv.name}, {o}, "axis: " + mesh_[a].first + ", to: " + rng_.pick(std::vector<std::string>{"P", "P", "P(avg)", "P(max)"}));
       return emit("Broadcast", {xv.name}, {o}, ax + ", src: 1");
     }
     // a random collective, whatever the input
@@ -510,8 +549,22 @@ class Gen {
     if (reinterpret) to = rng_.pick(std::vector<std::string>{"R", "P", "V", "I"});
     else if (q && q->is_i()) to = "R";
     else if (q && q->is_v()) to = rng_.chance(0.8) ? "P" : "P(max)";
-    else if (q && q->is_r()) to = rng_.chance(0.5) ? "V" : fmt::format("S({})", rng_.below(static_cast<int>(xv.shape.size())));
-    else to = rng_.pick(std::vector<std::string>{"R", "I", "V", "P", "S(0)"});
+    else if (q && q->is_r()) {
+      double c = rng_.unit();
+      to = c < 0.4 ? "V" : c < 0.75 ? fmt::format("S({})", rng_.below(static_cast<int>(xv.shape.size()))) : rng_.pick(std::vector<std::string>{"P(avg)", "P(max)", "P(min)", "P"});
+    } else to = rng_.pick(std::vector<std::string>{"R", "I", "V", "P", "P(max)", "S(0)"});
+    if (!reinterpret && rng_.chance(0.15)) {  // a guard: the inferred placement, with one axis asked to be something else now and then
+      auto it = pl_.find(xv.name);
+      if (it != pl_.end()) {
+        Placements p = it->second;
+        if (rng_.chance(0.5)) {
+          Placement& t = p[a];
+          if (t.is_r() || t.is_p()) t = Placement::p(rng_.pick(std::vector<ReduceOp>{ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}));
+          else t = random_placement(static_cast<int>(xv.shape.size()));
+        }
+        return emit("SPMDGuard", {xv.name}, {GVal{fresh("g"), xv.shape}}, "placement: " + pl_text(p, xv.shape.size()));
+      }
+    }
     emit(reinterpret ? "Reinterpret" : "Convert", {xv.name}, {GVal{fresh("k"), xv.shape}}, "axis: " + mesh_[a].first + ", to: " + to);
   }
 

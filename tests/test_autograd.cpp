@@ -421,7 +421,8 @@ loss: loss
 ops:
   - {op: Convert, in: [x], out: y, axis: a, to: P}
   - {op: Convert, in: [r], out: rv, axis: a, to: V}
-  - {op: Convert, in: [rv], out: rp, axis: a, to: P}
+  - {op: Multiply, in: [rv, x], out: rx}
+  - {op: Convert, in: [rx], out: rp, axis: a, to: P}
   - {op: Add, in: [y, rp], out: z}
   - {op: Reinterpret, in: [r], out: rr, axis: a, to: P}
   - {op: Add, in: [z, rr], out: s}
