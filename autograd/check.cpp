@@ -76,6 +76,8 @@ class TrainingChecker {
     first_bwd_ = p_.ops.size();  // a derived backward is appended to the ops already, a hand-written one here
     t.ops.reserve(t.ops.size() + t.backward.size() + t.grad_sync.size());
     t.ops.insert(t.ops.end(), t.backward.begin(), t.backward.end());
+    first_relabel_ = t.ops.size();
+    relabel_mean_loss(t, lt);
     first_sync_ = t.ops.size();
     t.ops.insert(t.ops.end(), t.grad_sync.begin(), t.grad_sync.end());
     t.backward.clear();
@@ -97,10 +99,15 @@ class TrainingChecker {
     for (const auto& d : r.diags) first_dual = std::min(first_dual, d.op < static_cast<int>(first_bwd_) ? static_cast<int>(first_bwd_) : d.op);
     for (auto& d : spatial) {
       if (d.op < static_cast<int>(first_bwd_) || flagged_.count(d.op)) continue;
+      if (d.op >= static_cast<int>(first_relabel_) && d.op < static_cast<int>(first_sync_)) {
+        if (mean_loss_finding(t, d)) r.diags.push_back(std::move(d));
+        continue;
+      }
+      relabel_notes(d);
       bool placement = d.id == CheckId::PartialMisuse || d.id == CheckId::InvariantMix || d.id == CheckId::IllegalCollective ||
                        d.id == CheckId::PlacementMismatch || d.id == CheckId::LayoutConflict;
       if (placement && d.op >= first_dual) continue;
-      if (!hand_ && static_cast<std::size_t>(d.op) < first_sync_) {
+      if (!hand_ && static_cast<std::size_t>(d.op) < first_relabel_) {
         const Op& f = p_.ops[static_cast<std::size_t>(forward_op_[static_cast<std::size_t>(d.op) - first_bwd_])];
         d.message = fmt::format("in the derived backward of {} (line {}): {}", op_name(f.kind), f.loc.line, d.message);
       }
@@ -125,6 +132,86 @@ class TrainingChecker {
     return {};
   }
 
+  // ---- a per-rank mean loss ------------------------------------------------------------------------
+  // Each rank's backward starts from 1 on its own loss, as autograd does (DDP, FSDP, Megatron), so over
+  // an axis where the loss is P(avg) (a per-rank mean) the backward computes the gradient of the sum of
+  // the per-rank losses: N times the gradient of the mean. A parameter gradient that is a pending sum
+  // there is therefore, as a gradient of the loss, a pending average: the per-rank values are the
+  // same, the reading is divided by N. Between the backward and grad_sync, every parameter gradient is
+  // relabelled P(sum) -> P(avg) over those axes (a Reinterpret with `from: P`); a gradient that is not
+  // a pending sum there (already reduced, sharded, invariant) would be N times too large, and the
+  // Reinterpret's placement-mismatch becomes a loss-scaling finding (mean_loss_finding).
+  void relabel_mean_loss(Program& t, const ValueType& lt) {
+    for (int a = 0; a < t.axis_count(); ++a) {
+      Placement p = lt.pl[static_cast<std::size_t>(a)];
+      if (p.is_p() && p.op == ReduceOp::Avg) avg_axes_ |= 1u << a;
+    }
+    if (!avg_axes_) return;
+    std::unordered_set<NameId> written;
+    for (std::size_t i = first_bwd_; i < t.ops.size(); ++i)
+      for (NameId n : t.outs(t.ops[i])) written.insert(n);
+    for (const auto& decl : p_.tensors) {
+      if (!decl.param) continue;
+      auto it = t.name_ids.find(p_.name(decl.name) + ".grad");
+      if (it == t.name_ids.end() || !written.count(it->second)) continue;
+      for (int a = 0; a < t.axis_count(); ++a) {
+        if (!(avg_axes_ & (1u << a))) continue;
+        Op o;
+        o.kind = OpKind::Reinterpret;
+        o.loc = p_.loss_loc;
+        o.attrs.axes = 1u << a;
+        o.attrs.from = Placement::p();
+        o.attrs.has_from = true;
+        o.attrs.to = Placement::p(ReduceOp::Avg);
+        o.attrs.has_to = true;
+        NameId n = it->second;
+        t.add_op(o, std::span<const NameId>(&n, 1), std::span<const NameId>(&n, 1));
+        relabel_param_.push_back(decl.name);
+      }
+    }
+  }
+  // A placement-mismatch at a relabel: the gradient of a parameter is not a pending sum over an axis the
+  // loss is a per-rank mean over. Per-rank (V) gradients of whole parameters are left to unsynced-gradient.
+  bool mean_loss_finding(const Program& t, Diagnostic& d) const {
+    if (d.id != CheckId::PlacementMismatch) return true;
+    std::size_t k = static_cast<std::size_t>(d.op) - first_relabel_;
+    const Op& op = t.ops[static_cast<std::size_t>(d.op)];
+    int a = std::countr_zero(op.attrs.axes);
+    const TensorDecl* decl = nullptr;
+    for (const auto& td : p_.tensors)
+      if (td.name == relabel_param_[k]) decl = &td;
+    const ValueType* g = type_of(src_[op.first]);
+    if (!decl || !g) return true;
+    Placement have = g->pl[static_cast<std::size_t>(a)], pp = decl->placement[static_cast<std::size_t>(a)];
+    if (have.is_v() && (pp.is_r() || pp.is_i())) return false;
+    std::string ax = t.mesh[static_cast<std::size_t>(a)].name, loss = p_.name(p_.loss);
+    d.id = CheckId::LossScaling;
+    d.message = fmt::format("the loss {} is a per-rank mean over {} (P(avg)), so each rank's backward, seeded with 1 on its own loss as autograd "
+                            "does, computes the gradient of the sum of the per-rank losses; {} is {} over {} at the end of the backward, so it "
+                            "is {} times the gradient of the mean loss",
+                            loss, ax, d.tensor, to_string(have), ax, ax);
+    d.notes.clear();
+    d.notes.push_back({decl->loc, fmt::format("parameter {} is declared {} over {} here", p_.name(decl->name), to_string(pp), ax)});
+    ExprId n = t.mesh[static_cast<std::size_t>(a)].size;
+    std::string scale = t.exprs.is_const(n) ? fmt::format("{}", 1.0 / static_cast<double>(t.exprs.value(n))) : "1/" + ax;
+    d.notes.push_back({p_.loss_loc, fmt::format("fix: make the per-rank losses summands of the mean before the backward: insert {{op: LossScale, in: "
+                                                "[{}], out: {}_scaled, scale: {}, axis: {}}} after the op that produces {} and use {}_scaled as the "
+                                                "loss; or keep the gradient a pending sum over {} until grad_sync reduces it with `reduce: avg`",
+                                                loss, loss, scale, ax, loss, loss, ax)});
+    return true;
+  }
+  // The origin note of a relabelled gradient names the mean loss, not the internal Reinterpret.
+  void relabel_notes(Diagnostic& d) const {
+    if (!avg_axes_) return;
+    for (auto& n : d.notes) {
+      if (n.loc.line != p_.loss_loc.line || n.loc.col != p_.loss_loc.col) continue;
+      auto at = n.message.find(": Reinterpret over ");
+      if (at == std::string::npos) continue;
+      n.message = n.message.substr(0, at) + ": the loss is a per-rank mean (P(avg)) over that axis, so each rank's gradient, seeded with 1 on its "
+                                             "own loss, is a summand of an average";
+    }
+  }
+
   // ---- writers of the training step ---------------------------------------------------------------
   // A writer is an op output (index into tt_.outs, >= 0) or a declaration (-(d + 2)); -1 = none.
   void index(const Program& t) {
@@ -133,7 +220,7 @@ class TrainingChecker {
     src_.assign(t.operands.size(), -1);
     out_op_.assign(tt_.outs.size(), 0);
     for (std::size_t i = 0; i < t.ops.size(); ++i) {
-      if (i == first_sync_) before_sync_ = cur;
+      if (i == first_relabel_) before_sync_ = cur;
       const Op& op = t.ops[i];
       auto ins = t.ins(op);
       for (std::size_t k = 0; k < ins.size(); ++k) src_[op.first + k] = cur[static_cast<std::size_t>(ins[k])];
@@ -144,7 +231,7 @@ class TrainingChecker {
         cur[static_cast<std::size_t>(outs[k])] = static_cast<std::int64_t>(w);
       }
     }
-    if (first_sync_ == t.ops.size()) before_sync_ = cur;
+    if (first_relabel_ == t.ops.size()) before_sync_ = cur;
     final_ = std::move(cur);
   }
   const ValueType* type_of(std::int64_t w) const {
@@ -285,7 +372,7 @@ class TrainingChecker {
     }
     auto bwd_in = [&](std::size_t j) { return t.ops[j].n_in ? t.name(t.ins(t.ops[j])[0]) : std::string("?"); };
     auto bwd_out = [&](std::size_t j) { return t.ops[j].n_out ? t.name(t.outs(t.ops[j])[0]) : std::string("?"); };
-    for (std::size_t j = first_bwd_; j < first_sync_; ++j) {
+    for (std::size_t j = first_bwd_; j < first_relabel_; ++j) {
       const Op& op = t.ops[j];
       if (!is_comm(op.kind)) continue;
       Sig s = backward_sig(t, j);
@@ -315,6 +402,7 @@ class TrainingChecker {
                                 f.loc.line, sig_text(t, want), why(f.kind, f.attrs.dst_invariant));
         d.notes.push_back({f.loc, fmt::format("the forward {} whose dual is needed", op_name(f.kind))});
         d.notes.push_back({op.loc, "fix: replace it with " + sig_yaml(t, want, bwd_in(j), bwd_out(j))});
+        d.fix = {FixKind::Replace, static_cast<int>(j - first_bwd_), op.loc.line, "", sig_yaml(t, want, bwd_in(j), bwd_out(j))};
       } else {
         d.message = fmt::format("backward {} is the dual of no forward collective: nothing in the forward made {} need it", sig_text(t, s), bwd_in(j));
         d.notes.push_back({op.loc, "fix: remove it (if it synchronizes a parameter gradient, move it to `grad_sync:`)"});
@@ -404,9 +492,21 @@ class TrainingChecker {
                                        : "each rank holds only its own contribution, so the replicas of the parameter drift apart");
       origin(t, w, a0, it->first, d.notes);
       Loc where = p_.has_grad_sync ? p_.grad_sync_loc : p_.has_backward ? p_.backward_loc : decl.loc;
-      d.notes.push_back({where, fmt::format("fix: insert {{op: AllReduce, in: [{}], out: {}, axis: {}}} into `grad_sync:` (after the backward, "
-                                            "before the optimizer step)",
-                                            it->first, it->first, axis_attr(t, bad))});
+      // One AllReduce per reduce op: a gradient pending an average over some axes (a per-rank mean loss)
+      // and a sum over others needs both.
+      std::uint32_t avg = 0;
+      for (int a = 0; a < t.axis_count(); ++a)
+        if ((bad & (1u << a)) && g->pl[static_cast<std::size_t>(a)].is_p() && g->pl[static_cast<std::size_t>(a)].op == ReduceOp::Avg) avg |= 1u << a;
+      std::string ins, yaml;
+      if (bad & ~avg) ins += fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}}}", it->first, it->first, axis_attr(t, bad & ~avg));
+      yaml = ins;
+      if (avg) {
+        std::string one = fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}, reduce: avg}}", it->first, it->first, axis_attr(t, avg));
+        ins += (ins.empty() ? "" : " and ") + one;
+        yaml += (yaml.empty() ? "" : "\n") + one;
+      }
+      d.notes.push_back({where, fmt::format("fix: insert {} into `grad_sync:` (after the backward, before the optimizer step)", ins)});
+      d.fix = {FixKind::Append, -1, p_.has_grad_sync ? p_.grad_sync_loc.line : 0, "grad_sync", yaml};
       out.push_back(std::move(d));
     }
   }
@@ -426,7 +526,7 @@ class TrainingChecker {
       }
       if (next < 0) {
         std::string where;
-        if (!hand_ && j < first_sync_) {
+        if (!hand_ && j < first_relabel_) {
           const Op& f = p_.ops[static_cast<std::size_t>(forward_op_[j - first_bwd_])];
           where = fmt::format("in the backward of this {} ({} in the derived backward)", op_name(f.kind), op_name(op.kind));
         } else {
@@ -445,7 +545,9 @@ class TrainingChecker {
   TrainingOptions o_;
   bool hand_ = false;
   std::vector<std::int32_t> forward_op_;
-  std::size_t first_bwd_ = 0, first_sync_ = 0;
+  std::size_t first_bwd_ = 0, first_relabel_ = 0, first_sync_ = 0;
+  std::uint32_t avg_axes_ = 0;         // axes on which the loss is P(avg)
+  std::vector<NameId> relabel_param_;  // per relabel op: the parameter whose gradient it relabels
   SpatialTypes tt_;
   std::vector<std::int64_t> src_, before_sync_, final_;
   std::vector<std::uint32_t> out_op_;

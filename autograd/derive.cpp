@@ -358,7 +358,10 @@ class Deriver {
       case OpKind::Send: return;  // no output, so never reached with a gradient (see recv below)
       case OpKind::Recv: return;  // no input: a leaf; its gradient goes back to the peer with the schedule
       case OpKind::Wait:
-      case OpKind::WaitAll: return;  // no values
+      case OpKind::WaitAll:
+      case OpKind::WaitStream:
+      case OpKind::RecordEvent:
+      case OpKind::WaitEvent: return;  // no values
       case OpKind::Cast:
       case OpKind::FP8Quantize:  // straight-through
       case OpKind::FP8Dequantize: return identity();
@@ -573,12 +576,22 @@ class Deriver {
         p.dim = static_cast<std::int16_t>(d);
       }
     }
+    // Each rank's autograd divides by the count of its own elements (the local size of a sharded dim), as
+    // its forward Mean did: over an axis sharding a reduced dim the result is a per-rank mean (P(avg)), and
+    // the gradients are those of the sum of the per-rank means (see relabel_mean_loss in check.cpp).
     std::int64_t n = 1;
     bool concrete = true;
     for (int d : dims) {
       ExprId e = x.shape[static_cast<std::size_t>(d)];
       if (P().exprs.is_const(e)) n *= P().exprs.value(e);
       else concrete = false;
+      for (int a = 0; a < axes() && concrete; ++a) {
+        if (!x.pl[static_cast<std::size_t>(a)].is_s(d)) continue;
+        bool c = true;
+        std::int64_t na = axes_size(1u << a, c);
+        if (!c || na <= 0 || n % na != 0) concrete = false;
+        else n /= na;
+      }
     }
     contribute_in(0, pred, [&](NameId dst) {
       NameId g = dy();

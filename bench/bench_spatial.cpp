@@ -2,20 +2,27 @@
 //
 // usage: spmd_bench [OPS...]          (default: 10000 100000 1000000)
 //        spmd_bench --yaml OPS > f.yaml  (the same program as YAML, to time `spmdcheck check` end to end)
+//        spmd_bench --json OPS > f.json  (the same program as JSON, the form a generator writes)
+//        spmd_bench --block OPS > f.yaml (the same program with every op in block style, one key per line)
+//        spmd_bench --load FILE...       (load each file, then check it: load and check times, peak RSS)
+//        spmd_bench --events FILE...     (the parsing floor: only the parse events of each file, JSON or YAML)
 //        spmd_bench --temporal [OPS...]  (temporal check of generated async-overlap programs, 2 streams + comm)
 //        spmd_bench --schedule STAGES MICROBATCHES VIRTUAL (generate, validate, lower and check an interleaved 1F1B)
 //        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
 //        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
 //        spmd_bench --training-yaml OPS > f.yaml (the training program as YAML: `spmdcheck check f.yaml` end to end)
-//        spmd_bench --ranks [RANKS...]    (spatial and temporal check of per-rank programs with rank-local names)
-//        spmd_bench --ranks-yaml RANKS > f.yaml (the same program as YAML)
+//        spmd_bench --ranks-local [RANKS...] (spatial and temporal check of per-rank programs with rank-local names)
+//        spmd_bench --ranks-local-yaml RANKS > f.yaml (the same program as YAML)
 //        spmd_bench --phases FILE [--backward] (time each phase of `spmdcheck check FILE`: load, spatial, temporal, training)
 //        spmd_bench --symbolic [LAYERS...] (spatial check of layers with their own symbolic sizes: Z3 obligations)
 //        spmd_bench --symbolic-z3 [LAYERS...] (the same with one obligation per layer that only Z3 proves)
 //        spmd_bench --symbolic-yaml LAYERS [wrong] > f.yaml (the same program as YAML; `wrong`: one layer fails)
+//        spmd_bench --ranks RANKS LAYERS COLLECTIVE [--yaml|--temporal-only] (per-rank programs with rank-local names: spatial and
+//                   temporal check times in memory, or the program as YAML to time `spmdcheck check`)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
 // once to warm up (allocations) and then times it, printing ops, time, ns/op and peak RSS.
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -25,8 +32,12 @@
 #include <vector>
 
 #include "autograd/autograd.h"
+#include "bench/forms.h"
 #include "bench/generator.h"
+#include "bench/ranks.h"
+#include "ir/doc.h"
 #include "ir/loader.h"
+#include "ir/source_file.h"
 #include "ir/printer.h"
 #include "schedules/schedule.h"
 #include "spatial/spatial.h"
@@ -41,11 +52,78 @@ long peak_rss_mib() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 3 && (std::string(argv[1]) == "--yaml" || std::string(argv[1]) == "--training-yaml")) {
+  if (argc == 3 && (std::string(argv[1]) == "--yaml" || std::string(argv[1]) == "--json" || std::string(argv[1]) == "--block")) {
     spmd::bench::GenOptions g;
     g.layers = static_cast<int>(std::max(1L, std::atol(argv[2]) / 22));
-    bool training = std::string(argv[1]) == "--training-yaml";
-    std::fputs(spmd::print_program(training ? spmd::bench::make_training(g) : spmd::bench::make_transformer(g)).c_str(), stdout);
+    std::string text = spmd::print_program(spmd::bench::make_transformer(g));
+    if (std::string(argv[1]) == "--json") text = spmd::bench::yaml_to_json(text);
+    if (std::string(argv[1]) == "--block") text = spmd::bench::yaml_to_block(text);
+    std::fputs(text.c_str(), stdout);
+    return 0;
+  }
+  if (argc >= 3 && std::string(argv[1]) == "--events") {
+    for (int i = 2; i < argc; ++i) {
+      std::string text = spmd::read_input_file(argv[i]);
+      auto t0 = std::chrono::steady_clock::now();
+      auto src = spmd::looks_like_json(text) ? spmd::json_events(text) : spmd::yaml_events(text);
+      spmd::Event e;
+      std::size_t n = 0;
+      do src->next(e), ++n;
+      while (e.type != spmd::EvType::StreamEnd);
+      auto t1 = std::chrono::steady_clock::now();
+      std::printf("%s: %zu events in %.1f ms\n", argv[i], n, std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    return 0;
+  }
+  if (argc >= 3 && std::string(argv[1]) == "--load") {
+    // CPU time of this process: on a shared machine wall time measures the neighbours.
+    auto cpu_ms = [] {
+      timespec ts{};
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+      return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+    };
+    std::printf("%-28s %10s %14s %14s %14s\n", "file", "ops", "load (CPU ms)", "check (CPU ms)", "peak RSS (MiB)");
+    for (int i = 2; i < argc; ++i) {
+      double t0 = cpu_ms();
+      spmd::Program p = spmd::load_program_file(argv[i]);
+      double t1 = cpu_ms();
+      auto d = spmd::check_spatial(p);
+      double t2 = cpu_ms();
+      if (!d.empty()) {
+        std::fprintf(stderr, "%s: expected clean, got %s\n", argv[i], d[0].message.c_str());
+        return 1;
+      }
+      std::printf("%-28s %10zu %14.1f %14.1f %14ld\n", argv[i], p.ops.size(), t1 - t0, t2 - t1, peak_rss_mib());
+    }
+    return 0;
+  }
+  if ((argc == 5 || argc == 6) && std::string(argv[1]) == "--ranks") {
+    using clock = std::chrono::steady_clock;
+    auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    auto t0 = clock::now();
+    spmd::Program p = spmd::bench::make_rank_local(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]) != 0);
+    if (argc == 6 && std::string(argv[5]) == "--yaml") {
+      std::fputs(spmd::print_program(p).c_str(), stdout);
+      return 0;
+    }
+    auto t1 = clock::now();
+    std::vector<spmd::Diagnostic> s;
+    if (argc == 5) s = spmd::check_spatial(p);  // `--temporal-only` skips it
+    auto t2 = clock::now();
+    auto d = spmd::check_temporal(p);
+    auto t3 = clock::now();
+    if (!s.empty() || !d.empty()) {
+      std::fprintf(stderr, "the rank-local program is expected to be clean: %s\n", (!s.empty() ? s : d)[0].message.c_str());
+      return 1;
+    }
+    std::printf("ranks %s, ops %zu: build %.1f ms, spatial %.1f ms, temporal %.1f ms, peak RSS %ld MiB\n", argv[2], p.ops.size(), ms(t0, t1), ms(t1, t2),
+                ms(t2, t3), peak_rss_mib());
+    return 0;
+  }
+  if (argc == 3 && std::string(argv[1]) == "--training-yaml") {
+    spmd::bench::GenOptions g;
+    g.layers = static_cast<int>(std::max(1L, std::atol(argv[2]) / 22));
+    std::fputs(spmd::print_program(spmd::bench::make_training(g)).c_str(), stdout);
     return 0;
   }
   if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--symbolic-yaml") {
@@ -83,11 +161,11 @@ int main(int argc, char** argv) {
     std::printf("total %.1f ms\n", ms(t0, clock::now()));
     return 0;
   }
-  if (argc == 3 && std::string(argv[1]) == "--ranks-yaml") {
+  if (argc == 3 && std::string(argv[1]) == "--ranks-local-yaml") {
     std::fputs(spmd::print_program(spmd::bench::make_rank_local(std::atoi(argv[2]))).c_str(), stdout);
     return 0;
   }
-  if (argc > 1 && std::string(argv[1]) == "--ranks") {
+  if (argc > 1 && std::string(argv[1]) == "--ranks-local") {
     std::vector<int> rs;
     for (int i = 2; i < argc; ++i) rs.push_back(std::atoi(argv[i]));
     if (rs.empty()) rs = {256, 1024};

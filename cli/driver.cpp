@@ -12,9 +12,15 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 #include "autograd/autograd.h"
 #include "autograd/derive.h"
+#include "cli/check_file.h"
+#include "cli/explain.h"
+#include "cli/report.h"
+#include "cli/sarif.h"
+#include "cli/schema.h"
 #include "cli/render.h"
 #include "cli/run.h"
 #include "ir/loader.h"
@@ -29,33 +35,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-enum Exit { kClean = 0, kFindings = 1, kBadInput = 2, kInternal = 3 };
-
-struct FileResult {
-  std::string file;
-  bool load_failed = false;
-  std::string load_message;  // rendered load error
-  LoadError load_error{{}, ""};
-  Program program;
-  std::vector<Diagnostic> diags;
-  std::size_t dropped = 0;
-  std::optional<Schedule> schedule;  // a pipeline schedule (a .csv file or `schedule:`)
-  std::vector<Loc> blocked;          // its cells where a deadlock left a rank blocked
-};
-
-struct Options {
-  unsigned z3_timeout_ms = 10000;
-  std::size_t max_diagnostics = 50;
-  std::string dump_hb;  // --dump-hb FILE ("-" = stdout)
-  std::string p2p_model;  // --p2p-model eager|rendezvous (overrides the file's `p2p_model`)
-  std::string trace;      // --trace FILE: a Chrome trace of the (first) schedule checked
-  bool backward = false;  // --backward: derive and check the backward even without `train: true`
-};
-
-bool has_errors(const std::vector<Diagnostic>& d) {
-  return std::any_of(d.begin(), d.end(), [](const Diagnostic& x) { return x.severity == Severity::Error; });
-}
-
 bool write_file(const std::string& path, const std::string& text, std::ostream& err) {
   std::ofstream f(path);
   if (!f || !(f << text)) {
@@ -65,122 +44,33 @@ bool write_file(const std::string& path, const std::string& text, std::ostream& 
   return true;
 }
 
-// --p2p-model, when given (it overrides the file's `p2p_model`).
-std::optional<P2PModel> model_option(const Options& opt) {
-  if (opt.p2p_model.empty()) return std::nullopt;
-  return opt.p2p_model == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
+#ifndef SPMD_VERSION
+#define SPMD_VERSION "0.0.0"
+#endif
+constexpr const char* kVersion = SPMD_VERSION;
+
+// --color auto|always|never: auto colours only a terminal (and never with NO_COLOR or TERM=dumb).
+bool use_color(const std::string& mode, const std::ostream& out) {
+  if (mode == "always") return true;
+  if (mode == "never") return false;
+  if (&out != &std::cout || !isatty(STDOUT_FILENO)) return false;
+  const char* term = std::getenv("TERM");
+  return !std::getenv("NO_COLOR") && !(term && std::string(term) == "dumb");
 }
 
-bool is_csv(const std::string& path) { return fs::path(path).extension() == ".csv"; }
-
-// The schedule a file describes: a CSV file, or a program's `schedule:` (generated or a CSV next to it).
-Schedule schedule_of(const std::string& path, const Program& p) {
-  if (is_csv(path)) return load_schedule_csv(path);
-  const ScheduleSpec& sp = p.schedule;
-  if (!sp.kind.empty()) {
-    try {
-      return generate_schedule(sp.kind, static_cast<int>(sp.ranks), static_cast<int>(sp.microbatches), static_cast<int>(sp.virtual_stages));
-    } catch (const std::invalid_argument& e) {
-      throw LoadError(sp.kind_loc, e.what());
-    }
-  }
-  fs::path csv = fs::path(path).parent_path() / sp.csv;
-  Schedule s;
-  try {
-    s = load_schedule_csv(csv.string());
-  } catch (const LoadError& e) {
-    throw LoadError(sp.csv_loc, e.loc.line ? fmt::format("in {}:{}:{}: {}", csv.string(), e.loc.line, e.loc.col, e.what()) : e.what());
-  }
-  if (static_cast<std::int64_t>(s.rows.size()) != sp.ranks)
-    throw LoadError(sp.csv_loc, fmt::format("{} has {} rows (pipeline ranks), but mesh axis {} has size {}", sp.csv, s.rows.size(),
-                                            p.mesh[static_cast<std::size_t>(sp.axis)].name, sp.ranks));
-  return s;
-}
-
-// Validates a schedule; when it is valid, lowers it to per-rank programs and runs the temporal checks
-// (default model: eager, as PyTorch's runtime posts isend/irecv).
-void check_schedule(FileResult& r, const Options& opt, std::ostream* dot) {
-  const Schedule& s = *r.schedule;
-  r.diags = validate_schedule(s);
-  bool invalid = std::any_of(r.diags.begin(), r.diags.end(), [](const Diagnostic& d) { return d.id == CheckId::ScheduleInvalid; });
-  if (invalid) return;  // the simulation of an incomplete schedule would only repeat it
-  P2PModel model = model_option(opt).value_or(r.program.has_p2p_model ? r.program.p2p_model : P2PModel::Eager);
-  Program lowered = lower_schedule(s, model);
-  TemporalOptions to;
-  to.dot = dot;
-  to.p2p_model = model;
-  for (auto& d : check_temporal(lowered, to)) {
-    if (d.id == CheckId::Deadlock)
-      for (const auto& n : d.notes)
-        if (n.message.find("is blocked here") != std::string::npos) r.blocked.push_back(n.loc);
-    r.diags.push_back(std::move(d));
-  }
-}
-
-// Loads and checks one file; `dot`, when set, receives the happens-before graph.
-FileResult check_file(const std::string& path, const Options& opt, std::ostream* dot = nullptr) {
-  FileResult r;
-  r.file = path;
-  try {
-    if (!is_csv(path)) r.program = load_program_file(path);
-    if (is_csv(path) || r.program.schedule.present) r.schedule = schedule_of(path, r.program);
-  } catch (const LoadError& e) {
-    r.load_failed = true;
-    r.load_error = e;
-    r.load_message = render_load_error(path, e);
-    return r;
-  }
-  if (r.schedule) {
-    check_schedule(r, opt, dot);
-    if (!is_csv(path)) {
-      // Positions inside a generated or referenced schedule are grid cells, not lines of this file.
-      Loc at = r.program.schedule.loc;
-      for (auto& d : r.diags) {
-        d.message += r.program.schedule.kind.empty() ? fmt::format(" [at {}:{}:{}]", r.program.schedule.csv, d.loc.line, d.loc.col)
-                                                     : fmt::format(" [schedule rank {}, step {}]", d.loc.line ? d.loc.line - 1 : 0, d.loc.col);
-        d.loc = at;
-        for (auto& n : d.notes) n.loc = at;
-      }
-    }
-    r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
-    return r;
-  }
-  SpatialOptions so;
-  so.z3_timeout_ms = opt.z3_timeout_ms;
-  SpatialTypes forward;  // kept for the training step, which does not check the forward again
-  bool training = r.program.train || r.program.has_backward || opt.backward;
-  if (training) so.types = &forward;
-  r.diags = check_spatial(r.program, so);
-  bool forward_ok = !has_errors(r.diags);
-  TemporalOptions to;
-  to.dot = dot;
-  to.p2p_model = model_option(opt);
-  for (auto& d : check_temporal(r.program, to)) r.diags.push_back(std::move(d));
-  const Program& p = r.program;
-  if (training) {
-    try {
-      if (p.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
-      TrainingCheck t = check_training(p, {opt.z3_timeout_ms, &forward, forward_ok});
-      for (auto& d : t.diags) r.diags.push_back(std::move(d));
-      if (t.built)
-        for (auto& d : check_temporal(t.program))
-          if (d.op >= static_cast<int>(t.first_backward)) r.diags.push_back(std::move(d));
-    } catch (const LoadError& e) {
-      r.load_failed = true;
-      r.load_error = e;
-      r.load_message = render_load_error(path, e);
-      return r;
-    }
-  }
-  r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
-  return r;
+// Compiler-style colours on rendered diagnostics: the severity and check ID, and the location.
+std::string colorize(const std::string& text) {
+  static const std::regex sev(R"(^([^\n]*?: )(error\[[a-z0-9-]+\]|error|warning\[[a-z0-9-]+\]|note)(:))", std::regex::multiline);
+  std::string s = std::regex_replace(text, sev, "\x1b[1m$1\x1b[0m\x1b[1;31m$2\x1b[0m$3");
+  static const std::regex note("\x1b\\[1;31m(note)\x1b\\[0m");
+  return std::regex_replace(s, note, "\x1b[1;36m$1\x1b[0m");
 }
 
 // `spmdcheck backward FILE`: the program with its derived backward, as YAML.
 int cmd_backward(const std::string& path, const Options& opt, std::ostream& out) {
   Program p;
   try {
-    p = load_program_file(path);
+    p = load_input(path, opt);
     if (p.loss < 0) throw LoadError({}, "deriving the backward needs a `loss:` in the program (the tensor the backward starts from)");
     SpatialTypes types;
     SpatialOptions so;
@@ -200,10 +90,13 @@ int cmd_backward(const std::string& path, const Options& opt, std::ostream& out)
 }
 
 
-int cmd_check(const std::vector<std::string>& files, const std::string& format, const Options& opt, std::ostream& out) {
+int cmd_check(const std::vector<std::string>& files, const std::string& format, const Options& opt, bool color, std::ostream& out) {
   int code = kClean;
   nlohmann::json all = nlohmann::json::array();
-  for (const auto& f : files) {
+  std::vector<FileResult> kept;  // --format sarif renders every file at the end
+  kept.reserve(files.size());
+  for (const auto& path : files) {
+    const std::string f = display_name(path);
     std::ofstream dot_file;
     std::ostream* dot = nullptr;
     if (opt.dump_hb == "-") {
@@ -217,7 +110,7 @@ int cmd_check(const std::vector<std::string>& files, const std::string& format, 
         code = std::max(code, static_cast<int>(kBadInput));
       }
     }
-    FileResult r = check_file(f, opt, dot);
+    FileResult r = check_file(path, opt, dot);
     int c = r.load_failed ? kBadInput : has_errors(r.diags) ? kFindings : kClean;
     if (!opt.trace.empty() && r.schedule && !write_file(opt.trace, schedule_trace(*r.schedule), out)) c = std::max(c, static_cast<int>(kBadInput));
     code = std::max(code, c);
@@ -233,22 +126,31 @@ int cmd_check(const std::vector<std::string>& files, const std::string& format, 
                          {"op", nullptr},
                          {"tensor", nullptr},
                          {"ranks", nlohmann::json::array()},
-                         {"notes", nlohmann::json::array()}});
+                         {"notes", nlohmann::json::array()},
+                         {"fix", nullptr}});
       } else {
         diags = render_json(f, r.diags);
       }
       all.push_back({{"file", f}, {"verdict", r.load_failed ? "error" : c == kFindings ? "fail" : "pass"}, {"diagnostics", diags}});
+    } else if (format == "sarif") {
+      kept.push_back(std::move(r));
     } else if (r.load_failed) {
-      out << r.load_message;
+      out << (color ? colorize(r.load_message) : r.load_message);
     } else {
-      out << render_text(f, r.diags);
+      out << (color ? colorize(render_text(f, r.diags)) : render_text(f, r.diags));
       if (r.schedule && !r.blocked.empty())
         out << fmt::format("{}: note: the schedule up to the deadlock (>cell< = where each blocked rank waits):\n{}", f,
                            schedule_grid(*r.schedule, r.blocked));
       if (r.dropped) out << fmt::format("{}: note: {} more diagnostics not shown (--max-diagnostics)\n", f, r.dropped);
     }
   }
-  if (format == "json") out << nlohmann::json{{"files", all}}.dump(2) << "\n";
+  // Diagnostics may echo bytes of the input that are not UTF-8: replace them (U+FFFD) rather than fail.
+  if (format == "json") out << nlohmann::json{{"files", all}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  if (format == "sarif") {
+    std::vector<SarifFile> sf;
+    for (const auto& r : kept) sf.push_back({display_name(r.file), &r.diags, r.load_failed ? &r.load_error : nullptr});
+    out << render_sarif(sf, kVersion).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
   return code;
 }
 
@@ -317,7 +219,10 @@ int cmd_test(const std::vector<std::string>& paths, const Options& opt, std::ost
           for (const auto& x : s) t += (t.empty() ? "" : ", ") + x;
           return "[" + t + "]";
         };
-        why = fmt::format("expected {} but got {}\n{}", list(want_set), list(got), render_text(f, r.diags));
+        // A file with neither `expect:` nor `# expect-error:` is checked as `expect: []` (docs/format.md).
+        why = r.program.has_expect ? fmt::format("expected {} but got {}\n{}", list(want_set), list(got), render_text(f, r.diags))
+                                   : fmt::format("no `expect:`, so it must produce no diagnostic (as `expect: []`), but got {}\n{}", list(got),
+                                                 render_text(display_name(f), r.diags));
       }
     }
     if (why.empty()) {
@@ -332,13 +237,48 @@ int cmd_test(const std::vector<std::string>& paths, const Options& opt, std::ost
   return failed ? kFindings : kClean;
 }
 
+// `explain FILE`: every value's shape, placements, local shape and why; with --tensor its layout picture.
+int cmd_explain(const std::string& path, const ExplainFilter& filter, const Options& opt, bool color, std::ostream& out, std::ostream& err) {
+  SpatialTypes types;
+  types.want_origins = true;
+  FileResult r = check_file(path, opt, nullptr, &types);
+  const std::string f = display_name(path);
+  if (r.load_failed) {
+    err << r.load_message;
+    return kBadInput;
+  }
+  if (r.schedule) {
+    out << f << ": a pipeline schedule (no tensors to explain); its grid:\n" << schedule_grid(*r.schedule, r.blocked);
+    return has_errors(r.diags) ? kFindings : kClean;
+  }
+  Explanation e = explain_program(r.program, types);
+  try {
+    out << explain_text(f, r.program, types, e, r.diags, filter, color);
+  } catch (const LoadError& x) {
+    err << "spmdcheck: " << x.what() << "\n";
+    return kBadInput;
+  }
+  return has_errors(r.diags) ? kFindings : kClean;
+}
+
+// `report FILE -o OUT.html`: one self-contained page (exit codes as `check`).
+int cmd_report(const std::string& path, const std::string& output, const Options& opt, std::ostream& out, std::ostream& err) {
+  SpatialTypes types;
+  types.want_origins = true;
+  FileResult r = check_file(path, opt, nullptr, &types);
+  std::string html = report_html(r, r.load_failed || r.schedule ? nullptr : &types, input_text(path, opt).value_or(""), kVersion);
+  if (output == "-") out << html;
+  else if (!write_file(output, html, err)) return kBadInput;
+  return r.load_failed ? kBadInput : has_errors(r.diags) ? kFindings : kClean;
+}
+
 // `run`: 0 every file agrees, 1 some file differs (or fails on one device), 2 bad input, 4 some file skipped.
-int cmd_run(const std::vector<std::string>& files, const RunOptions& opt, std::ostream& out) {
+int cmd_run(const std::vector<std::string>& files, const RunOptions& opt, const Options& in, std::ostream& out) {
   int code = kClean;
   bool skipped = false;
   for (const auto& f : files) {
-    RunReport r = run_program_file(f, opt);
-    out << render_run(f, r);
+    RunReport r = f == "-" ? run_program_text(in.stdin_text.value_or(""), display_name(f), opt) : run_program_file(f, opt);
+    out << render_run(display_name(f), r);
     if (r.load_error) code = std::max(code, static_cast<int>(kBadInput));
     else if (r.oracle.verdict == OracleVerdict::Differ || r.oracle.verdict == OracleVerdict::GlobalError) code = std::max(code, static_cast<int>(kFindings));
     else if (r.oracle.verdict == OracleVerdict::Skipped) skipped = true;
@@ -348,16 +288,23 @@ int cmd_run(const std::vector<std::string>& files, const RunOptions& opt, std::o
 
 }  // namespace
 
-int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) { return run_cli(args, out, err, std::cin); }
+
+int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err, std::istream& in) {
   try {
     CLI::App app{"spmdcheck: a static verifier for SPMD distributed-training programs", "spmdcheck"};
     app.require_subcommand(1);
+    app.fallthrough();
+    app.set_version_flag("--version", std::string("spmdcheck ") + kVersion);
+    std::string color_mode = "auto";
+    app.add_option("--color", color_mode, "colour the output: auto (a terminal only; NO_COLOR turns it off), always or never")
+        ->check(CLI::IsMember({"auto", "always", "never"}));
     Options opt;
     std::vector<std::string> files;
     std::string format = "text";
     auto* check = app.add_subcommand("check", "run every check on FILE... and print diagnostics");
     check->add_option("files", files, "program files")->required();
-    check->add_option("--format", format, "text or json")->check(CLI::IsMember({"text", "json"}));
+    check->add_option("--format", format, "text, json or sarif (SARIF 2.1.0, for GitHub code scanning)")->check(CLI::IsMember({"text", "json", "sarif"}));
     check->add_option("--z3-timeout", opt.z3_timeout_ms, "solver time limit per obligation, in milliseconds (a timeout is reported, never passed)");
     check->add_option("--max-diagnostics", opt.max_diagnostics, "show at most N diagnostics per file");
     check->add_option("--dump-hb", opt.dump_hb, "write the happens-before graph as Graphviz DOT to FILE (- for stdout)");
@@ -397,6 +344,20 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     run->add_option("files", files, "program files")->required();
     run->add_option("--seed", ropt.seed, "input values and the instantiation of symbolic sizes");
     run->add_option("--z3-timeout", ropt.z3_timeout_ms, "solver time limit per obligation, in milliseconds");
+    std::string explain_file;
+    ExplainFilter filter;
+    int explain_op = -1;
+    auto* explain = app.add_subcommand("explain", "show every value's global shape, placement per axis, local shape and why; --tensor draws its layout");
+    explain->add_option("file", explain_file, "program file (- for standard input)")->required();
+    explain->add_option("--tensor", filter.tensor, "only this tensor: its values and a picture of its layout over the mesh");
+    explain->add_option("--op", explain_op, "only op N (0-based, in file order): its outputs and inputs");
+    explain->add_option("--z3-timeout", opt.z3_timeout_ms, "solver time limit per obligation, in milliseconds");
+    std::string report_file, report_out;
+    auto* report = app.add_subcommand("report", "write one self-contained HTML page: the program with its diagnostics, placements, layouts, timeline");
+    report->add_option("file", report_file, "program or schedule file (- for standard input)")->required();
+    report->add_option("-o,--output", report_out, "the HTML file to write (- for standard output)")->required();
+    report->add_option("--z3-timeout", opt.z3_timeout_ms, "solver time limit per obligation, in milliseconds");
+    auto* schema = app.add_subcommand("schema", "print the JSON Schema of the program format (for editors and CI)");
     bool markdown = false;
     auto* ops = app.add_subcommand("ops", "list every op with its operands, attributes and meaning");
     ops->add_flag("--markdown", markdown, "print docs/ops.md");
@@ -410,11 +371,35 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     } catch (const CLI::CallForAllHelp& e) {
       out << app.help();
       return kClean;
+    } catch (const CLI::CallForVersion& e) {
+      out << e.what() << "\n";
+      return kClean;
     } catch (const CLI::ParseError& e) {
       err << "spmdcheck: " << e.what() << "\n" << "run 'spmdcheck --help' for usage\n";
       return kBadInput;
     }
-    if (*check) return cmd_check(files, format, opt, out);
+    // `-` reads standard input (once, whichever argument names it).
+    auto wants_stdin = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), "-") != v.end(); };
+    if (wants_stdin(files) || wants_stdin(paths) || explain_file == "-" || report_file == "-" || bwd_file == "-") {
+      std::ostringstream ss;
+      ss << in.rdbuf();
+      opt.stdin_text = ss.str();
+    }
+    bool color = use_color(color_mode, out);
+    if (*check) return cmd_check(files, format, opt, color, out);
+    if (*explain) {
+      if (explain_op >= 0) filter.op = explain_op;
+      if (explain->count("--op") && explain_op < 0) {
+        err << "spmdcheck: --op takes an op index (0-based)\n";
+        return kBadInput;
+      }
+      return cmd_explain(explain_file, filter, opt, color, out, err);
+    }
+    if (*report) return cmd_report(report_file, report_out, opt, out, err);
+    if (*schema) {
+      out << program_schema().dump(2) << "\n";
+      return kClean;
+    }
     if (*test) return cmd_test(paths, opt, out);
     if (*sched) {
       Schedule sc;
@@ -446,7 +431,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return kClean;
     }
     if (*backward) return cmd_backward(bwd_file, opt, out);
-    if (*run) return cmd_run(files, ropt, out);
+    if (*run) return cmd_run(files, ropt, opt, out);
     if (*ops) {
       out << (markdown ? ops_markdown() : ops_text());
       return kClean;

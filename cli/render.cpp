@@ -54,6 +54,17 @@ nlohmann::json render_json(const std::string& file, const std::vector<Diagnostic
                    {"tensor", d.tensor.empty() ? nlohmann::json(nullptr) : nlohmann::json(d.tensor)},
                    {"ranks", d.ranks},
                    {"notes", notes}});
+    if (d.fix.kind != FixKind::None) {
+      nlohmann::json f = {{"kind", fix_kind_name(d.fix.kind)},
+                          {"op_index", d.fix.op >= 0 ? nlohmann::json(d.fix.op) : nlohmann::json(nullptr)},
+                          {"line", d.fix.line},
+                          {"yaml", d.fix.yaml}};
+      if (!d.fix.section.empty()) f["section"] = d.fix.section;
+      if (d.fix.kind == FixKind::Move) f["from_line"] = d.fix.from_line;
+      arr.back()["fix"] = std::move(f);
+    } else {
+      arr.back()["fix"] = nullptr;
+    }
   }
   return arr;
 }

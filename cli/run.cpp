@@ -1,6 +1,8 @@
 // cli/run.cpp - the checker's verdict and the numeric oracle on one program (`spmdcheck run`).
 #include "cli/run.h"
 
+#include "ir/source_file.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -135,15 +137,15 @@ RunReport run_program_text(const std::string& text, const std::string& filename,
 }
 
 RunReport run_program_file(const std::string& path, const RunOptions& opt) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  std::string text;
+  try {
+    text = read_input_file(path);
+  } catch (const LoadError& e) {
     RunReport rep;
-    rep.load_error = LoadError({}, "cannot read " + path);
+    rep.load_error = e;
     return rep;
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return run_program_text(ss.str(), path, opt);
+  return run_program_text(text, path, opt);
 }
 
 std::string render_run(const std::string& file, const RunReport& r) {

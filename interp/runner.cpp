@@ -295,7 +295,10 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::Send: return send(oi, r);
     case OpKind::Recv: return recv(oi, r, c);
     case OpKind::Wait:
-    case OpKind::WaitAll: return;  // async values are available at their op; a Wait moves no data
+    case OpKind::WaitAll:
+    case OpKind::WaitStream:
+    case OpKind::RecordEvent:
+    case OpKind::WaitEvent: return;  // async values are available at their op; stream order moves no data
     // Opaque ops (OverlapRegion, a schedule's Step) and the gradient ops of derived backwards have no
     // numeric kernel yet: the program is skipped with the reason, never counted as agreement.
     default: throw InterpError(std::string(op_name(op.kind)) + " has no numeric kernel in the oracle");

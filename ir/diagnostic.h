@@ -20,6 +20,22 @@ struct Note {
   std::string message;
 };
 
+// A fix in machine-readable form (docs/format.md, "JSON output"): ops to write into the file. `yaml` holds
+// one or more ops, one YAML flow mapping per line. InsertBefore/InsertAfter put them next to the op on
+// `line`; Replace puts them in its place; Append adds them at the end of the top-level list `section`
+// (e.g. grad_sync), which is created if the file has none; Move takes the op on `from_line` (whose
+// text is `yaml`) and puts it before the op on `line`.
+enum class FixKind : std::uint8_t { None, InsertBefore, InsertAfter, Replace, Append, Move };
+struct Fix {
+  FixKind kind = FixKind::None;
+  int op = -1;             // the index of the op on `line` in its list (ops, backward or grad_sync), -1 = none
+  std::uint32_t line = 0;  // 1-based line of that op (or of the section's key for Append; 0 = not in the file)
+  std::string section;     // Append: the top-level key
+  std::string yaml;
+  std::uint32_t from_line = 0;  // Move: the line of the op to move
+};
+const char* fix_kind_name(FixKind k);
+
 struct Diagnostic {
   CheckId id;
   Severity severity = Severity::Error;
@@ -29,6 +45,7 @@ struct Diagnostic {
   std::string tensor;      // empty = none
   std::vector<Note> notes; // related places; a note whose message starts with "fix: " suggests the fix
   std::vector<std::string> ranks{};  // the ranks involved, e.g. {pp: 0} (per-rank programs)
+  Fix fix{};               // the `fix:` note in machine-readable form, when it is an insert or a replace
 };
 
 // A program that cannot be read: YAML syntax, unknown op or key, bad attribute... (exit code 2).

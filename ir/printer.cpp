@@ -73,7 +73,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     case AttrType::DType: return a.has_dtype ? std::optional(std::string(dtype_name(a.dtype))) : std::nullopt;
     case AttrType::Shape: return a.shape != kNoIndex ? std::optional(p.shape_str(p.shapes[a.shape])) : std::nullopt;
     case AttrType::Name: {
-      NameId id = n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : a.stream;
+      NameId id = n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : n == "for" || n == "event" ? a.sync : a.stream;
       return id >= 0 ? std::optional(p.name(id)) : std::nullopt;
     }
     case AttrType::Names: return a.handles != kNoIndex ? std::optional(names_list(p, p.name_lists[a.handles])) : std::nullopt;
@@ -97,19 +97,33 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
 
 void print_ops(std::ostringstream& o, const Program& p, const char* key, const std::vector<Op>& ops, const char* indent = "") {
   o << indent << key << ":" << (ops.empty() ? " []" : "") << "\n";
-  for (const auto& op : ops) {
-    const OpInfo& info = op_info(op.kind);
-    o << indent << "  - {op: " << info.name;
-    if (op.n_in) o << ", in: " << names_list(p, p.ins(op));
-    if (op.n_out == 1) o << ", out: " << p.name(p.outs(op)[0]);
-    else if (op.n_out > 1) o << ", out: " << names_list(p, p.outs(op));
-    for (const auto& spec : info.attrs)
-      if (auto v = attr_value(p, op, spec)) o << ", " << spec.name << ": " << *v;
-    o << "}\n";
-  }
+  for (const auto& op : ops) o << indent << "  - " << print_op(p, op) << "\n";
 }
 
 }  // namespace
+
+std::string print_op(const Program& p, const Op& op, int rename_in, const std::string& new_name) {
+  std::ostringstream o;
+  const OpInfo& info = op_info(op.kind);
+  o << "{op: " << info.name;
+  if (op.n_in) {
+    if (rename_in < 0) {
+      o << ", in: " << names_list(p, p.ins(op));
+    } else {
+      auto ins = p.ins(op);
+      o << ", in: [";
+      for (std::size_t k = 0; k < ins.size(); ++k)
+        o << (k ? ", " : "") << (static_cast<int>(k) == rename_in ? new_name : p.name(ins[k]));
+      o << "]";
+    }
+  }
+  if (op.n_out == 1) o << ", out: " << p.name(p.outs(op)[0]);
+  else if (op.n_out > 1) o << ", out: " << names_list(p, p.outs(op));
+  for (const auto& spec : info.attrs)
+    if (auto v = attr_value(p, op, spec)) o << ", " << spec.name << ": " << *v;
+  o << "}";
+  return o.str();
+}
 
 std::string print_program(const Program& p) {
   std::ostringstream o;

@@ -11,4 +11,8 @@ namespace spmd {
 
 std::string print_program(const Program& p);
 
+// One op as a YAML flow mapping ("{op: GELU, in: [x], out: y}"), for fixes. When `rename_in` >= 0, that
+// operand is written as `new_name`.
+std::string print_op(const Program& p, const Op& op, int rename_in = -1, const std::string& new_name = "");
+
 }  // namespace spmd

@@ -35,10 +35,12 @@ std::vector<std::string> dtype_names() {
   return v;
 }
 
-NameId Program::intern(const std::string& n) {
-  auto [it, fresh] = name_ids.emplace(n, static_cast<NameId>(names.size()));
-  if (fresh) names.push_back(n);
-  return it->second;
+NameId Program::intern(std::string_view n) {
+  if (auto it = name_ids.find(n); it != name_ids.end()) return it->second;  // no node built for a known name
+  auto id = static_cast<NameId>(names.size());
+  name_ids.emplace(std::string(n), id);
+  names.emplace_back(n);
+  return id;
 }
 
 Op& Program::add_op(std::vector<Op>& list, Op op, std::span<const NameId> ins, std::span<const NameId> outs) {
@@ -61,6 +63,25 @@ std::string Program::shape_str(std::span<const ExprId> shape) const {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + expr_str(shape[i]);
   return s + "]";
+}
+
+void annotate_instances(const Program& p, std::vector<Diagnostic>& diags) {
+  if (p.instances.empty()) return;
+  for (auto& d : diags) {
+    if (d.op < 0 || static_cast<std::size_t>(d.op) >= p.ops.size()) continue;
+    auto op = static_cast<std::uint32_t>(d.op);
+    bool moved = false;
+    for (const Instance& in : p.instances) {  // innermost first
+      if (op < in.first_op || op >= in.end_op) continue;
+      if (!in.file.empty() && !moved) {
+        d.message += " [at " + in.file + ":" + std::to_string(d.loc.line) + ":" + std::to_string(d.loc.col) + "]";
+        for (auto& n : d.notes) n.loc = in.loc;
+        d.loc = in.loc;
+        moved = true;
+      }
+      d.notes.push_back({in.loc, "in " + in.label + ", expanded here"});
+    }
+  }
 }
 
 }  // namespace spmd

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string_view>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -33,6 +34,12 @@ bool parse_dtype(std::string_view s, DType& out);
 std::vector<std::string> dtype_names();
 
 using Placements = std::array<Placement, kMaxAxes>;
+
+// A hash for string keys that also finds by std::string_view (no string built for a lookup).
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
 
 struct MeshAxis {
   std::string name;
@@ -77,6 +84,7 @@ struct OpAttrs {
   std::uint32_t bad_axis = kNoIndex;   // an `axis` the mesh lacks: index into Program::bad_axes (a finding, not a load error)
   NameId handle = -1, stream = -1, group = -1;  // group: a batched point-to-point group (batch_isend_irecv)
   NameId matches = -1, label = -1;              // Recv: the name its Send must send; Step: its label (e.g. 1F3)
+  NameId sync = -1;                              // WaitStream: the stream waited for (`for`); RecordEvent / WaitEvent: the event
   double number = 0;                   // scalar / scale / p / eps
   Placement to{}, from{};
   ReduceOp rop = ReduceOp::Sum;
@@ -124,6 +132,14 @@ struct ScheduleSpec {
   Loc loc, kind_loc, csv_loc;
 };
 
+// A module instance (docs/format.md, "Modules"): ops [first_op, end_op) came from a module's body, expanded at
+// `loc`; `label` says which instance ("layer 37 of 80 ..."), `file` the included file of the body (empty: this one).
+struct Instance {
+  std::uint32_t first_op = 0, end_op = 0;
+  Loc loc;
+  std::string label, file;
+};
+
 struct Program {
   std::string file;
   std::string title;  // `name:` of the program
@@ -133,7 +149,7 @@ struct Program {
   std::unordered_map<std::string, Loc> size_locs;
   ExprPool exprs;
   std::vector<std::string> names;          // NameId -> text
-  std::unordered_map<std::string, NameId> name_ids;
+  std::unordered_map<std::string, NameId, StringHash, std::equal_to<>> name_ids;  // finds by string_view too
   std::vector<TensorDecl> tensors;
   std::vector<Op> ops;
   ScheduleSpec schedule;
@@ -167,11 +183,12 @@ struct Program {
   bool has_grad_sync = false;
   Loc grad_sync_loc;
   std::vector<Op> grad_sync;
+  std::vector<Instance> instances;         // innermost first for nested ones
   bool has_expect = false;
   std::vector<std::string> expect;         // check IDs, as written
   Loc expect_loc;
 
-  NameId intern(const std::string& n);
+  NameId intern(std::string_view n);
   // Appends `op` (kind, location, attributes) with its operands; returns the stored op.
   Op& add_op(Op op, std::span<const NameId> ins, std::span<const NameId> outs) { return add_op(ops, op, ins, outs); }
   // The same, appending to another op list of this program (`backward`, `grad_sync`).
@@ -185,5 +202,10 @@ struct Program {
   std::string expr_str(ExprId e) const { return exprs.str(e, vars); }
   std::string shape_str(std::span<const ExprId> shape) const;
 };
+
+// Adds to each diagnostic at an op that came from a module instance a note naming the instance ("in layer 37 of
+// 80 ...") at the line that expanded it; a diagnostic inside an included file moves to that line and keeps the
+// included position in its message.
+void annotate_instances(const Program& p, std::vector<Diagnostic>& diags);
 
 }  // namespace spmd

@@ -37,6 +37,25 @@ std::pair<std::int64_t, int> RankSpace::group(int rep, std::uint32_t mask) const
   return {static_cast<std::int64_t>(mask) * kMaxRepresentatives + base, members};
 }
 
+std::vector<int> RankSpace::members(int rep, std::uint32_t mask) const {
+  // The group's base (coordinate 0 on the masked axes), then every combination of the masked axes.
+  std::int64_t base = rep;
+  std::vector<std::size_t> free;
+  for (std::size_t i = 0; i < axes.size(); ++i)
+    if (mask & (1u << axes[i])) {
+      base -= ((rep / stride[i]) % sizes[i]) * stride[i];
+      free.push_back(i);
+    }
+  std::vector<int> out{static_cast<int>(base)};
+  for (std::size_t i : free) {
+    std::size_t n = out.size();
+    for (std::int64_t v = 1; v < sizes[i]; ++v)
+      for (std::size_t k = 0; k < n; ++k) out.push_back(static_cast<int>(out[k] + v * stride[i]));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::string RankSpace::label(const Program& p, int rep) const {
   if (axes.empty()) return "{}";
   std::string s = "{";
@@ -78,56 +97,35 @@ RankSpace make_rank_space(const Program& p) {
   s.stride.assign(s.axes.size(), 1);
   for (std::size_t i = s.axes.size(); i-- > 1;) s.stride[i - 1] = s.stride[i] * s.sizes[i];
   s.program.assign(static_cast<std::size_t>(total), -1);
-  // Each program's ranks, enumerated from its selector (the axes it names fixed, the other relevant axes
-  // free): linear in ranks + programs. A rank matched twice or never is a load error, located by the
-  // rank-by-rank pass below (taken only then, for its first offending rank).
-  bool clash = false;
-  for (std::size_t k = 0; k < s.programs.size() && !clash; ++k) {
-    std::vector<std::int64_t> fixed(s.axes.size(), -1);
-    bool none = false;
+  // Each program claims the ranks its selector matches (enumerated over the axes it leaves free), so
+  // the work is the number of ranks, not ranks x programs.
+  for (std::size_t k = 0; k < s.programs.size(); ++k) {
+    std::int64_t base = 0;
+    std::uint32_t named = 0;
+    bool in_range = true;
     for (auto [axis, v] : s.programs[k].selector)
       for (std::size_t i = 0; i < s.axes.size(); ++i)
         if (s.axes[i] == axis) {
-          none |= (fixed[i] >= 0 && fixed[i] != v) || v < 0 || v >= s.sizes[i];
-          fixed[i] = v;
+          in_range &= v >= 0 && v < s.sizes[i];
+          base += v * s.stride[i];
+          named |= 1u << axis;
         }
-    if (none) continue;
-    std::vector<std::int64_t> c(s.axes.size(), 0);
-    for (std::size_t i = 0; i < s.axes.size(); ++i) c[i] = fixed[i] >= 0 ? fixed[i] : 0;
-    for (;;) {
-      std::int64_t r = 0;
-      for (std::size_t i = 0; i < s.axes.size(); ++i) r += c[i] * s.stride[i];
-      int& owner = s.program[static_cast<std::size_t>(r)];
-      if (owner >= 0) {
-        clash = true;
-        break;
-      }
-      owner = static_cast<int>(k);
-      std::size_t i = s.axes.size();
-      while (i-- > 0) {
-        if (fixed[i] >= 0) continue;
-        if (++c[i] < s.sizes[i]) break;
-        c[i] = 0;
-      }
-      if (i == static_cast<std::size_t>(-1)) break;
+    if (!in_range) continue;
+    std::uint32_t free = 0;
+    for (int a : s.axes)
+      if (!(named & (1u << a))) free |= 1u << a;
+    for (int r : s.members(static_cast<int>(base), free)) {
+      int& slot = s.program[static_cast<std::size_t>(r)];
+      if (slot >= 0)
+        throw LoadError(s.programs[k].loc, "rank " + s.label(p, r) + " matches this program and the one at line " +
+                                               std::to_string(s.programs[static_cast<std::size_t>(slot)].loc.line) +
+                                               ": every rank must run exactly one program");
+      slot = static_cast<int>(k);
     }
   }
-  if (!clash && std::none_of(s.program.begin(), s.program.end(), [](int x) { return x < 0; })) return s;
-  s.program.assign(static_cast<std::size_t>(total), -1);
-  for (int r = 0; r < static_cast<int>(total); ++r) {
-    for (std::size_t k = 0; k < s.programs.size(); ++k) {
-      bool ok = true;
-      for (auto [axis, v] : s.programs[k].selector) ok &= s.coord(r, axis) == v;
-      if (!ok) continue;
-      if (s.program[static_cast<std::size_t>(r)] >= 0)
-        throw LoadError(s.programs[k].loc, "rank " + s.label(p, r) + " matches this program and the one at line " +
-                                               std::to_string(s.programs[static_cast<std::size_t>(s.program[static_cast<std::size_t>(r)])].loc.line) +
-                                               ": every rank must run exactly one program");
-      s.program[static_cast<std::size_t>(r)] = static_cast<int>(k);
-    }
+  for (int r = 0; r < static_cast<int>(total); ++r)
     if (s.program[static_cast<std::size_t>(r)] < 0)
       throw LoadError(s.programs.front().loc, "rank " + s.label(p, r) + " runs no program: every rank must match exactly one `ranks:` selector");
-  }
   return s;
 }
 
@@ -195,12 +193,13 @@ void match_collectives(const Program& p, const RankSpace& s, std::vector<Collect
     const Member& a = g.members.front();
     // Members of the group that issue no collective in it at all also count.
     int expected = s.group(a.rank, g.mask).second;
-    std::vector<int> present;
-    for (const auto& m : g.members) present.push_back(m.rank);
-    if (static_cast<int>(present.size()) < expected)
-      for (int r = 0; r < s.count(); ++r)
-        if (s.group(r, g.mask).first == key && std::find(present.begin(), present.end(), r) == present.end())
-          counts.push_back({a.rank, static_cast<int>(a.ops.size()), r, 0, a.ops.back(), -1, g.mask});
+    if (static_cast<int>(g.members.size()) < expected) {
+      std::vector<int> present;
+      for (const auto& m : g.members) present.push_back(m.rank);
+      std::sort(present.begin(), present.end());
+      for (int r : s.members(a.rank, g.mask))
+        if (!std::binary_search(present.begin(), present.end(), r)) counts.push_back({a.rank, static_cast<int>(a.ops.size()), r, 0, a.ops.back(), -1, g.mask});
+    }
     for (std::size_t m = 1; m < g.members.size(); ++m) {
       const Member& b = g.members[m];
       std::size_t n = std::min(a.ops.size(), b.ops.size());

@@ -18,8 +18,9 @@
 
 namespace spmd {
 
-// Vector clocks have one component per (rank, stream), so memory grows with representatives squared.
-inline constexpr int kMaxRepresentatives = 4096;
+// The most representatives a program may distinguish (the product of the sizes of the axes named by
+// selectors and peers): one program per rank on 65,536 ranks is accepted.
+inline constexpr int kMaxRepresentatives = 65536;
 
 // The programs of `p`: its `programs:` list (per_rank), or one program over every op for a plain
 // `ops:` list (also when code appends ops to it, as the derived backward does).
@@ -38,6 +39,8 @@ struct RankSpace {
   int with(int rep, std::span<const std::pair<int, std::int64_t>> coords) const;
   // The collective group of `rep` over the mesh axes in `mask`: (key, number of representative members).
   std::pair<std::int64_t, int> group(int rep, std::uint32_t mask) const;
+  // The representatives of that group, in increasing order (linear in its size).
+  std::vector<int> members(int rep, std::uint32_t mask) const;
   // "{pp: 1}" (relevant axes only); "{}" for a one-rank space.
   std::string label(const Program& p, int rep) const;
 };

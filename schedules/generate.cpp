@@ -8,6 +8,8 @@
 
 #include "schedules/schedule.h"
 
+#include "ir/ranks.h"
+
 namespace spmd {
 
 namespace {
@@ -104,7 +106,8 @@ std::vector<Action> zb_h1(int r, int p, int m) {
 std::vector<std::string> schedule_kinds() { return {"GPipe", "1F1B", "Interleaved1F1B", "ZBH1"}; }
 
 Schedule generate_schedule(const std::string& kind, int p, int m, int v) {
-  if (p < 1 || p > 4096) throw std::invalid_argument(fmt::format("stages must be between 1 and 4096, got {}", p));
+  if (p < 1 || p > kMaxRepresentatives)
+    throw std::invalid_argument(fmt::format("stages must be between 1 and {}, got {}", kMaxRepresentatives, p));
   if (m < 1 || m > (1 << 20)) throw std::invalid_argument(fmt::format("microbatches must be between 1 and 2^20, got {}", m));
   if (v < 1 || v > 64) throw std::invalid_argument(fmt::format("virtual stages must be between 1 and 64, got {}", v));
   std::string k = kind;
@@ -122,6 +125,12 @@ Schedule generate_schedule(const std::string& kind, int p, int m, int v) {
     throw std::invalid_argument(fmt::format("unknown schedule kind '{}'{} (kinds: GPipe, 1F1B, Interleaved1F1B, ZBH1)", kind,
                                             best ? fmt::format("; did you mean '{}'?", *best) : ""));
   }
+  // Bound the schedule before building it: F and B (and W for ZBH1) per microbatch and stage.
+  std::int64_t actions = std::int64_t{p} * v * m * (k == "ZBH1" ? 3 : 2);
+  if (actions > static_cast<std::int64_t>(kMaxScheduleActions))
+    throw std::invalid_argument(fmt::format("{} with {} stages, {} microbatches{} has {} actions, more than the {} a schedule may have (lowered, "
+                                            "about 4 ops each, within the {}-op limit of a program); use fewer microbatches or stages",
+                                            k, p * v, m, v > 1 ? fmt::format(" ({} virtual per rank)", v) : "", actions, kMaxScheduleActions, kMaxOps));
   Schedule s;
   s.source = fmt::format("{} ({} ranks, {} microbatches{})", k, p, m, v > 1 ? fmt::format(", {} virtual stages", v) : "");
   for (int r = 0; r < p; ++r) {

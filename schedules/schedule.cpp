@@ -1,6 +1,9 @@
 // schedules/schedule.cpp - CSV import, validation, lowering, grid and trace of pipeline schedules.
 #include "schedules/schedule.h"
 
+#include "ir/ranks.h"
+#include "ir/source_file.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -122,7 +125,9 @@ class CsvParser {
     }
     while (!lines.empty() && lines.back().find_first_not_of(" \t,") == std::string::npos) lines.pop_back();
     if (lines.empty()) fail({1, 1}, "empty schedule: expected one row of actions per pipeline rank");
-    if (lines.size() >= static_cast<std::size_t>(kMaxIndex)) fail({1, 1}, "too many rows (ranks)");
+    if (lines.size() > static_cast<std::size_t>(kMaxRepresentatives))
+      fail({static_cast<std::uint32_t>(kMaxRepresentatives + 1), 1},
+           fmt::format("the schedule has {} rows (pipeline ranks); at most {} are supported", lines.size(), kMaxRepresentatives));
     for (std::size_t r = 0; r < lines.size(); ++r) {
       const std::string& ln = lines[r];
       std::vector<std::optional<Action>> row;
@@ -180,15 +185,28 @@ void finish(Schedule& s) {
 Schedule parse_schedule_csv(const std::string& text, const std::string& source) {
   Schedule s = CsvParser(source).parse(text);
   finish(s);
+  // Validation and lowering keep a table per (stage, microbatch): bound it, and the actions, before they allocate.
+  std::size_t actions = 0;
+  const Action* widest = nullptr;  // the cell with the largest stage or microbatch
+  for (const auto& row : s.rows)
+    for (const auto& a : row)
+      if (a) {
+        ++actions;
+        if (!widest || std::max({a->stage, a->stage2}) == s.stages - 1 || std::max({a->mb, a->mb2}) == s.microbatches - 1) widest = &*a;
+        if (actions > kMaxScheduleActions)
+          throw LoadError(a->loc, fmt::format("the schedule has more than {} actions (lowered, about 4 ops each, within the {}-op limit of a program)",
+                                              kMaxScheduleActions, kMaxOps));
+      }
+  std::size_t table = static_cast<std::size_t>(std::max(1, s.stages)) * static_cast<std::size_t>(std::max(1, s.microbatches));
+  if (table > kMaxScheduleActions && widest)
+    throw LoadError(widest->loc, fmt::format("the schedule names {} stages x {} microbatches = {} (stage, microbatch) pairs, more than the {} "
+                                             "supported: stage and microbatch numbers must be dense from 0",
+                                             s.stages, s.microbatches, table, kMaxScheduleActions));
   return s;
 }
 
 Schedule load_schedule_csv(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw LoadError({}, "cannot read " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_schedule_csv(ss.str(), path);
+  return parse_schedule_csv(read_input_file(path, std::size_t{64} << 20), path);  // refuses devices, pipes, > 64 MiB
 }
 
 // ---- validation --------------------------------------------------------------------------------

@@ -17,6 +17,10 @@
 
 namespace spmd {
 
+// Lowering makes about four ops per action, so a schedule has at most kMaxOps / 4 actions (checked
+// before anything is allocated: by the generators from their parameters, by the CSV reader per cell).
+inline constexpr std::size_t kMaxScheduleActions = kMaxOps / 4;
+
 enum class ActionType : std::uint8_t { F, I, W, B, SendF, RecvF, SendB, RecvB, Unshard, Reshard, ReduceGrad, OverlapFB };
 
 struct Action {

@@ -3,8 +3,9 @@
 # Idempotent: a second run installs nothing and rebuilds only what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-pkgs=(build-essential cmake ninja-build pkg-config libz3-dev libboost-graph-dev libyaml-cpp-dev libfmt-dev
-      doctest-dev libcli11-dev nlohmann-json3-dev)
+pkgs=(build-essential cmake ninja-build pkg-config libz3-dev libboost-graph-dev libyaml-cpp-dev libyaml-dev libfmt-dev
+      doctest-dev libcli11-dev nlohmann-json3-dev
+      python3 python3-yaml python3-jsonschema chromium fonts-dejavu-core)  # the last line: the sarif, schema and report tests
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -45,6 +45,7 @@ struct Origin {
   Placement pl;
   int axis;
   std::string why;     // empty for a declaration
+  int op = -1;         // the op that created it, -1 for a declaration
 };
 
 class Checker {
@@ -109,6 +110,8 @@ class Checker {
   // ---- declarations -------------------------------------------------------------------------
   void declare(const TensorDecl& t, std::size_t slot);
   static ValueType type_of(const Value& v);
+  // Appends v's type (and, when SpatialTypes::want_origins, its origin per axis) to the types' lists.
+  void record(bool decl, const Value& v);
 
   // ---- the op loop --------------------------------------------------------------------------
   void step(int i);
@@ -119,6 +122,9 @@ class Checker {
   bool invariant_ok(std::initializer_list<int> which);
   void partial_misuse(int i, int a, const std::string& why, const std::string& fix_text = "");
   void sharded_dim(int i, int a, int d, const std::string& why);
+  // A shard of input `i` over axis `a` created on the wrong dim by a ReduceScatter, Scatter or AllToAll of
+  // this program, where dim `want` was needed: the fix is that op's `dim:` (a note and a machine fix).
+  bool scatter_dim_fix(const Value& v, int a, int want, std::vector<Note>& notes, Fix& fix) const;
   void layout_conflict(const std::string& msg, const std::string& tensor, int i, int a, const std::string& fix_text);
   void illegal(const std::string& msg, int a, const std::string& fix_text);
   bool broadcast_shape(const Value& x, const Value& y, Value& o);
@@ -139,6 +145,7 @@ class Checker {
   void softmax();
   void reduce_dims();
   void attention();
+  bool kv_heads_held_whole(int a, int h);
   void embedding();
   void cross_entropy();
   void topk();
@@ -186,6 +193,7 @@ class Checker {
   bool is_one(ExprId e) const { return pool_.is_const(e) && pool_.value(e) == 1; }
 
   void reshape();
+  bool prefix_whole_per_rank(const Value& x, int from, int to);
 
   // ---- SPMD conversions ---------------------------------------------------------------------
   Placement norm_target(Placement t, int rank, bool& ok);

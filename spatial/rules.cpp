@@ -5,6 +5,7 @@
 // Each rule reads its inputs' global shapes and per-axis placements and either writes the outputs'
 // or reports a diagnostic (and the outputs are then poisoned: no cascades). Shape claims go through
 // Obligations: decided at once when concrete, proved by Z3 at the end when symbolic.
+#include "ir/printer.h"
 #include "spatial/checker.h"
 
 namespace spmd {
@@ -37,6 +38,8 @@ std::vector<Diagnostic> Checker::run() {
   if (types_) {
     types_->decls.clear();
     types_->outs.clear();
+    types_->decl_origins.clear();
+    types_->out_origins.clear();
     types_->out_base.assign(p_.ops.size(), 0);
     types_->outs.reserve(p_.ops.size());
   }
@@ -227,7 +230,7 @@ void Checker::origin_note(std::vector<Note>& notes, const Value& v, int a) const
 }
 
 int Checker::new_origin(Loc l, std::string tensor, Placement pl, int a, std::string why) {
-  origins_.push_back({l, std::move(tensor), pl, a, std::move(why)});
+  origins_.push_back({l, std::move(tensor), pl, a, std::move(why), op_idx_});
   return static_cast<int>(origins_.size() - 1);
 }
 
@@ -266,12 +269,15 @@ int Checker::norm_dim(int d, int rank, const std::string& what, const std::strin
 
 std::string Checker::fix_allreduce(const std::string& t, int a, Placement p) const {
   std::string rop = p.is_p() && p.op != ReduceOp::Sum ? fmt::format(", reduce: {}", reduce_name(p.op)) : "";
-  return fmt::format("reduce first, e.g. insert {{op: AllReduce, in: [{}], out: {}_reduced, axis: {}{}}} before this op", t, t, axn(a), rop);
+  return fmt::format("reduce first, e.g. insert {{op: AllReduce, in: [{}], out: {}_reduced, axis: {}{}}} before this op and read {}_reduced here", t, t,
+                     axn(a), rop, t);
 }
 
 std::string Checker::fix_allgather(const std::string& t, int a, int d) const {
-  return fmt::format("gather first, e.g. insert {{op: AllGather, in: [{}], out: {}_full, axis: {}, dim: {}}} before this op", t, t, axn(a), d);
+  return fmt::format("gather first, e.g. insert {{op: AllGather, in: [{}], out: {}_full, axis: {}, dim: {}}} before this op and read {}_full here", t, t,
+                     axn(a), d, t);
 }
+
 
 // Claims a == b (e.g. a contraction dim); false after a shape-mismatch report.
 bool Checker::same_dim(ExprId a, ExprId b, const std::string& what, const std::string& tensor) {
@@ -395,7 +401,20 @@ void Checker::declare(const TensorDecl& t, std::size_t slot) {
   op_idx_ = -1;
   if (!check_local(v, name, t.placement_loc)) v.poisoned = true;
   env_[slot] = v;
-  if (types_ && recording_decls_) types_->decls.push_back(type_of(v));
+  if (types_ && recording_decls_) record(true, v);
+}
+
+void Checker::record(bool decl, const Value& v) {
+  (decl ? types_->decls : types_->outs).push_back(type_of(v));
+  if (!types_->want_origins) return;
+  AxisOrigins o;
+  for (int a = 0; a < axes() && !v.poisoned; ++a) {
+    int k = v.origin[static_cast<std::size_t>(a)];
+    if (k < 0) continue;
+    const Origin& org = origins_[static_cast<std::size_t>(k)];
+    o[static_cast<std::size_t>(a)] = {org.loc, org.tensor, org.why, true};
+  }
+  (decl ? types_->decl_origins : types_->out_origins).push_back(std::move(o));
 }
 
 ValueType Checker::type_of(const Value& v) {
@@ -462,7 +481,7 @@ void Checker::step(int i) {
         v.defined = true;
         v.poisoned = true;
       }
-      if (types_) types_->outs.push_back(type_of(v));
+      if (types_) record(false, v);
     }
     return;
   }
@@ -481,7 +500,7 @@ void Checker::step(int i) {
     }
     v.defined = true;
     env_[slot(op_->first + op_->n_in + static_cast<std::uint32_t>(k))] = v;
-    if (types_) types_->outs.push_back(type_of(v));
+    if (types_) record(false, v);
   }
 }
 
@@ -546,6 +565,9 @@ void Checker::apply() {
     case OpKind::Send:
     case OpKind::Wait:
     case OpKind::WaitAll:
+    case OpKind::WaitStream:
+    case OpKind::RecordEvent:
+    case OpKind::WaitEvent:
     case OpKind::OverlapRegion: return;  // no new value; their order is the temporal checks' concern
     case OpKind::Recv: return recv();
     case OpKind::Cast:
@@ -679,6 +701,23 @@ bool Checker::slice_ok(int i, int a, int d, int other) {
   return true;
 }
 
+bool Checker::scatter_dim_fix(const Value& v, int a, int want, std::vector<Note>& notes, Fix& fix) const {
+  int o = v.origin[static_cast<std::size_t>(a)];
+  if (o < 0 || want < 0) return false;
+  const Origin& org = origins_[static_cast<std::size_t>(o)];
+  if (org.op < 0 || org.op >= static_cast<int>(p_.ops.size()) || !org.pl.is_s()) return false;
+  const Op& op = p_.ops[static_cast<std::size_t>(org.op)];
+  if (!(op.kind == OpKind::ReduceScatter || op.kind == OpKind::Scatter || op.kind == OpKind::AllToAll)) return false;
+  if (p_.per_rank || want >= v.rank || org.pl.dim == want) return false;
+  Op changed = op;
+  changed.attrs.dim = static_cast<std::int16_t>(want);
+  const char* attr = op.kind == OpKind::AllToAll ? "split_dim" : "dim";
+  notes.push_back({op.loc, fmt::format("fix: {} along dim {} instead: `{}: {}` on this {}", op.kind == OpKind::AllToAll ? "split" : "scatter", want, attr,
+                                       want, op_name(op.kind))});
+  fix = {FixKind::Replace, org.op, op.loc.line, "", print_op(p_, changed)};
+  return true;
+}
+
 void Checker::check_outputs(const std::vector<std::pair<std::uint32_t, std::uint32_t>>& outs) {
   op_idx_ = -1;
   if (inferred_) inferred_->assign(p_.outputs.size(), std::nullopt);
@@ -706,16 +745,34 @@ void Checker::check_outputs(const std::vector<std::pair<std::uint32_t, std::uint
       d.tensor = name;
       origin_note(d.notes, v, a);
       if (got.is_p() && !want.is_p()) {
+        // Every axis the output is still pending the same reduction over (an amax pending over dp and tp
+        // needs both): one collective over all of them.
+        std::uint32_t mask = 0;
+        bool all_r = true;
+        for (int b = a; b < axes(); ++b) {
+          Placement wb = od.has_placement ? od.placement[static_cast<std::size_t>(b)] : Placement::r();
+          if (pl_of(v, b) == got && !wb.is_p() && (b == a || !wb.is_s())) mask |= 1u << b, all_r &= !wb.is_s();
+        }
+        std::string axs, list;
+        int n = 0;
+        for (int b = 0; b < axes(); ++b)
+          if (mask & (1u << b)) axs += (n ? ", " : "") + axn(b), list += (n ? " and " : "") + axn(b), ++n;
+        if (n > 1) axs = "[" + axs + "]";
         d.id = CheckId::PartialOutput;
         d.message = od.has_placement
-                        ? fmt::format("output {} is still {} over {}, but it is declared {}: every rank holds only a summand", name, ps(got), axn(a), ps(want))
+                        ? fmt::format("output {} is still {} over {}, but it is declared {}: every rank holds only a summand", name, ps(got), list, ps(want))
                         : fmt::format("output {} is still {} over {}: every rank holds only a summand, and an output is P only when its declared "
                                       "placement says so",
-                                      name, ps(got), axn(a));
-        std::string coll = want.is_s() ? fmt::format("{{op: ReduceScatter, in: [{}], out: {}_reduced, axis: {}, dim: {}}}", name, name, axn(a), want.dim)
-                                       : fmt::format("{{op: AllReduce, in: [{}], out: {}_reduced, axis: {}{}}}", name, name, axn(a),
-                                                     got.op == ReduceOp::Sum ? "" : fmt::format(", reduce: {}", reduce_name(got.op)));
-        d.notes.push_back({od.loc, fmt::format("fix: insert {} after the op that produces {} and output {}_reduced", coll, name, name)});
+                                      name, ps(got), list);
+        std::string rop = got.op == ReduceOp::Sum ? "" : fmt::format(", reduce: {}", reduce_name(got.op));
+        std::string coll = want.is_s() && n == 1
+                               ? fmt::format("{{op: ReduceScatter, in: [{}], out: {}, axis: {}, dim: {}{}}}", name, name, axs, want.dim, rop)
+                               : fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}{}}}", name, name, axs, rop);
+        if (!all_r && !(want.is_s() && n == 1)) coll.clear();
+        if (!coll.empty()) {
+          d.notes.push_back({od.loc, fmt::format("fix: reduce it at the end of `ops:`: append {}", coll)});
+          if (!p_.per_rank) d.fix = {FixKind::Append, -1, 0, "ops", coll};
+        }
       } else if (!od.has_placement) {
         d.id = CheckId::PlacementMismatch;
         d.message = fmt::format("output {} is V over {}: its ranks hold different values, and an output with no declared placement claims one value",
@@ -726,6 +783,7 @@ void Checker::check_outputs(const std::vector<std::pair<std::uint32_t, std::uint
       } else {
         d.id = CheckId::PlacementMismatch;
         d.message = fmt::format("output {} is {} over {}, but it is declared {}", name, ps(got), axn(a), ps(want));
+        if (got.is_s() && want.is_s()) scatter_dim_fix(v, a, want.dim, d.notes, d.fix);
       }
       diags_.push_back(std::move(d));
       break;

@@ -99,6 +99,22 @@ void Checker::matmul() {
   }
 }
 
+// Query heads sharded over axis `a` with k and v whole there: exact when each rank holds one kv head (the kv
+// heads cut by axes outer to `a` only, down to one per rank) that every query head of the rank groups with.
+// The ranks along `a` then hold consecutive query heads of one kv group (GQA with fewer kv heads than tp:
+// tp factored into an outer axis over the kv heads and an inner one that replicates each).
+bool Checker::kv_heads_held_whole(int a, int h) {
+  ExprId n = pool_.constant(1);
+  for (int c = 0; c < axes(); ++c) {
+    Placement k = pin(1, c), v = pin(2, c);
+    if (!(k == v)) return false;
+    if (!k.is_s(h)) continue;
+    if (c >= a) return false;  // the kv heads must be cut by axes outer to a
+    n = pool_.mul(n, axis_size(c));
+  }
+  return obl_.decide(OblKind::Equal, in(1).shape[static_cast<std::size_t>(h)], n) == Decision::Holds;
+}
+
 void Checker::attention() {
   int b = 0, h = 1, s = 2, dd = 3;
   if (at().layout == AttnLayout::BSHD) s = 1, h = 2;
@@ -117,9 +133,15 @@ void Checker::attention() {
   if (!same(0, b, 1, b, "batch") || !same(1, b, 2, b, "batch") || !same(0, dd, 1, dd, "head_dim") || !same(1, s, 2, s, "key sequence") ||
       !same(1, h, 2, h, "heads"))
     return;
-  // Grouped-query attention: q's heads a multiple of k's.
-  auto qh = obl_.concrete(dim(0, h)), kh = obl_.concrete(dim(1, h));
-  if (!(qh && kh && *kh > 0 && *qh % *kh == 0) && !same(0, h, 1, h, "heads")) return;
+  // Grouped-query attention: q's heads a multiple of k's, for every allowed size (an obligation when symbolic).
+  if (dim(0, h) != dim(1, h)) {
+    std::string what = fmt::format("FlashAttention groups the query heads of {} ({}) over the kv heads of {} ({}), so {} must be a multiple of {}",
+                                   iname(0), dstr(dim(0, h)), iname(1), dstr(dim(1, h)), dstr(dim(0, h)), dstr(dim(1, h)));
+    Decision dec = obl_.decide(OblKind::Divisible, dim(0, h), dim(1, h));
+    if (dec == Decision::Fails) return report(CheckId::ShapeMismatch, what + ", but it is not", iname(1));
+    if (dec == Decision::Deferred && obl_.first_time(OblKind::Divisible, dim(0, h), dim(1, h)))
+      obl_.push({OblKind::Divisible, dim(0, h), dim(1, h), CheckId::ShapeMismatch, here(), op_idx_, iname(1), what, {}});
+  }
   if (!invariant_ok({0, 1, 2})) return;
   Value& o = out() = in(0);
   o.shape[static_cast<std::size_t>(dd)] = dim(2, dd);
@@ -130,6 +152,8 @@ void Checker::attention() {
     if (q.is_i() && k.is_i() && v.is_i()) continue;
     if (q.is_s(dd) || k.is_s(dd)) return sharded_dim(q.is_s(dd) ? 0 : 1, a, dd, "the q.k scores contract head_dim, so each rank would softmax partial scores");
     if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) {
+      set_from(o, a, q, 0);
+    } else if (q.is_s(h) && k.is_r() && v.is_r() && kv_heads_held_whole(a, h)) {
       set_from(o, a, q, 0);
     } else if (q.is_s(s) && k.is_r() && v.is_r()) {
       if (at().causal)

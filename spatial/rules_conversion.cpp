@@ -91,8 +91,12 @@ void Checker::guard() {
     if (satisfies(pin(0, a), t)) continue;
     std::vector<Note> notes;
     origin_note(notes, x, a);
-    return report(CheckId::PlacementMismatch, fmt::format("SPMDGuard expects {} to be {} over {}, but it is {}", iname(0), ps(t), axn(a), ps(pin(0, a))),
-                  iname(0), std::move(notes));
+    Fix f;
+    if (t.is_s() && pin(0, a).is_s()) scatter_dim_fix(x, a, t.dim, notes, f);
+    report(CheckId::PlacementMismatch, fmt::format("SPMDGuard expects {} to be {} over {}, but it is {}", iname(0), ps(t), axn(a), ps(pin(0, a))),
+           iname(0), std::move(notes));
+    diags_.back().fix = std::move(f);
+    return;
   }
   if (at().shape != kNoIndex) {
     const auto& s = p_.shapes[at().shape];

@@ -174,21 +174,41 @@ void Checker::add_like(bool multiply) {
                                                   : fmt::format("{} is {}; pending reductions of different kinds do not add up", iname(oi), ps(other)),
                               fmt::format("reduce both operands first ({} with reduce: {}, {} with reduce: {}), then combine them", iname(pi),
                                           reduce_name(part.op), iname(oi), reduce_name(other.op)));
-      std::string fix_text = fmt::format("add {} after the reduction: insert {{op: AllReduce, in: [{}], out: {}_reduced, axis: {}{}}} before this op "
-                                         "and add {} to its result",
-                                         iname(oi), iname(pi), iname(pi), axn(a),
-                                         part.op == ReduceOp::Sum ? "" : fmt::format(", reduce: {}", reduce_name(part.op)), iname(oi));
+      bool param = false;
+      for (const auto& t : p_.tensors) param |= t.param && p_.name(t.name) == iname(oi);
+      bool step = op_->kind == OpKind::Sub && pi == 1 && param && other.is_r();  // w - g: an optimizer step
+      std::string rop = part.op != ReduceOp::Sum ? fmt::format(", reduce: {}", reduce_name(part.op)) : "";
+      // A sequence-parallel residual (S(d)) takes the ReduceScatter along its dim, not an AllReduce.
+      int od = other.is_s() ? pin(oi, a).dim + (ro - in(oi).rank) - (ro - in(pi).rank) : -1;
+      std::string coll, renamed;
+      if (od >= 0) {
+        renamed = iname(pi) + "_rs";
+        coll = fmt::format("{{op: ReduceScatter, in: [{}], out: {}, axis: {}, dim: {}{}}}", iname(pi), renamed, axn(a), od, rop);
+      } else {
+        renamed = iname(pi) + "_reduced";
+        coll = fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}{}}}", iname(pi), renamed, axn(a), rop);
+      }
+      std::string text = od >= 0 ? fmt::format("reduce-scatter {} along dim {} to match {} (sequence parallelism): insert {} before this op and read {} "
+                                               "here",
+                                               iname(pi), od, iname(oi), coll, renamed)
+                                 : fmt::format("reduce {} before combining it with {}: insert {} before this op and read {} here", iname(pi),
+                                               iname(oi), coll, renamed);
       if (!other.is_r())
         return partial_misuse(pi, a, fmt::format("{} is {}; adding per-rank values to a pending reduction is not the reduction of the sums", iname(oi), ps(other)),
-                              fix_text);
+                              od >= 0 ? text : "reduce both operands, or convert the per-rank one explicitly, before combining them");
       // x + b, x - b (slope +1) and b - x (slope -1) with b replicated: affine, monotone; not additive
       bool negated = op_->kind == OpKind::Sub && pi == 1;
       auto r = reduce_through(PointwiseMap::offset(negated ? -1 : +1), part.op);
       if (!r)
         return partial_misuse(pi, a,
-                              fmt::format("every rank {} {} (R), so the pending sum counts it {} times (the row-parallel bias bug)",
-                                          op_->kind == OpKind::Sub && pi == 0 ? "subtracts" : "adds", iname(oi), axsize(a)),
-                              fix_text);
+                              step ? fmt::format("{} is a replicated parameter and {} a gradient each rank holds only its own contribution to: every "
+                                                 "rank would step with a different partial gradient and the replicas drift apart (the gradient's "
+                                                 "reduction over {} is missing)",
+                                                 iname(oi), iname(pi), axn(a))
+                                   : fmt::format("every rank {} {} (R), so the pending sum counts it {} times{}",
+                                                 op_->kind == OpKind::Sub && pi == 0 ? "subtracts" : "adds", iname(oi), axsize(a),
+                                                 op_->kind == OpKind::Add ? " (the row-parallel bias bug)" : ""),
+                              text);
       set_from(o, a, Placement::p(*r), pi);
       continue;
     }
@@ -201,10 +221,23 @@ void Checker::add_like(bool multiply) {
       if (x.is_s() && !slice_ok(1, a, x.dim - (ro - in(1).rank), 0)) return;
       set_from(o, a, x, 0);
     } else if (x.is_s() && y.is_s()) {
-      return layout_conflict(fmt::format("{} combines {} (S({}) over {}) with {} (S({}) over {} in the output's dims): the two are split along "
-                                         "different dims, so their local pieces do not line up",
-                                         op, iname(0), pin(0, a).dim, axn(a), iname(1), pin(1, a).dim, axn(a)),
-                             iname(1), 1, a, fix_allgather(iname(1), a, pin(1, a).dim));
+      std::string msg = fmt::format("{} combines {} (S({}) over {}) with {} (S({}) over {} in the output's dims): the two are split along "
+                                    "different dims, so their local pieces do not line up",
+                                    op, iname(0), pin(0, a).dim, axn(a), iname(1), pin(1, a).dim, axn(a));
+      // An operand whose shard a ReduceScatter / Scatter / AllToAll of this program put on the other dim: fix that op's dim.
+      for (int i = 0; i < 2; ++i) {
+        int other = 1 - i, want = pin(other, a).dim + (ro - in(other).rank) - (ro - in(i).rank);
+        std::vector<Note> notes;
+        Fix f;
+        if (!scatter_dim_fix(in(i), a, want, notes, f)) continue;
+        std::vector<Note> all;
+        origin_note(all, in(i), a);
+        all.insert(all.end(), notes.begin(), notes.end());
+        report(CheckId::LayoutConflict, msg, iname(i), std::move(all));
+        diags_.back().fix = std::move(f);
+        return;
+      }
+      return layout_conflict(msg, iname(1), 1, a, fix_allgather(iname(1), a, pin(1, a).dim));
     } else {
       set_new(o, a, Placement::v(), fmt::format("{} of {} and {} gives per-rank values", op, ps(x), ps(y)));  // V with S or V
     }

@@ -2,6 +2,8 @@
 //
 // Ops: Transpose, Reshape (with the monomial grouping of reshape dims). Dispatched from Checker::apply()
 // in rules.cpp.
+#include <bit>
+
 #include "spatial/checker.h"
 
 namespace spmd::detail {
@@ -107,10 +109,17 @@ void Checker::reshape() {
     }
     int i0 = i, j0 = j;
     Mono pi = mono(x.shape[static_cast<std::size_t>(i++)]), pj = mono(shape[static_cast<std::size_t>(j++)]);
+    // Extend the side whose product divides the other's; when neither divides (a regroup such as [6, 4] ->
+    // [4, 6], or [H] -> [NH, H/NH] where H/NH is whole only by an obligation), no group can end before
+    // both sides grow, so extend both (or the one that still can).
     while (!(pi == pj)) {
-      if (divides(pi, pj) && i < ri) pi = times(pi, mono(x.shape[static_cast<std::size_t>(i++)]));
-      else if (divides(pj, pi) && j < rj) pj = times(pj, mono(shape[static_cast<std::size_t>(j++)]));
-      else {
+      bool xi = i < ri, xj = j < rj;
+      if (divides(pi, pj) && xi) pi = times(pi, mono(x.shape[static_cast<std::size_t>(i++)]));
+      else if (divides(pj, pi) && xj) pj = times(pj, mono(shape[static_cast<std::size_t>(j++)]));
+      else if (xi || xj) {
+        if (xi) pi = times(pi, mono(x.shape[static_cast<std::size_t>(i++)]));
+        if (xj) pj = times(pj, mono(shape[static_cast<std::size_t>(j++)]));
+      } else {
         lost = true;
         i = ri, j = rj;
         break;
@@ -132,8 +141,13 @@ void Checker::reshape() {
     if (!g || g->o0 == g->o1 || (lost && g == &groups.back()))
       return layout_conflict(base + ": the sharded dim does not map onto output dims this reshape keeps whole", iname(0), 0, a,
                              fix_allgather(iname(0), a, p.dim));
-    if (p.dim != g->i0)
-      return layout_conflict(base + fmt::format(": it merges dims {}..{} and the shard is not on the leftmost, so the local pieces interleave",
+    // A shard not on the group's leftmost dim keeps contiguous pieces only when every dim left of it is cut
+    // down to one element per rank by axes outer to the ones further right: then the pieces of all those
+    // axes, in mesh order, are consecutive blocks of the flattened group ([2, 12] {dp: S(0), tp: S(1)} ->
+    // [24] {dp: S(0), tp: S(0)}).
+    if (p.dim != g->i0 && !prefix_whole_per_rank(x, g->i0, p.dim))
+      return layout_conflict(base + fmt::format(": it regroups dims {}..{} and the shard is not on the leftmost (nor is every dim left of it "
+                                                "split to one element per rank by outer axes), so the local pieces interleave",
                                                 g->i0, g->i1 - 1),
                              iname(0), 0, a, fix_allgather(iname(0), a, p.dim));
     if (g->i1 - g->i0 > 1 && x.uneven) {
@@ -142,9 +156,36 @@ void Checker::reshape() {
       notes.push_back(fix(fix_allgather(iname(0), a, p.dim)));
       return report(CheckId::ShapeMismatch, base + ": merging an unevenly sharded dim would leave gaps between the shards", iname(0), std::move(notes));
     }
+    // Each rank holds a contiguous block of the flattened group; it is whole rows of the first new dim when
+    // that dim is divisible by the axes' product (DTensor's view rule): a split must divide evenly.
     set_from(o, a, Placement::s(g->o0), 0);
-    if (g->o1 - g->o0 > 1) o.strict = static_cast<std::uint8_t>(o.strict | (1u << g->o0));  // a split must divide evenly
+    if (g->o1 - g->o0 > 1) o.strict = static_cast<std::uint8_t>(o.strict | (1u << g->o0));
   }
+}
+
+// Dims [from, to) of x are each sharded by axes whose sizes multiply to the dim's size (one element per
+// rank), and every axis sharding one of them is outer (earlier in the mesh) to every axis sharding a
+// later dim up to and including `to`.
+bool Checker::prefix_whole_per_rank(const Value& x, int from, int to) {
+  std::vector<std::uint32_t> mask(static_cast<std::size_t>(to - from + 1), 0);
+  for (int a = 0; a < axes(); ++a) {
+    Placement p = pl_of(x, a);
+    if (p.is_s() && p.dim >= from && p.dim <= to) mask[static_cast<std::size_t>(p.dim - from)] |= 1u << a;
+  }
+  std::uint32_t later = 0;
+  for (int e = to; e >= from; --e) {
+    std::uint32_t m = mask[static_cast<std::size_t>(e - from)];
+    if (e < to) {
+      if (!m) return false;
+      if (later && static_cast<int>(std::bit_width(m)) - 1 >= std::countr_zero(later)) return false;  // an axis here is not outer to one further right
+      ExprId n = pool_.constant(1);
+      for (int a = 0; a < axes(); ++a)
+        if (m & (1u << a)) n = pool_.mul(n, axis_size(a));
+      if (obl_.decide(OblKind::Equal, x.shape[static_cast<std::size_t>(e)], n) != Decision::Holds) return false;
+    }
+    later |= m;
+  }
+  return true;
 }
 
 }  // namespace spmd::detail

@@ -8,6 +8,7 @@
 #pragma once
 #include <array>
 #include <span>
+#include <string>
 #include <optional>
 #include <vector>
 
@@ -29,13 +30,26 @@ struct ValueType {
   std::span<const ExprId> dims() const { return {shape.data(), rank}; }
 };
 
-// Every value's type, for passes built on the spatial rules (autograd).
+// Where a value's placement on one axis arose (SpatialTypes::want_origins): the declaration or op that
+// created it, and the rule's reason in its own words (empty for a declaration). `known` false: R by default.
+struct PlacementOrigin {
+  Loc loc;
+  std::string tensor;
+  std::string why;
+  bool known = false;
+};
+using AxisOrigins = std::array<PlacementOrigin, kMaxAxes>;
+
+// Every value's type, for passes built on the spatial rules (autograd, `spmdcheck explain`).
 struct SpatialTypes {
   ExprPool exprs;                       // the program's expressions and the checker's own (shapes refer to it)
   std::vector<ValueType> decls;         // per tensor declaration
   std::vector<std::uint32_t> out_base;  // per op: index of its first output in `outs`
   std::vector<ValueType> outs;          // per op output
   const ValueType& out(std::size_t op, int k) const { return outs[out_base[op] + static_cast<std::size_t>(k)]; }
+  bool want_origins = false;              // set before the check to fill the two below (off: no cost)
+  std::vector<AxisOrigins> decl_origins;  // per declaration, like `decls`
+  std::vector<AxisOrigins> out_origins;   // per op output, like `outs`
 };
 
 struct SpatialOptions {

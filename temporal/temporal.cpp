@@ -20,11 +20,47 @@ namespace spmd {
 
 namespace {
 
-using VC = std::vector<std::uint32_t>;
+// A vector clock over a window of chains [lo, lo + v.size()): components outside it are 0. Chains are
+// numbered rank by rank (compute, then comm, of each rank first), so a pipeline stage or a ring member
+// that hears of its neighbours only keeps a short window, and one that hears of every rank a dense array.
+struct VC {
+  int lo = 0;
+  std::vector<std::uint32_t> v;
+  bool empty() const { return v.empty(); }
+  void swap(VC& o) {
+    std::swap(lo, o.lo);
+    v.swap(o.v);
+  }
+  std::uint32_t get(int chain) const {
+    std::int64_t k = std::int64_t{chain} - lo;
+    return k >= 0 && k < static_cast<std::int64_t>(v.size()) ? v[static_cast<std::size_t>(k)] : 0;
+  }
+  // Widens the window to hold [a, b).
+  void cover(int a, int b) {
+    if (v.empty()) {
+      lo = a;
+      v.assign(static_cast<std::size_t>(b - a), 0);
+      return;
+    }
+    int hi = lo + static_cast<int>(v.size());
+    if (a >= lo && b <= hi) return;
+    int nlo = std::min(a, lo), nhi = std::max(b, hi);
+    std::vector<std::uint32_t> n(static_cast<std::size_t>(nhi - nlo), 0);
+    std::copy(v.begin(), v.end(), n.begin() + (lo - nlo));
+    v.swap(n);
+    lo = nlo;
+  }
+  void set(int chain, std::uint32_t x) {
+    cover(chain, chain + 1);
+    v[static_cast<std::size_t>(chain - lo)] = x;
+  }
+};
 
 void join(VC& into, const VC& x) {
-  if (x.size() > into.size()) into.resize(x.size(), 0);
-  for (std::size_t k = 0; k < x.size(); ++k) into[k] = std::max(into[k], x[k]);
+  if (x.v.empty()) return;
+  into.cover(x.lo, x.lo + static_cast<int>(x.v.size()));
+  std::uint32_t* d = into.v.data() + (x.lo - into.lo);
+  for (std::size_t k = 0; k < x.v.size(); ++k) d[k] = std::max(d[k], x.v[k]);
 }
 
 enum class EventKind : std::uint8_t { Op, GroupEnd, Hub };
@@ -44,7 +80,7 @@ struct Access {
   bool write;
 };
 
-enum class EpKind : std::uint8_t { Collective, Send, Recv };
+enum class EpKind : std::uint8_t { Collective, Send, Recv, Local };
 
 // One rank's part in a collective or a point-to-point transfer.
 struct Endpoint {
@@ -52,11 +88,16 @@ struct Endpoint {
   int inst = -1;           // the async instance it completes; -1: a synchronous op (its rank blocks on it)
   EpKind kind;
   int peer = -1;           // point-to-point partner
-  std::int64_t slot = -1;  // collective: (group, sequence number)
-  int seq = 0;
-  VC vc;                   // the clock when posted
+  std::int64_t slot = -1;  // collective: (group, sequence number); point-to-point: its channel
+  int seq = 0;             // its number in its group (collective) or in its channel's sends or receives (point-to-point)
+  VC vc;                   // the clock when issued
   int event = -1;          // the event that stands for it in the graph
+  int channel = -1;        // point-to-point: index of its (src, dst) channel
+  int chain = -1;          // the serialized stream it runs on (-1: `comm`, where ops do not wait for each other)
+  std::int64_t unit = -1;  // ops of one unit start together on their stream (a batched group); else its own index
+  bool posted = false;     // reached the network (on a serialized stream: once the ops before it completed)
   bool complete = false;
+  bool barrier = false;    // a WaitStream / WaitEvent on a serialized stream: completes once what it waits for did
 };
 
 // One issue of an async op (or an implicit one: a synchronous member of a batched group).
@@ -82,15 +123,24 @@ struct Buffer {
   boost::container::small_vector<Access, 2> reads;  // most buffers are read once or twice
 };
 
+// A (rank, stream). Every stream but `comm` runs its communication one op after another, as a GPU
+// stream does: an op starts once the unit before it completed (`running`, `queue`).
 struct Chain {
   int rank;
   NameId stream;
   VC vc;
+  std::uint32_t stamp = 0;    // its own component
   int last = -1;
+  std::vector<int> running;   // endpoints of the unit now running, not yet complete
+  std::int64_t unit = -1;     // that unit
+  std::deque<int> queue;      // endpoints waiting for it
+  bool draining = false;
 };
 
+// Sends and receives of one (src, dst) pair, by their number in issue order (-1: not posted yet).
 struct Channel {
-  std::deque<int> sends, recvs;  // posted and not yet matched
+  std::vector<int> sends, recvs;
+  int n_sends = 0, n_recvs = 0;  // issued so far
 };
 
 struct Rank {
@@ -108,11 +158,19 @@ struct Rank {
   NameId group = -1;                           // the open batched group
   std::vector<int> group_insts;
   int group_last_op = -1;
+  std::int64_t group_unit = -1;                // the open batched group's unit on serialized streams
+  struct Record {
+    int event;
+    VC vc;
+    std::vector<int> pending;  // communication not yet complete on the recorded stream at that point
+  };
+  std::unordered_map<NameId, Record> events;   // CUDA event name -> its latest RecordEvent
 };
 
 using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
 
 constexpr NameId kCompute = -2, kComm = -3;
+constexpr std::int64_t kGroupUnits = std::int64_t{1} << 40;  // units of batched groups (other units are endpoint indices)
 
 class Engine {
  public:
@@ -127,8 +185,15 @@ class Engine {
     events_.reserve(p_.ops.size() + 16);
     edges_.reserve(2 * p_.ops.size() + 16);
     bufs_.reserve(p_.ops.size() + 16);
+    eps_.reserve(p_.ops.size() / 2 + 16);
     static_matching();
     ranks_.resize(static_cast<std::size_t>(space_.count()));
+    // Number the chains rank by rank (compute, then comm) so that clocks of neighbouring ranks are near.
+    chains_.reserve(2 * static_cast<std::size_t>(space_.count()) + 16);
+    for (int r = 0; r < space_.count(); ++r) {
+      chain_of(r, compute_);
+      chain_of(r, comm_);
+    }
     for (int r = 0; r < space_.count(); ++r) {
       const RankProgram& rp = space_.programs[static_cast<std::size_t>(space_.program[static_cast<std::size_t>(r)])];
       ranks_[static_cast<std::size_t>(r)].pc = rp.first_op;
@@ -149,6 +214,7 @@ class Engine {
                                       "nothing after it is ordered with it",
                                       op_name(op.kind), p_.name(h.name)));
       d.notes.push_back({op.loc, fmt::format("fix: insert {{op: Wait, handle: {}}} before the first use of its result", p_.name(h.name))});
+      d.fix = {FixKind::InsertAfter, h.op, op.loc.line, "", fmt::format("{{op: Wait, handle: {}}}", p_.name(h.name))};
       local(std::move(d), h.rank);
     }
   }
@@ -206,6 +272,12 @@ class Engine {
     return s;
   }
   std::string lbl(int r) const { return space_.label(p_, r); }
+  // What a collective combines across ranks: its `matches:` name (the logical tensor), else its input's name.
+  NameId identity(const Op& op) const { return op.attrs.matches >= 0 ? op.attrs.matches : p_.ins(op)[0]; }
+  std::string identity_str(const Op& op) const {
+    NameId in = p_.ins(op)[0];
+    return op.attrs.matches >= 0 && op.attrs.matches != in ? fmt::format("{} (matches: {})", p_.name(in), p_.name(op.attrs.matches)) : p_.name(in);
+  }
 
   void static_matching() {
     std::size_t first_static = diags_.size();
@@ -263,8 +335,26 @@ class Engine {
     for (const auto& c : pairs) {
       const Op& a = p_.ops[static_cast<std::size_t>(c.op_a)];
       const Op& b = p_.ops[static_cast<std::size_t>(c.op_b)];
-      if (a.kind == b.kind && a.attrs.axes == b.attrs.axes && a.attrs.rop == b.attrs.rop && a.attrs.rank == b.attrs.rank) continue;  // shapes: spatial
+      bool same_op = a.kind == b.kind && a.attrs.axes == b.attrs.axes && a.attrs.rop == b.attrs.rop && a.attrs.rank == b.attrs.rank;
+      if (same_op && identity(a) == identity(b)) continue;  // shapes and dtypes: spatial
       if (!seen.insert({c.rank_a, c.rank_b, a.attrs.axes & b.attrs.axes}).second) continue;
+      if (same_op) {
+        // The same collective at the same position, but of different tensors (deepspeedai/DeepSpeed#2343:
+        // gradients reduced in a rank-dependent order): the ranks would combine unrelated values.
+        Diagnostic d = diag(CheckId::CollectiveMismatch, b, c.op_b,
+                            fmt::format("{} of {} is the {} collective of rank {} in its group, but rank {} passes {} to it at that position: "
+                                        "collectives pair by sequence number within a group, so {} and {} would be combined",
+                                        coll_str(b), identity_str(b), ordinal(c.seq + 1), lbl(c.rank_b), lbl(c.rank_a), identity_str(a),
+                                        p_.name(identity(a)), p_.name(identity(b))));
+        d.tensor = p_.name(p_.ins(b)[0]);
+        d.notes.push_back({a.loc, fmt::format("rank {} issues {} of {} here", lbl(c.rank_a), coll_str(a), identity_str(a))});
+        d.notes.push_back({b.loc, fmt::format("fix: issue the collectives of a group on the same tensors in the same order on every rank; if {} and {} "
+                                              "are one logical tensor under two local names, say so with `matches: {}` on this op",
+                                              p_.name(p_.ins(a)[0]), p_.name(p_.ins(b)[0]), p_.name(identity(a)))});
+        d.ranks = {lbl(c.rank_a), lbl(c.rank_b)};
+        diags_.push_back(std::move(d));
+        continue;
+      }
       Diagnostic d = diag(CheckId::CollectiveMismatch, b, c.op_b,
                           fmt::format("{} is the {} collective of rank {} in its group, but rank {} issues {} at that position: collectives pair "
                                       "by sequence number within a group, so these two would be matched (and hang or mix data)",
@@ -320,7 +410,7 @@ class Engine {
       if (s == stream) return c;
     int c = static_cast<int>(chains_.size());
     R.chains.emplace_back(stream, c);
-    chains_.push_back({r, stream, {}, -1});
+    chains_.push_back({r, stream, {}, 0, -1, {}, -1, {}, false});
     return c;
   }
 
@@ -328,8 +418,8 @@ class Engine {
   int add_event(int op, int chain, const VC* extra = nullptr, std::span<const int> from = {}, EventKind kind = EventKind::Op) {
     Chain& ch = chains_[static_cast<std::size_t>(chain)];
     if (extra) join(ch.vc, *extra);
-    if (ch.vc.size() <= static_cast<std::size_t>(chain)) ch.vc.resize(static_cast<std::size_t>(chain) + 1, 0);
-    std::uint32_t stamp = ++ch.vc[static_cast<std::size_t>(chain)];
+    std::uint32_t stamp = ++ch.stamp;
+    ch.vc.set(chain, stamp);
     int id = static_cast<int>(events_.size());
     events_.push_back({op, chain, stamp, kind});
     if (ch.last >= 0) edges_.push_back({ch.last, id});
@@ -343,7 +433,7 @@ class Engine {
   bool hb(int a, int b) const {
     const Event& ea = events_[static_cast<std::size_t>(a)];
     const VC& v = chains_[static_cast<std::size_t>(events_[static_cast<std::size_t>(b)].chain)].vc;
-    return static_cast<std::size_t>(ea.chain) < v.size() && v[static_cast<std::size_t>(ea.chain)] >= ea.stamp;
+    return v.get(ea.chain) >= ea.stamp;
   }
 
   bool ended_before(const Access& x, int y) const {
@@ -399,9 +489,11 @@ class Engine {
     const Op& op = op_at(i);
     Rank& R = ranks_[static_cast<std::size_t>(r)];
     if (op.kind == OpKind::Wait || op.kind == OpKind::WaitAll) return wait(r, op, i);
+    if (op.kind == OpKind::WaitStream || op.kind == OpKind::RecordEvent || op.kind == OpKind::WaitEvent) return stream_order(r, op, i);
     if (op.kind == OpKind::OverlapRegion) overlap_checks(r, op, i);
     bool grouped = op.attrs.group >= 0 && !is_async(op);
     if (op.attrs.group >= 0) {
+      if (R.group != op.attrs.group) R.group_unit = kGroupUnits + next_group_unit_++;
       R.group = op.attrs.group;
       R.group_last_op = i;
     }
@@ -418,16 +510,94 @@ class Engine {
       ++R.pc;
       return;
     }
-    // A synchronous collective or point-to-point op: post it, and block until it completes.
-    int e = post(r, op, i, -1, chains_[static_cast<std::size_t>(chain)].vc, -1);
+    // A synchronous collective or point-to-point op: post it (once its stream is free), and block until it completes.
+    int e = make_ep(r, op, i, -1, chains_[static_cast<std::size_t>(chain)].vc, -1, serialized(stream) ? chain : -1, -1);
+    submit(e);
     if (!eps_[static_cast<std::size_t>(e)].complete) {
       R.blocked = true;
       R.sync_ep = e;
     }
   }
 
+  // Stream-to-stream order (WaitStream, RecordEvent, WaitEvent): an event on this op's stream that
+  // joins the clock of the other stream (now, or at the RecordEvent). Later communication on this
+  // stream also waits, on the GPU, for the communication then pending on the other one (a barrier).
+  void stream_order(int r, const Op& op, int i) {
+    Rank& R = ranks_[static_cast<std::size_t>(r)];
+    ++R.pc;
+    NameId stream = op.attrs.stream >= 0 ? op.attrs.stream : compute_;
+    int chain = chain_of(r, stream);
+    if (op.kind == OpKind::RecordEvent) {
+      int ev = add_event(i, chain);
+      R.events[op.attrs.sync] = {ev, chains_[static_cast<std::size_t>(chain)].vc, pending_on(chain)};
+      return;
+    }
+    int from = -1;
+    VC vc;
+    std::vector<int> deps;
+    if (op.kind == OpKind::WaitStream) {
+      int o = find_chain(r, op.attrs.sync);  // (`compute` and `comm` are interned names once a program mentions them)
+      if (o >= 0 && o != chain) {
+        from = chains_[static_cast<std::size_t>(o)].last;
+        vc = chains_[static_cast<std::size_t>(o)].vc;
+        deps = pending_on(o);
+      }
+    } else {
+      auto it = R.events.find(op.attrs.sync);
+      if (it == R.events.end()) {
+        std::vector<std::string> known;
+        for (const auto& [id, rec] : R.events) known.push_back(p_.name(id));
+        std::sort(known.begin(), known.end());
+        auto best = did_you_mean(p_.name(op.attrs.sync), known);
+        Diagnostic d = diag(CheckId::InvalidWait, op, i,
+                            fmt::format("WaitEvent of event {}, which no earlier RecordEvent on this rank recorded: waiting for an event never "
+                                        "recorded returns at once and orders nothing{}",
+                                        p_.name(op.attrs.sync), best ? fmt::format("; did you mean {}?", *best) : ""));
+        d.notes.push_back({op.loc, fmt::format("fix: insert {{op: RecordEvent, event: {}, stream: S}} on the producing stream S before this op",
+                                               p_.name(op.attrs.sync))});
+        local(std::move(d), r);
+      } else {
+        from = it->second.event;
+        vc = it->second.vc;
+        deps = it->second.pending;
+      }
+    }
+    add_event(i, chain, vc.empty() ? nullptr : &vc, std::span<const int>(&from, 1));
+    std::erase_if(deps, [&](int x) { return eps_[static_cast<std::size_t>(x)].complete; });
+    if (deps.empty() || !serialized(stream)) return;
+    int e = make_ep(r, op, i, -1, {}, -1, chain, -1);
+    eps_[static_cast<std::size_t>(e)].barrier = true;
+    barrier_pending_[e] = static_cast<int>(deps.size());
+    for (int x : deps) waiters_[x].push_back(e);
+    submit(e);
+  }
+
+  int find_chain(int r, NameId stream) const {
+    for (auto [s, c] : ranks_[static_cast<std::size_t>(r)].chains)
+      if (s == stream) return c;
+    return -1;
+  }
+
+  // The communication issued on `chain` that has not completed (running or queued there).
+  std::vector<int> pending_on(int chain) const {
+    const Chain& ch = chains_[static_cast<std::size_t>(chain)];
+    std::vector<int> out(ch.running.begin(), ch.running.end());
+    out.insert(out.end(), ch.queue.begin(), ch.queue.end());
+    return out;
+  }
+
   bool is_local(const Op& op) const {
     return op_info(op.kind).category == OpCategory::collective && !(op.attrs.axes & relevant_);
+  }
+
+  // Every stream but `comm` runs its ops one after another (the default `comm` stands for the
+  // process groups' own NCCL streams, which do not wait for each other).
+  bool serialized(NameId stream) const { return stream != comm_; }
+
+  // Nothing runs or waits on the serialized chain, or only ops of `unit`: an op of `unit` starts at once.
+  bool idle(int chain, std::int64_t unit) const {
+    const Chain& ch = chains_[static_cast<std::size_t>(chain)];
+    return ch.queue.empty() && (ch.running.empty() || ch.unit == unit);
   }
 
   void issue_async(int r, const Op& op, int i, bool implicit) {
@@ -458,16 +628,20 @@ class Engine {
     else R.live[op.attrs.handle] = inst;
     accesses(r, op, ev, inst);
     VC issued = chains_[static_cast<std::size_t>(chain)].vc;
-    if (!is_comm(op) || is_local(op)) {
+    bool serial = serialized(stream);
+    std::int64_t unit = implicit ? R.group_unit : -1;
+    if ((!is_comm(op) || is_local(op)) && (!serial || idle(chain, unit))) {
       complete_inst(inst, issued);
       return;
     }
-    insts_[static_cast<std::size_t>(inst)].ep = static_cast<int>(eps_.size());
-    post(r, op, i, inst, std::move(issued), ev);
+    // Communication, or a local op queued behind communication on its stream (it completes when it starts).
+    int e = make_ep(r, op, i, inst, std::move(issued), ev, serial ? chain : -1, unit);
+    insts_[static_cast<std::size_t>(inst)].ep = e;
+    submit(e);
   }
 
-  // Posts a communication endpoint; it may complete at once.
-  int post(int r, const Op& op, int i, int inst, VC vc, int event) {
+  // A communication endpoint, numbered in issue order within its group or channel; not posted yet.
+  int make_ep(int r, const Op& op, int i, int inst, VC vc, int event, int chain, std::int64_t unit) {
     int e = static_cast<int>(eps_.size());
     Endpoint ep;
     ep.rank = r;
@@ -475,34 +649,92 @@ class Engine {
     ep.inst = inst;
     ep.event = event;
     ep.vc = std::move(vc);
-    if (op.kind == OpKind::Send || op.kind == OpKind::Recv) {
-      ep.kind = op.kind == OpKind::Send ? EpKind::Send : EpKind::Recv;
-      ep.peer = space_.with(r, p_.coords[op.attrs.coords]);
-      eps_.push_back(std::move(ep));
+    ep.chain = chain;
+    ep.unit = unit >= 0 ? unit : e;
+    if (!is_comm(op) || is_local(op)) {
+      ep.kind = EpKind::Local;
+    } else if (op.kind == OpKind::Send || op.kind == OpKind::Recv) {
       bool send = op.kind == OpKind::Send;
-      std::int64_t key = send ? std::int64_t{r} * kMaxRepresentatives + eps_[static_cast<std::size_t>(e)].peer
-                              : std::int64_t{eps_[static_cast<std::size_t>(e)].peer} * kMaxRepresentatives + r;
-      Channel& ch = channels_[key];
-      auto& other = send ? ch.recvs : ch.sends;
-      if (send && model_ == P2PModel::Eager) complete_ep(e, nullptr);  // a buffered send completes at once
-      if (!other.empty()) {
-        int o = other.front();
-        other.pop_front();
-        send ? transfer(e, o) : transfer(o, e);
-      } else {
-        (send ? ch.sends : ch.recvs).push_back(e);
-      }
-      return e;
+      ep.kind = send ? EpKind::Send : EpKind::Recv;
+      ep.peer = space_.with(r, p_.coords[op.attrs.coords]);
+      ep.slot = send ? std::int64_t{r} * kMaxRepresentatives + ep.peer : std::int64_t{ep.peer} * kMaxRepresentatives + r;
+      auto [it, fresh] = channel_index_.try_emplace(ep.slot, static_cast<int>(channels_.size()));
+      if (fresh) channels_.emplace_back();
+      ep.channel = it->second;
+      Channel& ch = channels_[static_cast<std::size_t>(ep.channel)];
+      ep.seq = send ? ch.n_sends++ : ch.n_recvs++;
+    } else {
+      ep.kind = EpKind::Collective;
+      std::int64_t group = space_.group(r, op.attrs.axes).first;
+      ep.seq = ranks_[static_cast<std::size_t>(r)].seq[group]++;
+      ep.slot = group * (std::int64_t{1} << 32) + ep.seq;
     }
-    ep.kind = EpKind::Collective;
-    auto [group, members] = space_.group(r, op.attrs.axes);
-    Rank& R = ranks_[static_cast<std::size_t>(r)];
-    ep.seq = R.seq[group]++;
-    ep.slot = group * (std::int64_t{1} << 32) + ep.seq;
     eps_.push_back(std::move(ep));
-    Slot& s = slots_[eps_[static_cast<std::size_t>(e)].slot];
+    return e;
+  }
+
+  // Posts `e` now, or queues it behind the ops running on its serialized stream.
+  void submit(int e) {
+    int c = eps_[static_cast<std::size_t>(e)].chain;
+    if (c < 0) return post(e);
+    if (idle(c, eps_[static_cast<std::size_t>(e)].unit)) return start(c, e);
+    chains_[static_cast<std::size_t>(c)].queue.push_back(e);
+  }
+
+  void start(int c, int e) {
+    Chain& ch = chains_[static_cast<std::size_t>(c)];
+    ch.unit = eps_[static_cast<std::size_t>(e)].unit;
+    ch.running.push_back(e);
+    post(e);
+  }
+
+  // The running unit of chain c completed: start the next one (a loop, not a recursion, per chain).
+  void drain(int c) {
+    if (chains_[static_cast<std::size_t>(c)].draining) return;
+    chains_[static_cast<std::size_t>(c)].draining = true;
+    for (;;) {
+      Chain& ch = chains_[static_cast<std::size_t>(c)];
+      if (ch.queue.empty()) break;
+      int f = ch.queue.front();
+      if (!ch.running.empty() && eps_[static_cast<std::size_t>(f)].unit != ch.unit) break;
+      ch.queue.pop_front();
+      start(c, f);
+    }
+    chains_[static_cast<std::size_t>(c)].draining = false;
+  }
+
+  // Posts a communication endpoint; it may complete at once.
+  void post(int e) {
+    eps_[static_cast<std::size_t>(e)].posted = true;
+    const Endpoint& ep = eps_[static_cast<std::size_t>(e)];
+    const Op& op = op_at(ep.op);
+    int i = ep.op;
+    switch (ep.kind) {
+      case EpKind::Local:
+        if (ep.barrier && barrier_pending_[e] > 0) return;  // completes with the last op it waits for
+        return complete_ep(e, nullptr);
+      case EpKind::Send:
+      case EpKind::Recv: {
+        bool send = ep.kind == EpKind::Send;
+        std::size_t k = static_cast<std::size_t>(ep.seq);
+        std::size_t c = static_cast<std::size_t>(ep.channel);
+        auto& mine = send ? channels_[c].sends : channels_[c].recvs;
+        if (mine.size() <= k) mine.resize(k + 1, -1);
+        mine[k] = e;
+        if (send && model_ == P2PModel::Eager) complete_ep(e, nullptr);  // a buffered send completes at once
+        auto& other = send ? channels_[c].recvs : channels_[c].sends;
+        if (k < other.size() && other[k] >= 0) {
+          int o = other[k];
+          send ? transfer(e, o) : transfer(o, e);
+        }
+        return;
+      }
+      case EpKind::Collective: break;
+    }
+    int members = space_.group(ep.rank, op.attrs.axes).second;
+    Slot& s = slots_[ep.slot];
     s.eps.push_back(e);
-    join(s.vc, eps_[static_cast<std::size_t>(e)].vc);
+    join(s.vc, ep.vc);
     if (static_cast<int>(s.eps.size()) == members) {
       // Every member has arrived: each departs after every arrival.
       Slot done = std::move(s);
@@ -519,7 +751,6 @@ class Engine {
         VC().swap(m.vc);
       }
     }
-    return e;
   }
 
   // A Send meets its Recv: the Recv completes after the Send was posted; a rendezvous Send
@@ -537,26 +768,41 @@ class Engine {
   void complete_ep(int e, const VC* extra) {
     Endpoint& ep = eps_[static_cast<std::size_t>(e)];
     ep.complete = true;
-    if (ep.inst >= 0) {
+    if (ep.barrier) {
+      // no event of its own: the WaitStream / WaitEvent happened when issued
+    } else if (ep.inst >= 0) {
       VC v = ep.vc;
       if (extra) join(v, *extra);
       complete_inst(ep.inst, std::move(v));
-      return;
+    } else {
+      // A synchronous op: its one event happens now, on its rank's stream.
+      int r = ep.rank;
+      const Op& op = op_at(ep.op);
+      int chain = chain_of(r, op.attrs.stream >= 0 ? op.attrs.stream : compute_);
+      int ev = add_event(ep.op, chain, extra);
+      eps_[static_cast<std::size_t>(e)].event = ev;
+      accesses(r, op, ev, -1);
+      Rank& R = ranks_[static_cast<std::size_t>(r)];
+      ++R.pc;
+      if (R.blocked && R.sync_ep == e) {
+        R.blocked = false;
+        R.sync_ep = -1;
+        ready_.push_back(r);
+      }
     }
-    // A synchronous op: its one event happens now, on its rank's stream.
-    int r = ep.rank;
-    const Op& op = op_at(ep.op);
-    int chain = chain_of(r, op.attrs.stream >= 0 ? op.attrs.stream : compute_);
-    int ev = add_event(ep.op, chain, extra);
-    eps_[static_cast<std::size_t>(e)].event = ev;
-    accesses(r, op, ev, -1);
-    Rank& R = ranks_[static_cast<std::size_t>(r)];
-    ++R.pc;
-    if (R.blocked && R.sync_ep == e) {
-      R.blocked = false;
-      R.sync_ep = -1;
-      ready_.push_back(r);
+    // Barriers waiting for it.
+    if (auto it = waiters_.empty() ? waiters_.end() : waiters_.find(e); it != waiters_.end()) {
+      std::vector<int> ws = std::move(it->second);
+      waiters_.erase(it);
+      for (int b : ws)
+        if (--barrier_pending_[b] == 0 && eps_[static_cast<std::size_t>(b)].posted && !eps_[static_cast<std::size_t>(b)].complete) complete_ep(b, nullptr);
     }
+    // Its stream is free once its unit completed.
+    int c = eps_[static_cast<std::size_t>(e)].chain;
+    if (c < 0) return;
+    auto& run = chains_[static_cast<std::size_t>(c)].running;
+    run.erase(std::remove(run.begin(), run.end(), e), run.end());
+    if (run.empty()) drain(c);
   }
 
   void complete_inst(int inst, VC v) {
@@ -703,16 +949,26 @@ class Engine {
     }
   }
 
-  // Buffers are per rank; most names live on one rank, so each name heads a short list of (rank, buffer).
+  // Buffers are per rank. Most names live on one rank: the name's first buffer is found directly;
+  // the others (a name every rank uses) through a (rank, name) index, so no lookup walks the ranks.
   Buffer& buffer(int r, NameId n) {
     if (static_cast<std::size_t>(n) >= buf_head_.size()) buf_head_.resize(std::max(p_.names.size(), static_cast<std::size_t>(n) + 1), -1);
+    // The first kDirect ranks of a name: a short list from the name; the rest: the (rank, name) index.
+    constexpr int kDirect = 4;
     int* link = &buf_head_[static_cast<std::size_t>(n)];
-    while (*link >= 0) {
+    int walked = 0;
+    for (; *link >= 0 && walked < kDirect; ++walked) {
       BufSlot& sl = bufs_[static_cast<std::size_t>(*link)];
       if (sl.rank == r) return sl.b;
       link = &sl.next;
     }
-    *link = static_cast<int>(bufs_.size());
+    if (walked == kDirect) {
+      auto [it, fresh] = buf_index_.try_emplace((static_cast<std::uint64_t>(static_cast<std::uint32_t>(r)) << 32) | static_cast<std::uint32_t>(n),
+                                                static_cast<int>(bufs_.size()));
+      if (!fresh) return bufs_[static_cast<std::size_t>(it->second)].b;
+    } else {
+      *link = static_cast<int>(bufs_.size());
+    }
     bufs_.push_back({r, -1, {}});
     return bufs_.back().b;
   }
@@ -770,7 +1026,8 @@ class Engine {
     const char* yverb = y.write ? "writes" : "reads";
     std::vector<Note> notes;
     CheckId id;
-    std::string msg;
+    std::string msg, wait_yaml;
+    std::uint32_t wait_from = 0, wait_all = 0;  // the line of a later Wait to move up, of a later WaitAll of the handle
     if (x.inst >= 0 && x.write && y.inst >= 0 && y.write) {
       id = CheckId::BufferAliasing;
       msg = fmt::format("{} ({}) writes {} while {} may still be writing it: two in-flight async ops write one buffer", op_name(yop.kind),
@@ -790,9 +1047,36 @@ class Engine {
       const Instance& h = insts_[static_cast<std::size_t>(x.inst)];
       int ychain = events_[static_cast<std::size_t>(y.event)].chain;
       bool moved = h.wait_event >= 0 && events_[static_cast<std::size_t>(h.wait_event)].chain != ychain;
-      notes.push_back({yop.loc, h.name >= 0 && !moved ? fmt::format("fix: insert {{op: Wait, handle: {}{}}} before this op", p_.name(h.name),
-                                                                    ystream == "compute" ? "" : fmt::format(", stream: {}", ystream))
-                                                      : "fix: " + wait_fix(x.inst, ychain)});
+      if (h.name >= 0 && !moved)
+        wait_yaml = fmt::format("{{op: Wait, handle: {}{}}}", p_.name(h.name), ystream == "compute" ? "" : fmt::format(", stream: {}", ystream));
+      // a later Wait of this handle on this stream: moving it up is the fix (a second Wait would be invalid-wait)
+      if (!wait_yaml.empty())
+        for (std::uint32_t j = static_cast<std::uint32_t>(&yop - p_.ops.data()) + 1; j < ranks_[static_cast<std::size_t>(r)].end; ++j) {
+          const Op& w = op_at(static_cast<int>(j));
+          if (w.kind == OpKind::WaitAll && w.attrs.handles != kNoIndex) {
+            const auto& hs = p_.name_lists[w.attrs.handles];
+            if (std::find(hs.begin(), hs.end(), h.name) != hs.end()) {
+              wait_all = w.loc.line;
+              break;
+            }
+          }
+          if (w.attrs.handle != h.name) continue;
+          if (w.kind == OpKind::Wait && (w.attrs.stream >= 0 ? p_.name(w.attrs.stream) : std::string("compute")) == ystream) wait_from = w.loc.line;
+          break;
+        }
+      if (yop.kind == OpKind::OverlapRegion) {
+        // the region overlaps the op that writes what it reads: a Wait before it would leave nothing to overlap
+        wait_yaml.clear();
+        notes.push_back({yop.loc, fmt::format("fix: do not read {} in a region that overlaps the op writing it: read it after the Wait of {}", b,
+                                              inst_name(x.inst))});
+      } else if (wait_all) {
+        notes.push_back({yop.loc, fmt::format("fix: insert {} before this op and drop {} from the WaitAll at line {}", wait_yaml, p_.name(h.name), wait_all)});
+        wait_yaml.clear();  // two edits: no machine-readable form
+      } else {
+        notes.push_back({yop.loc, wait_from ? fmt::format("fix: move the {} at line {} before this op", wait_yaml, wait_from)
+                                  : !wait_yaml.empty() ? fmt::format("fix: insert {} before this op", wait_yaml)
+                                                       : "fix: " + wait_fix(x.inst, ychain)});
+      }
     } else {
       id = CheckId::DataRace;
       std::string xverb = x.write ? "writes" : "reads";
@@ -807,12 +1091,15 @@ class Engine {
         msg = fmt::format("{} {} {} on stream {}, and {} {} it, with no happens-before order between them", op_name(yop.kind), yverb, b, ystream,
                           describe(x), xverb);
         notes.push_back({xop.loc, fmt::format("the other access ({} {})", xverb, b)});
-        notes.push_back({yop.loc, "fix: order the streams: move both ops to one stream, or wait for the other stream's work (an async op's "
-                                  "handle) before this op"});
+        std::string xstream = stream_name(events_[static_cast<std::size_t>(x.event)].chain);
+        notes.push_back({yop.loc, fmt::format("fix: order the streams: insert {{op: WaitStream{}, for: {}}} before this op (or a RecordEvent on {} "
+                                              "after the other access and a WaitEvent here), or move both ops to one stream",
+                                              ystream == "compute" ? "" : ", stream: " + ystream, xstream, xstream)});
       }
     }
     Diagnostic d = diag(id, yop, static_cast<int>(&yop - p_.ops.data()), std::move(msg));
     d.tensor = b;
+    if (!wait_yaml.empty()) d.fix = {wait_from ? FixKind::Move : FixKind::InsertBefore, d.op, yop.loc.line, "", wait_yaml, wait_from};
     d.notes = std::move(notes);
     local(std::move(d), r);
   }
@@ -833,15 +1120,30 @@ class Engine {
   // The ranks an endpoint waits for.
   std::vector<int> waits_for(int e) const {
     const Endpoint& ep = eps_[static_cast<std::size_t>(e)];
+    if (!ep.posted) {
+      // Queued on its stream: it waits for what the op running there waits for.
+      std::vector<int> out;
+      for (int x : chains_[static_cast<std::size_t>(ep.chain)].running)
+        for (int r : waits_for(x)) out.push_back(r);
+      return out;
+    }
+    if (ep.barrier) {
+      std::vector<int> out;
+      for (const auto& [x, ws] : waiters_)
+        if (std::find(ws.begin(), ws.end(), e) != ws.end())
+          for (int r : waits_for(x)) out.push_back(r);
+      return out;
+    }
+    if (ep.kind == EpKind::Local) return {};
     if (ep.kind != EpKind::Collective) return {ep.peer};
     std::vector<int> out;
     const Op& op = op_at(ep.op);
-    auto key = space_.group(ep.rank, op.attrs.axes).first;
     std::vector<int> arrived;
     if (auto it = slots_.find(ep.slot); it != slots_.end())
       for (int x : it->second.eps) arrived.push_back(eps_[static_cast<std::size_t>(x)].rank);
-    for (int r = 0; r < space_.count(); ++r)
-      if (space_.group(r, op.attrs.axes).first == key && std::find(arrived.begin(), arrived.end(), r) == arrived.end()) out.push_back(r);
+    std::sort(arrived.begin(), arrived.end());
+    for (int r : space_.members(ep.rank, op.attrs.axes))
+      if (!std::binary_search(arrived.begin(), arrived.end(), r)) out.push_back(r);
     return out;
   }
 
@@ -853,7 +1155,28 @@ class Engine {
   std::string why_blocked(int e) const {
     const Endpoint& ep = eps_[static_cast<std::size_t>(e)];
     const Op& op = op_at(ep.op);
+    if (!ep.posted) {
+      const Chain& ch = chains_[static_cast<std::size_t>(ep.chain)];
+      std::string ahead = "the ops before it";
+      if (!ch.running.empty()) {
+        const Op& x = op_at(eps_[static_cast<std::size_t>(ch.running.front())].op);
+        ahead = fmt::format("{} (line {}), which has not completed", op_name(x.kind), x.loc.line);
+      }
+      return fmt::format("{} (line {}) is queued on stream {} behind {} (the ops of one stream run one after another)",
+                         kind_word(ep, std::string(op_name(op.kind)).c_str()), op.loc.line, stream_name(ep.chain), ahead);
+    }
+    if (ep.barrier) {
+      std::string what = "the communication it waits for";
+      for (const auto& [x, ws] : waiters_)
+        if (std::find(ws.begin(), ws.end(), e) != ws.end()) {
+          const Op& y = op_at(eps_[static_cast<std::size_t>(x)].op);
+          what = fmt::format("{} (line {}) on stream {}", op_name(y.kind), y.loc.line, stream_name(eps_[static_cast<std::size_t>(x)].chain));
+          break;
+        }
+      return fmt::format("{} (line {}) holds stream {} until {} completes", op_name(op.kind), op.loc.line, stream_name(ep.chain), what);
+    }
     switch (ep.kind) {
+      case EpKind::Local: return fmt::format("{} (line {}) runs on stream {}", op_name(op.kind), op.loc.line, stream_name(ep.chain));
       case EpKind::Send:
         return fmt::format("{} to {} (line {}) waits for {} to post the matching Recv (a blocking send under the rendezvous model)", kind_word(ep, "Send"),
                            lbl(ep.peer), op.loc.line, lbl(ep.peer));
@@ -899,11 +1222,15 @@ class Engine {
     std::vector<std::vector<int>> edges(static_cast<std::size_t>(n));
     for (int r = 0; r < n; ++r) {
       if (!ranks_[static_cast<std::size_t>(r)].blocked) continue;
-      for (int e : blocked_eps(r)) {
-        // A Send or Recv that static matching left without a partner waits forever: unmatched-p2p says so.
-        if (leftover_.count({eps_[static_cast<std::size_t>(e)].rank, eps_[static_cast<std::size_t>(e)].op})) continue;
-        for (int s : waits_for(e))
-          if (!ranks_[static_cast<std::size_t>(s)].done) edges[static_cast<std::size_t>(r)].push_back(s);
+      for (int e0 : blocked_eps(r)) {
+        std::vector<int> eps{e0};
+        if (!eps_[static_cast<std::size_t>(e0)].posted) eps = chains_[static_cast<std::size_t>(eps_[static_cast<std::size_t>(e0)].chain)].running;
+        for (int e : eps) {
+          // A Send or Recv that static matching left without a partner waits forever: unmatched-p2p says so.
+          if (leftover_.count({eps_[static_cast<std::size_t>(e)].rank, eps_[static_cast<std::size_t>(e)].op})) continue;
+          for (int s : waits_for(e))
+            if (!ranks_[static_cast<std::size_t>(s)].done) edges[static_cast<std::size_t>(r)].push_back(s);
+        }
       }
     }
     // Iterative DFS; a back edge closes a cycle.
@@ -947,6 +1274,7 @@ class Engine {
     chain += lbl(cycle.front());
     int first = cycle.front();
     bool sync_sends = false, async_sends = false, p2p = false, colls = false;
+    int queued_on = -1;  // a blocked op waits for its turn on this serialized stream
     Diagnostic d = diag(CheckId::Deadlock, op_at(blocked_op(first)), blocked_op(first),
                         fmt::format("deadlock under the {} model: a cycle of waits {} (each rank waits for the next); none of them can move", model_ == P2PModel::Eager ? "eager" : "rendezvous",
                                     chain));
@@ -957,8 +1285,9 @@ class Engine {
         const Endpoint& ep = eps_[static_cast<std::size_t>(e)];
         sync_sends |= ep.kind == EpKind::Send && (ep.inst < 0 || insts_[static_cast<std::size_t>(ep.inst)].name < 0);
         async_sends |= ep.kind == EpKind::Send && ep.inst >= 0 && insts_[static_cast<std::size_t>(ep.inst)].name >= 0;
-        p2p |= ep.kind != EpKind::Collective;
+        p2p |= ep.kind == EpKind::Send || ep.kind == EpKind::Recv;
         colls |= ep.kind == EpKind::Collective;
+        if (!ep.posted && queued_on < 0) queued_on = ep.chain;
       }
     }
     int others = 0;
@@ -966,7 +1295,13 @@ class Engine {
       if (ranks_[static_cast<std::size_t>(r)].blocked && std::find(cycle.begin(), cycle.end(), r) == cycle.end() && others++ < 4)
         d.notes.push_back({blocked_loc(r), fmt::format("rank {} is also blocked: {}", lbl(r), rank_state(r))});
     std::string fix;
-    if (colls && p2p)
+    if (queued_on >= 0)
+      fix = fmt::format("the ops of stream {} run one after another, so an op queued there cannot start before the one ahead of it "
+                        "completes: order them on every rank so that the op at the head of each stream can complete (by rank parity: even "
+                        "ranks send first, odd ranks receive first; collectives in one order), post sends and receives together in one "
+                        "batched group (`group:`), or give them separate streams",
+                        stream_name(queued_on));
+    else if (colls && p2p)
       fix = "a rank blocked in point-to-point cannot arrive at a collective, nor the reverse: move the Send after the collective, or post the "
             "Recv before it, in the same order on every rank";
     else if (sync_sends)
@@ -997,17 +1332,22 @@ class Engine {
   std::set<std::pair<int, int>> leftover_;  // (rank, op) of Sends and Recvs with no partner
   std::vector<Rank> ranks_;
   std::deque<int> ready_;
+  std::int64_t next_group_unit_ = 0;
+  std::unordered_map<int, int> barrier_pending_;           // barrier endpoint -> ops it still waits for
+  std::unordered_map<int, std::vector<int>> waiters_;      // endpoint -> barriers waiting for it
   std::vector<Event> events_;
   std::vector<Chain> chains_;
   std::vector<Instance> insts_;
   std::vector<Endpoint> eps_;
   std::unordered_map<std::int64_t, Slot> slots_;
-  std::unordered_map<std::int64_t, Channel> channels_;
+  std::vector<Channel> channels_;                          // (complete_ep never adds one: references stay valid)
+  std::unordered_map<std::int64_t, int> channel_index_;   // (src, dst) -> its channel
   struct BufSlot {
-    int rank, next;
+    int rank, next;  // next: the name's next buffer among its first few ranks
     Buffer b;
   };
-  std::vector<int> buf_head_;     // name -> first slot
+  std::vector<int> buf_head_;     // name -> its first buffer (on the first rank that used it)
+  std::unordered_map<std::uint64_t, int> buf_index_;  // (rank, name) -> buffer, for the name's other ranks
   std::vector<BufSlot> bufs_;
   std::vector<std::pair<int, int>> waits_;  // (event, op) of every Wait, in order
   std::unordered_map<int, std::string> hubs_;
@@ -1029,6 +1369,7 @@ void dot_graph(const Program& program, const Engine& e, std::ostream& out) {
   for (const auto& [r, cs] : by_rank) {
     out << "  subgraph cluster_rank" << r << " {\n    label=\"rank " << e.rank_label(r) << "\";\n";
     for (std::size_t c : cs) {
+      if (by_chain[c].empty()) continue;  // a stream with no event (every rank's comm is numbered up front)
       out << "    subgraph cluster_" << c << " {\n      label=\"stream " << e.stream_name(static_cast<int>(c)) << "\";\n";
       for (std::size_t i : by_chain[c]) {
         const Op& op = program.ops[static_cast<std::size_t>(ev[i].op)];

@@ -454,11 +454,21 @@ class Gen {
     Dims os = xv.shape;
     int r = static_cast<int>(os.size());
     double c = rng_.unit();
-    if (r >= 2 && c < 0.45) {  // merge two adjacent dims
+    if (r >= 2 && c < 0.3) {  // merge two adjacent dims
       int d = rng_.below(r - 1);
       os[static_cast<std::size_t>(d)] *= os[static_cast<std::size_t>(d) + 1];
       os.erase(os.begin() + d + 1);
-    } else if (r < 4 && c < 0.9) {  // split a dim
+    } else if (r >= 2 && c < 0.55) {  // regroup two adjacent dims: [6, 4] -> [4, 6], [12, 2] -> [8, 3]
+      int d = rng_.below(r - 1);
+      std::int64_t a = os[static_cast<std::size_t>(d)], n = a * os[static_cast<std::size_t>(d) + 1];
+      std::vector<std::int64_t> fs;
+      for (std::int64_t f = 2; f < n; ++f)
+        if (n % f == 0 && f != a) fs.push_back(f);
+      if (fs.empty()) return;
+      std::int64_t f = fs[static_cast<std::size_t>(rng_.below(static_cast<int>(fs.size())))];
+      os[static_cast<std::size_t>(d)] = f;
+      os[static_cast<std::size_t>(d) + 1] = n / f;
+    } else if (r < 4 && c < 0.85) {  // split a dim
       int d = rng_.below(r);
       std::int64_t n = os[static_cast<std::size_t>(d)];
       std::int64_t f = n % 2 == 0 && n > 2 ? 2 : n % 3 == 0 && n > 3 ? 3 : 0;

@@ -480,18 +480,28 @@ TEST_CASE("unsynced-gradient: a replicated parameter's P gradient must be all-re
   Trained bad = train(kDp);
   CHECK(bad.ids == one("unsynced-gradient"));
   CHECK(bad.messages.find("parameter w is R over dp") != std::string::npos);
-  Trained ok = train(std::string(kDp) + "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: dp}\n");
+  // the loss is a per-rank mean (P(avg) over dp) and autograd seeds 1 on each rank's loss: DDP averages
+  Trained ok = train(std::string(kDp) + "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: dp, reduce: avg}\n");
   CHECK(ok.ids.empty());
+  Trained summed = train(std::string(kDp) + "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: dp}\n");
+  CHECK(summed.ids == one("illegal-collective"));
+  CHECK(summed.messages.find("P(avg) over dp") != std::string::npos);
+  // a summed loss (P(sum) over dp) gives summands of a sum: AllReduce(sum) is right, avg is not
+  std::string sum_loss = kDp;
+  sum_loss.replace(sum_loss.find("Mean"), 4, "Sum");
+  CHECK(train(sum_loss + "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: dp}\n").ids.empty());
+  CHECK(train(sum_loss + "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: dp, reduce: avg}\n").ids == one("illegal-collective"));
   // all-reduced over the other axis only: still unsynced over dp
   Trained wrong = train(std::string("mesh: {dp: 2, tp: 2}\n") + std::string(kDp).substr(std::string(kDp).find("tensors")) +
                         "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: tp}\n");
   CHECK(wrong.ids == one("unsynced-gradient"));
-  CHECK(wrong.messages.find("still P(sum) over dp") != std::string::npos);
+  CHECK(wrong.messages.find("still P(avg) over dp") != std::string::npos);
   // the fix names the AllReduce, the axis and where
   auto d = check_training(load_program_string(kDp, "t.yaml")).diags;
   REQUIRE(d.size() == 1);
   REQUIRE(d[0].notes.size() == 2);
-  CHECK(d[0].notes[1].message == "fix: insert {op: AllReduce, in: [w.grad], out: w.grad, axis: dp} into `grad_sync:` (after the backward, before the optimizer step)");
+  CHECK(d[0].notes[1].message ==
+        "fix: insert {op: AllReduce, in: [w.grad], out: w.grad, axis: dp, reduce: avg} into `grad_sync:` (after the backward, before the optimizer step)");
 }
 
 const char* kSp = R"(mesh: {tp: 2}

@@ -2,10 +2,15 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include <algorithm>
+
 #include "cli/driver.h"
+#include "ir/loader.h"
+#include "spatial/spatial.h"
 #include "ir/op_table.h"
 
 using namespace spmd;
@@ -65,9 +70,35 @@ TEST_CASE("JSON output follows the contract") {
   CHECK(d["tensor"] == "y_partial");
   CHECK(d["ranks"].is_array());
   CHECK(d["notes"].size() >= 2);
+  CHECK(d["fix"].is_null());  // text-only fix
   std::string broken = write_tmp("broken2.yaml", "mesh: [\n");
   auto e = nlohmann::json::parse(run({"check", "--format", "json", broken}).out);
   CHECK(e["files"][0]["verdict"] == "error");
+  CHECK(e["files"][0]["diagnostics"][0]["fix"].is_null());
+}
+
+TEST_CASE("JSON output: machine-readable fixes") {
+  auto first = [](const std::string& f) {
+    return nlohmann::json::parse(run({"check", "--format", "json", src(f)}).out)["files"][0]["diagnostics"][0]["fix"];
+  };
+  auto scatter = first("tests/programs/fixes/scatter_wrong_dim_bad.yaml");
+  CHECK(scatter["kind"] == "replace");
+  CHECK(scatter["line"] == 11);
+  CHECK(scatter["op_index"] == 1);
+  CHECK(scatter["yaml"] == "{op: ReduceScatter, in: [o_partial], out: o, axis: tp, dim: 1}");
+  auto amax = first("tests/programs/fixes/amax_two_axes_bad.yaml");
+  CHECK(amax["kind"] == "append");
+  CHECK(amax["section"] == "ops");
+  CHECK(amax["yaml"] == "{op: AllReduce, in: [amax], out: amax, axis: [dp, tp], reduce: max}");
+  auto sync = first("tests/programs/autograd/unsynced_dp_bad.yaml");
+  CHECK(sync["kind"] == "append");
+  CHECK(sync["section"] == "grad_sync");
+  CHECK(sync["yaml"] == "{op: AllReduce, in: [w.grad], out: w.grad, axis: dp}");
+  auto wait = first("examples/temporal/tp_overlap_wrong_handle.yaml");
+  CHECK(wait["kind"] == "move");
+  CHECK(wait["yaml"] == "{op: Wait, handle: ag}");
+  CHECK(wait["from_line"] == 20);
+  CHECK(wait["line"] == 19);
 }
 
 TEST_CASE("spmdcheck test: closing line and failures") {
@@ -104,4 +135,244 @@ TEST_CASE("--dump-hb writes the happens-before graph; an unwritable path is an i
   Run bad = run({"check", "--dump-hb", "/nonexistent/dir/hb.dot", src("examples/temporal/tp_overlap.yaml")});
   CHECK(bad.code == 2);
   CHECK(bad.out.find("cannot write") != std::string::npos);
+}
+
+TEST_CASE("unbounded inputs: devices are refused with exit 2, for programs and schedule CSVs") {
+  Run z = run({"check", "/dev/zero"});
+  CHECK(z.code == 2);
+  CHECK(z.out.find("/dev/zero: error: '/dev/zero' is not a regular file") != std::string::npos);
+  std::string csv = write_tmp("csv_dev_zero.yaml", "mesh: {pp: 2}\nschedule: {csv: /dev/zero, axis: pp}\n");
+  Run c = run({"check", csv});
+  CHECK(c.code == 2);
+  CHECK(c.out.find("csv_dev_zero.yaml:2:") != std::string::npos);
+  CHECK(c.out.find("not a regular file") != std::string::npos);
+}
+
+TEST_CASE("a finding inside a module names the instance") {
+  Run r = run({"check", src("tests/programs/modules/repeat_mlp_missing_allreduce.yaml")});
+  CHECK(r.code == 1);
+  CHECK(r.out.find("repeat_mlp_missing_allreduce.yaml:24:9: error[partial-misuse]") != std::string::npos);
+  CHECK(r.out.find("26:5: note: in layer 0 of 4 ('mlp.0', module mlp, numbered from 0), expanded here") != std::string::npos);
+}
+
+TEST_CASE("robustness: invalid UTF-8 echoed in JSON, oversized schedules and CSVs are located errors (exit 2)") {
+  // A diagnostic that echoes bytes that are not UTF-8 still prints valid JSON (they become U+FFFD).
+  std::string bad_utf8 = write_tmp("bad_utf8.yaml", "mesh: {dp: 2}\ntensors:\n  x: {shape: [4]}\nops:\n  - {op: GELU, in: [x\xff\xfe], out: y}\n");
+  Run j = run({"check", "--format", "json", bad_utf8});
+  CHECK(j.code == 1);
+  CHECK(j.out.find("\"id\": \"undefined-tensor\"") != std::string::npos);
+  CHECK(j.out.find("\xef\xbf\xbd") != std::string::npos);
+  std::string bad_key = write_tmp("bad_utf8_key.yaml", "mesh: {dp: 2}\nops: []\nx\xff: 1\n");
+  Run k = run({"check", "--format", "json", bad_key});
+  CHECK(k.code == 2);
+  CHECK(k.out.find("\"files\"") != std::string::npos);
+  // Schedules: bounded before anything is allocated.
+  Run g = run({"schedule", "gen", "--kind", "Interleaved1F1B", "--stages", "4096", "--microbatches", "1048576", "--virtual", "64"});
+  CHECK(g.code == 2);
+  CHECK(g.err.find("more than the 2500000 a schedule may have") != std::string::npos);
+  std::string big = write_tmp("schedule_1m.yaml", "mesh: {pp: 4}\nschedule: {kind: 1F1B, microbatches: 1048576}\n");
+  Run s = run({"check", "--format", "json", big});
+  CHECK(s.code == 2);
+  CHECK(s.out.find("\"line\": 2") != std::string::npos);
+  std::string rows;
+  for (int r = 0; r < 65537; ++r) rows += "0F0\n";
+  Run c = run({"check", "--format", "json", write_tmp("rows.csv", rows)});
+  CHECK(c.code == 2);
+  CHECK(c.out.find("at most 65536 are supported") != std::string::npos);
+}
+
+// ---- explain, report, schema, SARIF and the CLI conventions (issue 13) ---------------------------
+
+namespace {
+
+Run run_stdin(const std::vector<std::string>& args, const std::string& input) {
+  std::ostringstream out, err;
+  std::istringstream in(input);
+  int code = run_cli(args, out, err, in);
+  return {code, out.str(), err.str()};
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("--version prints the version and exits 0") {
+  Run r = run({"--version"});
+  CHECK(r.code == 0);
+  CHECK(r.out.rfind("spmdcheck ", 0) == 0);
+}
+
+TEST_CASE("- reads the program from standard input") {
+  std::string text = slurp(src("docs/tutorial/02_tp_mlp_bias_bug.yaml"));
+  Run r = run_stdin({"check", "-"}, text);
+  CHECK(r.code == 1);
+  CHECK(r.out.find("<stdin>:17:5: error[partial-misuse]") != std::string::npos);
+  CHECK(run_stdin({"check", "-"}, slurp(src("docs/tutorial/03_tp_mlp.yaml"))).code == 0);
+  Run bad = run_stdin({"check", "-"}, "mesh: {tp: 2}\nops:\n  - {op: Matmul}\n");
+  CHECK(bad.code == 2);
+  CHECK(bad.out.find("<stdin>:3:10: error: unknown op 'Matmul'") != std::string::npos);
+  Run e = run_stdin({"explain", "-", "--tensor", "z"}, text);
+  CHECK(e.out.find("P(sum) of:") != std::string::npos);
+  CHECK(run_stdin({"test", "-"}, text).code == 0);  // its expect: [partial-misuse] holds
+}
+
+TEST_CASE("--color: always colours diagnostics and pictures, never and auto (not a terminal) do not") {
+  std::string f = src("docs/tutorial/02_tp_mlp_bias_bug.yaml");
+  CHECK(run({"check", "--color", "always", f}).out.find("\x1b[1;31merror[partial-misuse]") != std::string::npos);
+  CHECK(run({"--color", "always", "check", f}).out.find("\x1b[") != std::string::npos);
+  CHECK(run({"check", "--color", "never", f}).out.find('\x1b') == std::string::npos);
+  CHECK(run({"check", f}).out.find('\x1b') == std::string::npos);
+  CHECK(run({"explain", "--color", "always", "--tensor", "h", f}).out.find("\x1b[48;5;") != std::string::npos);
+  CHECK(run({"check", "--color", "sometimes", f}).code == 2);
+}
+
+TEST_CASE("explain: shapes, placements per axis, local shapes and the chain of why") {
+  Run r = run({"explain", src("docs/tutorial/02_tp_mlp_bias_bug.yaml")});
+  CHECK(r.code == 1);  // the program has an error, shown under its op
+  CHECK(r.out.find("w1    [1024, 4096] f32  tp: S(1)  local [1024, 1024]") != std::string::npos);
+  CHECK(r.out.find("why tp P(sum): z became P(sum) at MatMul (line 16) from a S(2), w2 S(0): MatMul contracts a dim sharded S(2) x S(0) over tp") !=
+        std::string::npos);
+  CHECK(r.out.find("a S(2) via GELU (line 15) <- h became S(2) at MatMul (line 14)") != std::string::npos);
+  CHECK(r.out.find("error[partial-misuse]") != std::string::npos);
+  Run op = run({"explain", "--op", "2", src("docs/tutorial/02_tp_mlp_bias_bug.yaml")});
+  CHECK(op.out.find("op 2 (line 16): MatMul(a, w2) -> z") != std::string::npos);
+  CHECK(op.out.find("inputs:") != std::string::npos);
+  CHECK(op.out.find("op 1 ") == std::string::npos);
+  CHECK(run({"explain", "--op", "9", src("docs/tutorial/02_tp_mlp_bias_bug.yaml")}).code == 2);
+  Run typo = run({"explain", "--tensor", "w3", src("docs/tutorial/02_tp_mlp_bias_bug.yaml")});
+  CHECK(typo.code == 2);
+  CHECK(typo.err.find("did you mean") != std::string::npos);
+  // Symbolic sizes: the local shape is an expression.
+  Run sym = run({"explain", src("docs/tutorial/08_sp_mlp_sym.yaml")});
+  CHECK(sym.code == 0);
+  CHECK(sym.out.find("/T") != std::string::npos);
+}
+
+TEST_CASE("explain --tensor draws the layout: shards as a grid, R as one block, P as stacked summands") {
+  Run h = run({"explain", "--tensor", "h", src("docs/tutorial/06_sp_mlp.yaml")});
+  CHECK(h.code == 0);
+  CHECK(h.out.find("columns: dim 2 (4096) split 4 ways over tp") != std::string::npos);
+  CHECK(h.out.find("rows: dim 0 (8) split 2 ways over dp") != std::string::npos);
+  CHECK(h.out.find("| dp1 tp3 ") != std::string::npos);
+  Run z = run({"explain", "--tensor", "z", src("docs/tutorial/02_tp_mlp_bias_bug.yaml")});
+  CHECK(z.out.find("| + tp3") != std::string::npos);
+  Run x = run({"explain", "--tensor", "x", src("docs/tutorial/02_tp_mlp_bias_bug.yaml")});
+  CHECK(x.out.find("| all 4 ranks |") != std::string::npos);
+}
+
+TEST_CASE("the origin record costs nothing unless asked for") {
+  Program p = load_program_file(src("docs/tutorial/03_tp_mlp.yaml"));
+  SpatialTypes t;
+  SpatialOptions so;
+  so.types = &t;
+  check_spatial(p, so);
+  CHECK(t.decl_origins.empty());
+  CHECK(t.out_origins.empty());
+  t.want_origins = true;
+  check_spatial(p, so);
+  CHECK(t.decl_origins.size() == t.decls.size());
+  CHECK(t.out_origins.size() == t.outs.size());
+}
+
+TEST_CASE("report writes one self-contained page") {
+  std::string out = std::string(SPMD_BINARY_DIR) + "/report_unit.html";
+  Run r = run({"report", src("examples/temporal/ring_send_first.yaml"), "-o", out});
+  CHECK(r.code == 1);
+  std::string html = slurp(out);
+  CHECK(html.find("<!DOCTYPE html>") == 0);
+  CHECK(html.find("id=\"timeline\"") != std::string::npos);
+  CHECK(html.find("p2p-op blocked\"") != std::string::npos);
+  CHECK(html.find("class=\"cycle\"") != std::string::npos);
+  CHECK(html.find("data-id=\"deadlock\"") != std::string::npos);
+  CHECK(html.find("src=\"http") == std::string::npos);  // nothing loaded from elsewhere (the SVG namespace is only a name)
+  CHECK(html.find("href=\"http") == std::string::npos);
+  Run s = run({"report", src("examples/pipeline/1f1b_4stages.yaml"), "-o", "-"});
+  CHECK(s.out.find("table class=\"pipeline\"") != std::string::npos);
+  Run bad = run({"report", src("tests/bad_input/op_unknown_did_you_mean.yaml"), "-o", "-"});
+  CHECK(bad.code == 2);
+  CHECK(bad.out.find("data-id=\"invalid-input\"") != std::string::npos);
+}
+
+TEST_CASE("schema and SARIF are JSON with every op and every check ID") {
+  Run s = run({"schema"});
+  REQUIRE(s.code == 0);
+  auto j = nlohmann::json::parse(s.out);
+  auto ops = j["definitions"]["op"]["properties"]["op"]["enum"];
+  CHECK(std::find(ops.begin(), ops.end(), "MatMul") != ops.end());
+  CHECK(std::find(ops.begin(), ops.end(), "MoEDispatch") == ops.end());  // a `later` op is an input error
+  Run r = run({"check", "--format", "sarif", src("docs/tutorial/02_tp_mlp_bias_bug.yaml")});
+  CHECK(r.code == 1);
+  auto log = nlohmann::json::parse(r.out);
+  CHECK(log["version"] == "2.1.0");
+  auto rules = log["runs"][0]["tool"]["driver"]["rules"];
+  for (auto id : all_check_names())
+    CHECK(std::any_of(rules.begin(), rules.end(), [&](const nlohmann::json& x) { return x["id"] == std::string(id); }));
+  auto res = log["runs"][0]["results"][0];
+  CHECK(res["ruleId"] == "partial-misuse");
+  CHECK(res["locations"][0]["physicalLocation"]["region"]["startLine"] == 17);
+  CHECK(res["relatedLocations"].size() >= 1);
+}
+
+TEST_CASE("test: a file with no expect: must produce nothing (docs/format.md)") {
+  std::string clean = write_tmp("no_expect_clean.yaml", "mesh: {tp: 2}\ntensors: {x: {shape: [4]}}\nops:\n  - {op: ReLU, in: [x], out: y}\n");
+  Run a = run({"test", clean});
+  CHECK(a.code == 0);
+  CHECK(a.out.find("PASS") != std::string::npos);
+  std::string dirty = write_tmp("no_expect_dirty.yaml", "mesh: {tp: 2}\ntensors: {x: {shape: [4], placement: {tp: P}}}\nops:\n  - {op: ReLU, in: [x], out: y}\n");
+  Run b = run({"test", dirty});
+  CHECK(b.code == 1);
+  CHECK(b.out.find("no `expect:`") != std::string::npos);
+}
+
+TEST_CASE("the explain outputs shown in the docs are what explain prints") {
+  // Each "$ spmdcheck explain ..." block of these pages must match the command's output; a line "..." skips lines.
+  namespace fs = std::filesystem;
+  fs::path old = fs::current_path();
+  fs::current_path(SPMD_SOURCE_DIR);  // the docs run commands from the repository root
+  int blocks = 0;
+  for (const char* doc : {"README.md", "docs/tutorial.md", "docs/coming-from.md"}) {
+    std::istringstream text(slurp(doc));
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(text, l);) lines.push_back(l);
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      if (lines[i].rfind("$ spmdcheck explain ", 0) != 0) continue;
+      std::vector<std::string> args;
+      std::istringstream cmd(lines[i].substr(12));
+      for (std::string a; cmd >> a;) args.push_back(a);
+      std::vector<std::string> want;
+      for (std::size_t k = i + 1; k < lines.size() && lines[k].rfind("```", 0) != 0; ++k) want.push_back(lines[k]);
+      Run r = run(args);
+      std::istringstream got_text(r.out);
+      std::vector<std::string> got;
+      for (std::string l; std::getline(got_text, l);) got.push_back(l);
+      // Match `want` against `got` in order; "..." matches any run of lines.
+      std::size_t g = 0;
+      bool ok = true, skip = false;
+      std::string missing;
+      for (const auto& w : want) {
+        if (w.find_first_not_of(' ') != std::string::npos && w.substr(w.find_first_not_of(' ')) == "...") {
+          skip = true;
+          continue;
+        }
+        while (skip && g < got.size() && got[g] != w) ++g;
+        if (g >= got.size() || got[g] != w) {
+          ok = false;
+          missing = w;
+          break;
+        }
+        ++g;
+        skip = false;
+      }
+      INFO(doc << ": " << lines[i] << "\nfirst line not printed as shown: " << missing << "\noutput:\n" << r.out);
+      CHECK(ok);
+      ++blocks;
+    }
+  }
+  fs::current_path(old);
+  CHECK(blocks >= 5);
 }

@@ -1,6 +1,11 @@
 // tests/test_loader.cpp - located errors for malformed programs (the corpus in tests/bad_input covers more).
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "ir/printer.h"
+#include "ir/source_file.h"
 #include "tests/helpers.h"
 
 using namespace spmd;
@@ -81,4 +86,107 @@ TEST_CASE("products of symbolic sizes are proved without the solver timing out")
             .empty());
   CHECK(ids("mesh: {tp: 16}\nsizes: {B: {min: 8, multiple_of: 8}, S: {min: 1}}\n"
             "tensors:\n  a: {shape: [B*S, 64], placement: {tp: S(0)}}\nops: []\n") == std::set<std::string>{"shape-mismatch"});
+}
+
+TEST_CASE("JSON and YAML load to the same program, with the same located errors") {
+  std::string yaml = "mesh: {tp: 2}\ntensors:\n  x: {shape: [4, 8], placement: {tp: S(1)}}\nops:\n  - {op: GELU, in: [x], out: y}\n";
+  std::string json = "{\"mesh\": {\"tp\": 2},\n \"tensors\": {\"x\": {\"shape\": [4, 8], \"placement\": {\"tp\": \"S(1)\"}}},\n"
+                     " \"ops\": [{\"op\": \"GELU\", \"in\": [\"x\"], \"out\": \"y\"}]}\n";
+  Program a = load_program_string(yaml, "a.yaml"), b = load_program_string(json, "b.json");
+  CHECK(print_program(a) == print_program(b));
+  CHECK(b.ops[0].loc.line == 3);
+  CHECK(b.ops[0].loc.col == 10);
+  Loc l;
+  CHECK(load_error("{\"mesh\": {\"tp\": 2},\n \"ops\": [{\"op\": \"Gelu\", \"in\": [\"x\"], \"out\": \"y\"}]}\n", &l).find("did you mean 'GELU'?") !=
+        std::string::npos);
+  CHECK(l.line == 2);
+  CHECK(l.col == 17);
+  // JSON escapes and flow YAML that is not JSON (plain keys) both load.
+  CHECK(load_program_string("{\"mesh\": {\"t\\u0070\": 2}, \"ops\": []}", "c.json").mesh[0].name == "tp");
+  CHECK(load_program_string("{mesh: {tp: 2}, ops: []}", "d.yaml").mesh.size() == 1);
+  // A JSON syntax error is reported by the YAML parser at its position.
+  CHECK(load_error("{\"mesh\": {\"tp\": 2},\n \"ops\": [}\n", &l).find("invalid YAML") != std::string::npos);
+  CHECK(l.line == 2);
+}
+
+TEST_CASE("keys in any order load the same program as the streaming order") {
+  std::string in_order = "mesh: {tp: 2}\nsizes: {B: 4}\ntensors:\n  x: {shape: [B, 8]}\nops:\n  - {op: GELU, in: [x], out: y}\noutputs:\n  y: {}\n";
+  std::string reordered = "ops:\n  - {op: GELU, in: [x], out: y}\noutputs:\n  y: {}\ntensors:\n  x: {shape: [B, 8]}\nmesh: {tp: 2}\nsizes: {B: 4}\n";
+  CHECK(print_program(load_program_string(in_order, "a.yaml")) == print_program(load_program_string(reordered, "b.yaml")));
+  // An error after streamed ops is reported as in the fixed order: the unknown top-level key first.
+  Loc l;
+  CHECK(load_error("mesh: {tp: 2}\nops:\n  - {op: Gelu, in: [x], out: y}\nopz: 1\n", &l).find("unknown key 'opz'") != std::string::npos);
+  CHECK(l.line == 4);
+  CHECK(load_error("mesh: {tp: 2}\nops:\n  - {op: GELU, in: [x], out: y}\n---\nmesh: {tp: 4}\n", &l).find("one YAML document") != std::string::npos);
+}
+
+TEST_CASE("modules, repeat and include expand to plain ops with per-instance names") {
+  std::string text =
+      "mesh: {tp: 2}\ntensors:\n  x: {shape: [4, 8]}\n  s: {shape: [8]}\nmodules:\n  m:\n    in: [a, k]\n    out: [b]\n"
+      "    tensors: {w: {shape: [8, 8]}}\n    ops:\n      - {op: MatMul, in: [a, w], out: t}\n      - {op: Multiply, in: [t, k], out: b}\n"
+      "ops:\n  - {repeat: 3, use: m, name: L, in: [x, s], out: [y]}\n  - {use: m, in: [y, s], out: [z]}\n";
+  Program p = load_program_string(text, "t.yaml");
+  REQUIRE(p.ops.size() == 8);
+  CHECK(p.name(p.ins(p.ops[0])[0]) == "x");
+  CHECK(p.name(p.ins(p.ops[0])[1]) == "L.0.w");
+  CHECK(p.name(p.outs(p.ops[1])[0]) == "L.0.b");
+  CHECK(p.name(p.ins(p.ops[2])[0]) == "L.0.b");      // layer 1 reads layer 0's output
+  CHECK(p.name(p.ins(p.ops[3])[1]) == "s");          // the shared input
+  CHECK(p.name(p.outs(p.ops[5])[0]) == "y");         // the last layer writes the actual output
+  CHECK(p.name(p.ins(p.ops[6])[1]) == "m.w");        // a single instance is named after its module
+  CHECK(p.ops[2].loc.line == 11);                    // positions inside the module
+  CHECK(p.tensors.size() == 2 + 4);
+  REQUIRE(p.instances.size() == 4);
+  CHECK(p.instances[1].label.find("layer 1 of 3") != std::string::npos);
+  CHECK(ids(text).empty());
+  // The printer writes the expanded program, which loads back to the same program.
+  CHECK(print_program(load_program_string(print_program(p), "r.yaml")) == print_program(p));
+  Loc l;
+  // A second unnamed instance of the same module, a module that uses itself, a missing parameter.
+  CHECK(load_error(text + "  - {use: m, in: [z, s], out: [z2]}\n", &l).find("give this one its own `name:`") != std::string::npos);
+  CHECK(load_error("mesh: {tp: 2}\nmodules:\n  m: {in: [a], out: [b], ops: [{use: m, in: [a], out: [b]}]}\ntensors: {x: {shape: [4]}}\n"
+                   "ops: [{use: m, in: [x], out: [y]}]\n")
+            .find("uses itself") != std::string::npos);
+  CHECK(load_error("mesh: {tp: 2}\nmodules:\n  m: {params: [F], in: [a], out: [b], ops: [{op: GELU, in: [a], out: b}]}\n"
+                   "tensors: {x: {shape: [4]}}\nops: [{use: m, in: [x], out: [y]}]\n")
+            .find("needs parameter `F`") != std::string::npos);
+}
+
+TEST_CASE("include takes another file's modules; errors inside it say where") {
+  auto dir = std::filesystem::temp_directory_path() / "spmd_include_test";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const char* name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return (dir / name).string();
+  };
+  write("lib.yaml", "modules:\n  g: {in: [a], out: [b], ops: [{op: GELU, in: [a], out: b}]}\n");
+  write("bad_lib.yaml", "modules:\n  g: {in: [a], out: [b], ops: [{op: Gelu, in: [a], out: b}]}\n");
+  std::string main = write("main.yaml", "mesh: {tp: 2}\ninclude: lib.yaml\ntensors: {x: {shape: [4]}}\nops: [{use: g, in: [x], out: [y]}]\n");
+  Program p = load_program_file(main);
+  REQUIRE(p.ops.size() == 1);
+  REQUIRE(p.instances.size() == 1);
+  CHECK(p.instances[0].file.find("lib.yaml") != std::string::npos);
+  std::string bad = write("bad.yaml", "mesh: {tp: 2}\ninclude: bad_lib.yaml\ntensors: {x: {shape: [4]}}\nops: [{use: g, in: [x], out: [y]}]\n");
+  try {
+    load_program_file(bad);
+    CHECK(false);
+  } catch (const LoadError& e) {
+    CHECK(e.loc.line == 4);  // the instance, in this file
+    CHECK(std::string(e.what()).find("bad_lib.yaml:2:37: unknown op 'Gelu'") != std::string::npos);
+  }
+}
+
+TEST_CASE("inputs that are not regular files, or too big, are located errors") {
+  for (const char* path : {"/dev/zero", "/dev/null", "/"}) {
+    try {
+      load_program_file(path);
+      CHECK(false);
+    } catch (const LoadError& e) {
+      CHECK(std::string(e.what()).find(path) != std::string::npos);
+    }
+  }
+  auto f = std::filesystem::temp_directory_path() / "spmd_big_input.txt";
+  std::ofstream(f) << std::string(2000, 'x');
+  CHECK_THROWS_AS(read_input_file(f.string(), 1000), LoadError);
+  CHECK(read_input_file(f.string(), 4000).size() == 2000);
 }

@@ -1,0 +1,156 @@
+// cli/check_file.cpp - load one input and run every check on it (shared by check, test, explain, report).
+#include "cli/check_file.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "autograd/autograd.h"
+#include "cli/render.h"
+#include "ir/loader.h"
+#include "temporal/temporal.h"
+
+namespace spmd {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// --p2p-model, when given (it overrides the file's `p2p_model`).
+std::optional<P2PModel> model_option(const Options& opt) {
+  if (opt.p2p_model.empty()) return std::nullopt;
+  return opt.p2p_model == "eager" ? P2PModel::Eager : P2PModel::Rendezvous;
+}
+
+// Validates a schedule; when it is valid, lowers it to per-rank programs and runs the temporal checks
+// (default model: eager, as PyTorch's runtime posts isend/irecv).
+void check_schedule(FileResult& r, const Options& opt, std::ostream* dot) {
+  const Schedule& s = *r.schedule;
+  r.diags = validate_schedule(s);
+  bool invalid = std::any_of(r.diags.begin(), r.diags.end(), [](const Diagnostic& d) { return d.id == CheckId::ScheduleInvalid; });
+  if (invalid) return;  // the simulation of an incomplete schedule would only repeat it
+  P2PModel model = model_option(opt).value_or(r.program.has_p2p_model ? r.program.p2p_model : P2PModel::Eager);
+  Program lowered = lower_schedule(s, model);
+  TemporalOptions to;
+  to.dot = dot;
+  to.p2p_model = model;
+  for (auto& d : check_temporal(lowered, to)) {
+    if (d.id == CheckId::Deadlock)
+      for (const auto& n : d.notes)
+        if (n.message.find("is blocked here") != std::string::npos) r.blocked.push_back(n.loc);
+    r.diags.push_back(std::move(d));
+  }
+}
+
+}  // namespace
+
+std::string display_name(const std::string& path) { return path == "-" ? "<stdin>" : path; }
+
+std::optional<std::string> input_text(const std::string& path, const Options& opt) {
+  if (path == "-") return opt.stdin_text ? *opt.stdin_text : std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+Program load_input(const std::string& path, const Options& opt) {
+  if (path == "-") return load_program_string(opt.stdin_text ? *opt.stdin_text : std::string(), display_name(path));
+  return load_program_file(path);
+}
+
+bool is_csv(const std::string& path) { return fs::path(path).extension() == ".csv"; }
+
+bool has_errors(const std::vector<Diagnostic>& d) {
+  return std::any_of(d.begin(), d.end(), [](const Diagnostic& x) { return x.severity == Severity::Error; });
+}
+
+// The schedule a file describes: a CSV file, or a program's `schedule:` (generated or a CSV next to it).
+Schedule schedule_of(const std::string& path, const Program& p) {
+  if (is_csv(path)) return load_schedule_csv(path);
+  const ScheduleSpec& sp = p.schedule;
+  if (!sp.kind.empty()) {
+    try {
+      return generate_schedule(sp.kind, static_cast<int>(sp.ranks), static_cast<int>(sp.microbatches), static_cast<int>(sp.virtual_stages));
+    } catch (const std::invalid_argument& e) {
+      throw LoadError(sp.kind_loc, e.what());
+    }
+  }
+  fs::path csv = fs::path(path).parent_path() / sp.csv;
+  Schedule s;
+  try {
+    s = load_schedule_csv(csv.string());
+  } catch (const LoadError& e) {
+    throw LoadError(sp.csv_loc, e.loc.line ? fmt::format("in {}:{}:{}: {}", csv.string(), e.loc.line, e.loc.col, e.what()) : e.what());
+  }
+  if (static_cast<std::int64_t>(s.rows.size()) != sp.ranks)
+    throw LoadError(sp.csv_loc, fmt::format("{} has {} rows (pipeline ranks), but mesh axis {} has size {}", sp.csv, s.rows.size(),
+                                            p.mesh[static_cast<std::size_t>(sp.axis)].name, sp.ranks));
+  return s;
+}
+
+// Loads and checks one file; `dot`, when set, receives the happens-before graph.
+FileResult check_file(const std::string& path, const Options& opt, std::ostream* dot, SpatialTypes* types) {
+  FileResult r;
+  r.file = path;
+  try {
+    if (!is_csv(path)) r.program = load_input(path, opt);
+    if (is_csv(path) || r.program.schedule.present) r.schedule = schedule_of(path, r.program);
+  } catch (const LoadError& e) {
+    r.load_failed = true;
+    r.load_error = e;
+    r.load_message = render_load_error(display_name(path), e);
+    return r;
+  }
+  if (r.schedule) {
+    check_schedule(r, opt, dot);
+    if (!is_csv(path)) {
+      // Positions inside a generated or referenced schedule are grid cells, not lines of this file.
+      Loc at = r.program.schedule.loc;
+      for (auto& d : r.diags) {
+        d.message += r.program.schedule.kind.empty() ? fmt::format(" [at {}:{}:{}]", r.program.schedule.csv, d.loc.line, d.loc.col)
+                                                     : fmt::format(" [schedule rank {}, step {}]", d.loc.line ? d.loc.line - 1 : 0, d.loc.col);
+        d.loc = at;
+        for (auto& n : d.notes) n.loc = at;
+      }
+    }
+    r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
+    return r;
+  }
+  SpatialOptions so;
+  so.z3_timeout_ms = opt.z3_timeout_ms;
+  SpatialTypes forward;  // kept for the training step, which does not check the forward again
+  bool training = r.program.train || r.program.has_backward || opt.backward;
+  so.types = types ? types : training ? &forward : nullptr;
+  r.diags = check_spatial(r.program, so);
+  bool forward_ok = !has_errors(r.diags);
+  TemporalOptions to;
+  to.dot = dot;
+  to.p2p_model = model_option(opt);
+  for (auto& d : check_temporal(r.program, to)) r.diags.push_back(std::move(d));
+  const Program& p = r.program;
+  if (training) {
+    try {
+      if (p.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
+      TrainingCheck t = check_training(p, {opt.z3_timeout_ms, so.types, forward_ok});
+      for (auto& d : t.diags) r.diags.push_back(std::move(d));
+      if (t.built)
+        for (auto& d : check_temporal(t.program))
+          if (d.op >= static_cast<int>(t.first_backward)) r.diags.push_back(std::move(d));
+    } catch (const LoadError& e) {
+      r.load_failed = true;
+      r.load_error = e;
+      r.load_message = render_load_error(display_name(path), e);
+      return r;
+    }
+  }
+  r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
+  annotate_instances(r.program, r.diags);
+  return r;
+}
+
+}  // namespace spmd

@@ -1,0 +1,172 @@
+// ir/loader_impl.h - the loader's internals, shared by its source files (not part of the ir/ interface).
+//
+// Loader turns nodes (ir/doc.h) into a Program in a fixed order: name, sizes, mesh, tensors, include and
+// modules (the prelude), then ops or programs, outputs, training and expect. ir/loader.cpp streams: it runs the
+// prelude as soon as the keys before `ops` are read and then loads each op as it is parsed.
+#pragma once
+#include <algorithm>
+#include <charconv>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "ir/doc.h"
+#include "ir/program.h"
+
+namespace spmd::load_detail {
+
+[[noreturn]] inline void fail(N n, const std::string& msg) { throw LoadError(n.loc(), msg); }
+[[noreturn]] inline void fail_at(Loc l, const std::string& msg) { throw LoadError(l, msg); }
+
+inline std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// "; did you mean 'x'?" for a near miss: a known synonym (inputs -> in) or a small edit distance.
+std::string suggestion(const std::string& word, const std::vector<std::string>& cands);
+
+inline std::string kind_of(N n) {
+  if (n.IsMap()) return "a mapping";
+  if (n.IsSequence()) return "a list";
+  if (n.IsNull()) return "nothing";
+  return "'" + n.Scalar() + "'";
+}
+
+// Iterates a mapping, rejecting duplicate and unknown keys. `fn(key, value)`.
+template <class Fn>
+void for_each_key(N map, const std::vector<std::string>& allowed, const std::string& where, Fn fn) {
+  std::string_view seen[32];  // a few keys: a linear scan; many (a big `tensors:`): a hash set
+  std::size_t n_seen = 0;
+  std::unordered_set<std::string_view> many;
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const N k = *it;
+    ++it;
+    const N v = *it;
+    if (!k.IsScalar()) fail(k, "a key in " + where + " must be a plain name");
+    std::string_view key = k.sv();
+    bool dup = many.empty() ? std::find(seen, seen + n_seen, key) != seen + n_seen : !many.insert(key).second;
+    if (dup) fail(k, "duplicate key '" + k.Scalar() + "' in " + where);
+    if (many.empty()) {
+      if (n_seen == 32) many.insert(seen, seen + n_seen), many.insert(key);
+      else seen[n_seen++] = key;
+    }
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      fail(k, "unknown key '" + k.Scalar() + "' in " + where + suggestion(k.Scalar(), allowed) + " (allowed: " + join(allowed) + ")");
+    fn(k, v);
+  }
+}
+
+inline bool parse_int(std::string_view s, std::int64_t& v) {
+  if (s.empty()) return false;
+  const char* b = s.data();
+  const char* e = s.data() + s.size();
+  if (*b == '+') ++b;
+  auto r = std::from_chars(b, e, v);
+  return r.ec == std::errc() && r.ptr == e;
+}
+
+inline bool parse_bool(std::string_view s, bool& v) {
+  if (s == "true" || s == "True" || s == "yes") return v = true, true;
+  if (s == "false" || s == "False" || s == "no") return v = false, true;
+  return false;
+}
+
+inline const std::vector<std::string> kTopKeys = {"name", "description", "mesh", "sizes", "tensors", "ops", "outputs",
+                                                 "expect", "programs", "schedule", "train", "backward", "p2p_model",
+                                                 "loss", "grad_sync", "modules", "include"};
+
+// A module: a named op list with formal inputs and outputs, parameters and per-instance tensors.
+struct Module {
+  std::string name;
+  N node, in, out, params, tensors, ops;
+  std::string file;        // empty: the program file; else the included file it came from
+  bool expanding = false;  // being expanded (a module that uses itself is an error)
+  std::size_t uses = 0;
+};
+
+// The names of one module instance: formals map to actuals, every other name gets the instance's prefix.
+struct Scope {
+  std::unordered_map<std::string, NameId> formals;
+  std::string prefix;  // "layers.37"
+  std::vector<std::pair<std::string, std::string>> params;  // $name -> text
+};
+
+class Loader {
+ public:
+  Loader(Program& p, std::string file);
+  // Loads the whole program from its root mapping (parts the prelude or streaming did are skipped).
+  void load(N root);
+  // Name, sizes, mesh, tensors, include and modules: what the ops depend on.
+  void prelude(N root);
+  // One item of an op list: an op, a module instance (`use:`) or a repeat.
+  void load_item(N item);
+  // One item of `programs:`.
+  void load_program_item(N item);
+
+ private:
+  // ---- sizes and expressions ----------------------------------------------------------------
+  ExprId parse_expr(N n, const std::string& what);
+  std::int64_t size_int(N n, const std::string& what);
+  void load_sizes(N n);
+  ExprId load_symbolic(const std::string& name, N v);
+  void load_mesh(N n);
+  // ---- placements ---------------------------------------------------------------------------
+  int axis_index(N k, const std::string& what = "placement");
+  Placement one_placement(N v);
+  // A placement map {axis: P} or a list in mesh order. `rank` < 0: S(d) range checked later.
+  Placements load_placements(N n, int rank, const std::string& what);
+  std::vector<ExprId> load_shape(N n, const std::string& what, std::vector<Loc>* locs);
+  // ---- tensors ------------------------------------------------------------------------------
+  void load_tensors(N n);
+  DType load_dtype(N d);
+  bool load_bool(N b, const std::string& what);
+  // ---- ops ----------------------------------------------------------------------------------
+  std::vector<NameId> load_names(N n, const std::string& what, bool allow_scalar);
+  // The same for an op's `in`/`out` (a name or a list): into `out`, the message built only on an error.
+  void load_names_into(N n, const char* key, const std::string& where, std::vector<NameId>& out);
+  // Message parts per op kind, built once: its name, "attribute `x` of Op".
+  const std::string& info_name(OpKind k);
+  const std::string& attr_what(OpKind k, const AttrSpec& spec, const std::string& where);
+  void load_ops(N n);
+  // schedule: {kind: 1F1B, axis: pp, microbatches: 8, virtual_stages: 2} or {csv: file.csv, axis: pp}
+  void load_schedule(N n);
+  void load_programs(N n);
+  // A coordinate map {axis: int}: axes must exist, coordinates must be in range.
+  std::vector<std::pair<int, std::int64_t>> load_coords(N v, const std::string& what);
+  void load_op(N item);
+  std::int64_t attr_int(N v, const std::string& what, std::int64_t lo, std::int64_t hi);
+  void load_attr(Op& op, const AttrSpec& spec, N v, const std::string& where);
+  // A tensor or handle name as written: renamed inside a module instance.
+  NameId name_id(std::string_view written);
+  // ---- training: loss, train, backward, grad_sync ---------------------------------------------
+  void load_training(N root);
+  static N find_key(N map, const std::string& key);
+  // ---- outputs and expectations -------------------------------------------------------------
+  void load_outputs(N n);
+  void load_expect(N n);
+  // ---- modules, instances, repeat, include (ir/loader_modules.cpp) -------------------------
+  void load_includes(N n, std::vector<std::string>& stack);
+  void load_modules(N n, const std::string& file);
+  void load_instance(N item);
+  void instantiate(Module& m, N item, const std::string& prefix, const std::vector<NameId>& ins,
+                   const std::vector<NameId>& outs, const std::vector<std::pair<std::string, std::string>>& params,
+                   const std::string& label);
+
+  Program& p_;
+  std::string file_;
+  std::vector<Op>* target_ = &p_.ops;  // where load_op appends
+  bool prelude_done_ = false;
+  std::unordered_map<std::string, Module> modules_;
+  std::vector<std::unique_ptr<Doc>> docs_;  // included files and parameter-substituted module bodies
+  std::vector<std::string> include_stack_;
+  std::vector<Scope> scopes_;
+  std::unordered_set<std::string> prefixes_;
+  std::unordered_map<std::uint32_t, std::string> labels_;  // info_name / attr_what
+  std::vector<NameId> ins_, outs_;                         // load_op's scratch
+};
+
+}  // namespace spmd::load_detail

@@ -1,0 +1,327 @@
+// ir/loader_ops.cpp - ops, attributes, schedules and per-rank programs.
+#include "ir/loader_impl.h"
+
+#include <cmath>
+
+namespace spmd::load_detail {
+
+void Loader::load_names_into(N n, const char* key, const std::string& where, std::vector<NameId>& out) {
+  out.clear();
+  if (!n.IsDefined() || n.IsNull()) return;
+  if (n.IsScalar()) {
+    if (n.sv().empty()) fail(n, key + where + " must name a tensor");
+    out.push_back(name_id(n.sv()));
+    return;
+  }
+  if (!n.IsSequence()) fail(n, key + where + " must be a list of tensor names");
+  for (const auto& x : n) {
+    if (!x.IsScalar() || x.sv().empty()) fail(x, key + where + " must hold tensor names, got " + kind_of(x));
+    out.push_back(name_id(x.sv()));
+  }
+}
+
+const std::string& Loader::info_name(OpKind k) {
+  auto& s = labels_[static_cast<std::uint32_t>(k) << 8];
+  if (s.empty()) s = std::string(op_info(k).name);
+  return s;
+}
+
+const std::string& Loader::attr_what(OpKind k, const AttrSpec& spec, const std::string& where) {
+  auto& s = labels_[static_cast<std::uint32_t>(k) << 8 | static_cast<std::uint32_t>(&spec - op_info(k).attrs.data() + 1)];
+  if (s.empty()) s = "attribute `" + spec.name + "` of " + where;
+  return s;
+}
+
+std::vector<NameId> Loader::load_names(N n, const std::string& what, bool allow_scalar) {
+  std::vector<NameId> out;
+  if (!n.IsDefined() || n.IsNull()) return out;
+  if (n.IsScalar() && allow_scalar) {
+    if (n.sv().empty()) fail(n, what + " must name a tensor");
+    out.push_back(name_id(n.sv()));
+    return out;
+  }
+  if (!n.IsSequence()) fail(n, what + " must be a list of tensor names");
+  for (const auto& x : n) {
+    if (!x.IsScalar() || x.sv().empty()) fail(x, what + " must hold tensor names, got " + kind_of(x));
+    out.push_back(name_id(x.sv()));
+  }
+  return out;
+}
+
+void Loader::load_ops(N n) {
+  if (n.IsNull()) return;
+  if (!n.IsSequence()) fail(n, "`ops` must be a list of ops like {op: MatMul, in: [x, w], out: y}");
+  if (n.size() > kMaxOps) fail(n, "the program has " + std::to_string(n.size()) + " ops; the limit is 10,000,000");
+  if (target_->empty()) target_->reserve(n.size());
+  for (const auto& item : n) load_item(item);
+}
+
+void Loader::load_item(N item) {
+  if (target_->size() >= kMaxOps) fail(item, "the program has more than 10,000,000 ops (the limit)");
+  if (item.IsMap() && !item.key_node("op").IsDefined() && (item.key_node("use").IsDefined() || item.key_node("repeat").IsDefined()))
+    return load_instance(item);
+  load_op(item);
+}
+
+// schedule: {kind: 1F1B, axis: pp, microbatches: 8, virtual_stages: 2} or {csv: file.csv, axis: pp}
+void Loader::load_schedule(N n) {
+  if (!n.IsMap()) fail(n, "`schedule` must be a mapping, e.g. {kind: 1F1B, axis: pp, microbatches: 8} or {csv: schedule.csv}");
+  ScheduleSpec& sp = p_.schedule;
+  sp.present = true;
+  sp.loc = n.loc();
+  for_each_key(n, {"kind", "axis", "microbatches", "virtual_stages", "csv"}, "`schedule`", [](N, N) {});
+  auto kind = n["kind"], csv = n["csv"];
+  if (kind.IsDefined() == csv.IsDefined()) fail(n, "`schedule` needs exactly one of `kind` (a generator) and `csv` (a PyTorch pipelining CSV file)");
+  std::string axis = "pp";
+  if (auto a = n["axis"]; a.IsDefined()) {
+    if (!a.IsScalar()) fail(a, "`axis` of `schedule` must be a mesh axis name");
+    axis = a.Scalar();
+  }
+  int ax = -1;
+  for (std::size_t i = 0; i < p_.mesh.size(); ++i)
+    if (p_.mesh[i].name == axis) ax = static_cast<int>(i);
+  if (ax < 0) fail(n["axis"].IsDefined() ? n["axis"] : n, "the schedule's axis '" + axis + "' is not a mesh axis" + suggestion(axis, p_.axis_names()));
+  if (!p_.exprs.is_const(p_.mesh[static_cast<std::size_t>(ax)].size))
+    fail_at(p_.mesh[static_cast<std::size_t>(ax)].loc, "the pipeline axis " + axis + " needs a concrete size");
+  sp.axis = ax;
+  sp.ranks = p_.exprs.value(p_.mesh[static_cast<std::size_t>(ax)].size);
+  if (kind.IsDefined()) {
+    if (!kind.IsScalar()) fail(kind, "`kind` must be GPipe, 1F1B, Interleaved1F1B or ZBH1");
+    static const std::vector<std::string> kinds = {"GPipe", "1F1B", "Interleaved1F1B", "ZBH1", "ZeroBubble", "ZB-H1"};
+    if (std::find(kinds.begin(), kinds.end(), kind.Scalar()) == kinds.end())
+      fail(kind, "unknown schedule kind '" + kind.Scalar() + "'" + suggestion(kind.Scalar(), kinds) + " (kinds: GPipe, 1F1B, Interleaved1F1B, ZBH1)");
+    sp.kind = kind.Scalar();
+    auto m = n["microbatches"];
+    if (!m.IsDefined()) fail(n, "a generated schedule needs `microbatches`");
+    sp.microbatches = attr_int(m, "`microbatches`", 1, 1 << 20);
+    if (auto v = n["virtual_stages"]; v.IsDefined()) sp.virtual_stages = attr_int(v, "`virtual_stages`", 1, 64);
+    sp.kind_loc = kind.loc();
+  } else {
+    if (!csv.IsScalar() || csv.Scalar().empty()) fail(csv, "`csv` must be a file name (relative to this file)");
+    sp.csv = csv.Scalar();
+    sp.csv_loc = csv.loc();
+    for (const char* k : {"microbatches", "virtual_stages"})
+      if (n[k].IsDefined()) fail(n[k], std::string("`") + k + "` comes from the CSV file; remove it");
+  }
+}
+
+void Loader::load_programs(N n) {
+  if (!n.IsSequence() || n.size() == 0) fail(n, "`programs` must be a non-empty list of {ranks: {axis: coordinate}, ops: [...]}");
+  for (const auto& item : n) load_program_item(item);
+}
+
+void Loader::load_program_item(N item) {
+  p_.per_rank = true;
+  {
+    if (!item.IsMap()) fail(item, "a program must be a mapping {ranks: {pp: 0}, ops: [...]}");
+    for_each_key(item, {"ranks", "ops"}, "a program", [](N, N) {});
+    RankProgram rp;
+    rp.loc = item.loc();
+    auto ranks = item["ranks"];
+    if (!ranks.IsDefined()) fail(item, "a program needs `ranks: {axis: coordinate}` (the ranks that run it)");
+    rp.selector = load_coords(ranks, "`ranks`");
+    auto ops = item["ops"];
+    if (!ops.IsDefined()) fail(item, "a program needs `ops`");
+    rp.first_op = static_cast<std::uint32_t>(p_.ops.size());
+    load_ops(ops);
+    rp.n_ops = static_cast<std::uint32_t>(p_.ops.size()) - rp.first_op;
+    p_.programs.push_back(std::move(rp));
+  }
+}
+
+// A coordinate map {axis: int}: axes must exist, coordinates must be in range.
+std::vector<std::pair<int, std::int64_t>> Loader::load_coords(N v, const std::string& what) {
+  if (!v.IsMap()) fail(v, what + " must be a mapping of mesh coordinates, e.g. {pp: 1}");
+  std::vector<std::pair<int, std::int64_t>> c;
+  for_each_key(v, {}, what, [&](N k, N x) {
+    int axis = axis_index(k, what);
+    std::int64_t hi = (1 << 20) - 1;
+    ExprId size = p_.mesh[static_cast<std::size_t>(axis)].size;
+    if (p_.exprs.is_const(size)) hi = p_.exprs.value(size) - 1;
+    c.emplace_back(axis, attr_int(x, "coordinate of axis " + k.Scalar() + " in " + what, 0, hi));
+  });
+  return c;
+}
+
+void Loader::load_op(N item) {
+  if (!item.IsMap()) fail(item, "an op must be a mapping like {op: MatMul, in: [x, w], out: y}, got " + kind_of(item));
+  auto opn = item["op"];
+  if (!opn.IsDefined()) fail(item, "an op needs `op: <name>`");
+  if (!opn.IsScalar()) fail(opn, "`op` must be an op name");
+  auto kind = op_by_name(opn.sv());
+  if (!kind) {
+    std::vector<std::string> names;
+    for (const auto& i : all_ops()) names.emplace_back(i.name);
+    fail(opn, "unknown op '" + opn.Scalar() + "'" + suggestion(opn.Scalar(), names) + " (`spmdcheck ops` lists them)");
+  }
+  const OpInfo& info = op_info(*kind);
+  if (info.category == OpCategory::later)
+    fail(opn, std::string(info.name) + " is not supported yet (" + std::string(info.meaning) +
+                  "); its placement rules arrive in a later version, and it is never passed unchecked");
+  Op op;
+  op.kind = *kind;
+  op.loc = item.loc();
+  const std::string& where = info_name(*kind);
+  std::uint64_t given = 0;  // bit i: attribute i of the op table's list
+  for_each_key(item, {}, where, [&](N k, N v) {
+    std::string_view kv = k.sv();
+    if (kv == "op" || kv == "in" || kv == "out") return;
+    const std::string key(kv);
+    const AttrSpec* spec = info.find_attr(key);
+    if (!spec) {
+      std::vector<std::string> allowed = {"op", "in", "out"};
+      for (const auto& a : info.attrs) allowed.push_back(a.name);
+      std::vector<std::string> attrs;
+      for (const auto& a : info.attrs) attrs.push_back(a.name);
+      fail(k, "unknown attribute '" + key + "' for " + where + suggestion(key, allowed) + " (" + where + " takes: " +
+                  join(attrs) + ")");
+    }
+    given |= std::uint64_t{1} << (spec - info.attrs.data());
+    if (v.IsNull()) fail(k, "attribute `" + key + "` of " + where + " has no value (" + attr_type_name(*spec) + ")");
+    load_attr(op, *spec, v, where);
+  });
+  for (const auto& a : info.attrs)
+    if (a.required && !(given >> (&a - info.attrs.data()) & 1))
+      fail(item, where + " needs attribute `" + a.name + "` (" + attr_type_name(a) + ")");
+  std::vector<NameId>& ins = ins_;
+  std::vector<NameId>& outs = outs_;
+  load_names_into(item["in"], "`in` of ", where, ins);
+  load_names_into(item["out"], "`out` of ", where, outs);
+  auto count = [&](std::size_t got, int lo, int hi, const char* what, const char* key) {
+    if (got < static_cast<std::size_t>(lo) || got > static_cast<std::size_t>(hi)) {
+      std::string want = lo == hi ? std::to_string(lo) : std::to_string(lo) + " to " + std::to_string(hi);
+      auto at = item[key].IsDefined() ? item[key] : item;
+      fail(at, where + " takes " + want + " " + what + (hi == 1 && lo == 1 ? "" : "s") + " (" + std::string(info.operands) +
+                   "), got " + std::to_string(got));
+    }
+  };
+  count(ins.size(), info.min_in, info.max_in, "input", "in");
+  count(outs.size(), info.min_out, info.max_out, "output", "out");
+  for (std::size_t i = 0; i < outs.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (outs[i] == outs[j]) fail(item["out"], where + " writes '" + p_.name(outs[i]) + "' twice");
+  p_.add_op(*target_, op, ins, outs);
+}
+
+std::int64_t Loader::attr_int(N v, const std::string& what, std::int64_t lo, std::int64_t hi) {
+  std::int64_t x = 0;
+  if (!v.IsScalar() || !parse_int(v.Scalar(), x)) fail(v, what + " must be an integer, got " + kind_of(v));
+  if (x < lo || x > hi) fail(v, what + " must be between " + std::to_string(lo) + " and " + std::to_string(hi) + ", got " + std::to_string(x));
+  return x;
+}
+
+void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& where) {
+  const std::string& what = attr_what(op.kind, spec, where);
+  OpAttrs& a = op.attrs;
+  const std::string& n = spec.name;
+  switch (spec.type) {
+    case AttrType::Axes: {
+      std::vector<N> items;
+      if (v.IsScalar()) items.push_back(v);
+      else if (v.IsSequence() && v.size() > 0) for (const auto& x : v) items.push_back(x);
+      else fail(v, what + " must be a mesh axis name or a list of them");
+      for (const auto& x : items) {
+        if (!x.IsScalar()) fail(x, what + " must name mesh axes");
+        int idx = -1;
+        for (std::size_t i = 0; i < p_.mesh.size(); ++i)
+          if (p_.mesh[i].name == x.Scalar()) idx = static_cast<int>(i);
+        if (idx < 0) {  // the contract makes this an illegal-collective finding, reported by the checks
+          if (a.bad_axis == kNoIndex) {
+            a.bad_axis = static_cast<std::uint32_t>(p_.bad_axes.size());
+            p_.bad_axes.push_back({x.Scalar(), x.loc()});
+          }
+          continue;
+        }
+        if (a.axes & (1u << idx)) fail(x, what + " names axis '" + x.Scalar() + "' twice");
+        a.axes |= 1u << idx;
+      }
+      return;
+    }
+    case AttrType::Int:
+      if (n == "src" || n == "dst") a.rank = static_cast<std::int32_t>(attr_int(v, what, 0, 1 << 20));
+      else if (n == "k") a.k = static_cast<std::int32_t>(attr_int(v, what, 1, 1 << 20));
+      else if (n == "concat_dim") a.dim2 = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
+      else a.dim = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
+      return;
+    case AttrType::Ints: {
+      std::vector<int> list;
+      if (v.IsScalar()) list.push_back(static_cast<int>(attr_int(v, what, -kMaxRank, kMaxRank - 1)));
+      else if (v.IsSequence() && v.size() > 0 && v.size() <= static_cast<std::size_t>(kMaxRank))
+        for (const auto& x : v) list.push_back(static_cast<int>(attr_int(x, what, -kMaxRank, kMaxRank - 1)));
+      else fail(v, what + " must be a dim or a non-empty list of at most 8 dims");
+      a.dims = static_cast<std::uint32_t>(p_.int_lists.size());
+      p_.int_lists.push_back(std::move(list));
+      return;
+    }
+    case AttrType::Number: {
+      if (!v.IsScalar()) fail(v, what + " must be a number");
+      const std::string& s = v.Scalar();
+      char* end = nullptr;
+      double d = std::strtod(s.c_str(), &end);
+      if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(d)) fail(v, what + " must be a finite number, got " + kind_of(v));
+      if (n == "p" && (d < 0 || d >= 1)) fail(v, what + " must be in [0, 1)");
+      a.number = d;
+      a.has_number = true;
+      return;
+    }
+    case AttrType::Bool: {
+      bool b = load_bool(v, what);
+      if (n == "keepdim") a.keepdim = b;
+      else if (n == "causal") a.causal = b;
+      else if (n == "vocab_parallel") a.vocab_parallel = b;
+      return;
+    }
+    case AttrType::Placement: {
+      Placement pl = one_placement(v);
+      if (n == "to") a.to = pl, a.has_to = true;
+      else a.from = pl, a.has_from = true;
+      return;
+    }
+    case AttrType::Placements:
+      a.placements = static_cast<std::uint32_t>(p_.placement_maps.size());
+      p_.placement_maps.push_back(load_placements(v, -1, where));
+      return;
+    case AttrType::Reduce: {
+      auto r = v.IsScalar() ? parse_reduce(v.Scalar()) : std::nullopt;
+      if (!r) fail(v, what + " must be sum, avg, max or min, got " + kind_of(v));
+      a.rop = *r;
+      return;
+    }
+    case AttrType::DType:
+      a.dtype = load_dtype(v);
+      a.has_dtype = true;
+      return;
+    case AttrType::Shape:
+      a.shape = static_cast<std::uint32_t>(p_.shapes.size());
+      p_.shapes.push_back(load_shape(v, "`" + n + "` of " + where, nullptr));
+      return;
+    case AttrType::Name:
+      if (!v.IsScalar() || v.Scalar().empty()) fail(v, what + " must be a name");
+      (n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : n == "for" || n == "event" ? a.sync : a.stream) =
+          n == "stream" || n == "label" || n == "for" ? p_.intern(v.Scalar()) : name_id(v.sv());
+      return;
+    case AttrType::Names:
+      a.handles = static_cast<std::uint32_t>(p_.name_lists.size());
+      p_.name_lists.push_back(load_names(v, what, false));
+      if (p_.name_lists.back().empty()) fail(v, what + " must list at least one name");
+      return;
+    case AttrType::Coords:
+      a.coords = static_cast<std::uint32_t>(p_.coords.size());
+      p_.coords.push_back(load_coords(v, what));
+      return;
+    case AttrType::Enum: {
+      if (!v.IsScalar() || std::find(spec.choices.begin(), spec.choices.end(), v.Scalar()) == spec.choices.end())
+        fail(v, what + " must be one of " + attr_type_name(spec) + ", got " + kind_of(v) +
+                    (v.IsScalar() ? suggestion(v.Scalar(), spec.choices) : ""));
+      const std::string& s = v.Scalar();
+      if (n == "dst") a.dst_invariant = s == "I";
+      else if (n == "rng") a.rng_per_rank = s == "per_rank";
+      else if (n == "reduction") a.reduction = s == "sum" ? Reduction::Sum : s == "none" ? Reduction::None : Reduction::Mean;
+      else if (n == "layout") a.layout = s == "bshd" ? AttnLayout::BSHD : s == "sbhd" ? AttnLayout::SBHD : AttnLayout::BHSD;
+      else a.choice = static_cast<std::uint8_t>(std::find(spec.choices.begin(), spec.choices.end(), s) - spec.choices.begin());
+      return;
+    }
+  }
+}
+
+}  // namespace spmd::load_detail
