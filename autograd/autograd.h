@@ -13,11 +13,17 @@
 
 #include "ir/diagnostic.h"
 #include "ir/program.h"
+#include "spatial/spatial.h"
 
 namespace spmd {
 
 struct TrainingOptions {
   unsigned z3_timeout_ms = 10000;
+  // The forward's types, when the caller has checked the forward already (check_spatial with
+  // SpatialOptions::types), and whether that check found errors; null: the forward is checked here.
+  // The forward is never checked again: the training step's check takes its types as they are.
+  const SpatialTypes* forward_types = nullptr;
+  bool forward_ok = true;
 };
 
 struct TrainingCheck {

@@ -40,19 +40,26 @@ class TrainingChecker {
   TrainingCheck run() {
     TrainingCheck r;
     if (p_.loss < 0) return r;
-    SpatialTypes ft;
+    // The forward's types: the caller's check of the forward when given, else one here. The forward is
+    // not checked again below (the step's check takes them as the types of its first ops).
+    SpatialTypes own;
     SpatialOptions so;
     so.z3_timeout_ms = o_.z3_timeout_ms;
-    so.types = &ft;
-    for (const auto& d : check_spatial(p_, so))
-      if (d.severity == Severity::Error) return r;
+    if (!o_.forward_types) {
+      so.types = &own;
+      for (const auto& d : check_spatial(p_, so))
+        if (d.severity == Severity::Error) return r;
+    } else if (!o_.forward_ok) {
+      return r;
+    }
+    const SpatialTypes& ft = o_.forward_types ? *o_.forward_types : own;
     hand_ = p_.has_backward;
     Derived derived;
     if (hand_) {
       r.program = p_;
       r.program.exprs = ft.exprs;
     } else {
-      derived = derive_backward(p_, ft);
+      derived = derive_backward(p_, ft, true);
       r.program = std::move(derived.program);
       forward_op_ = std::move(derived.forward_op);
     }
@@ -66,13 +73,13 @@ class TrainingChecker {
     seed.dtype = lt.dtype;
     for (int a = 0; a < t.axis_count(); ++a) seed.placement[static_cast<std::size_t>(a)] = dual(lt.pl[static_cast<std::size_t>(a)]);
     t.tensors.push_back(std::move(seed));
-    first_bwd_ = t.ops.size();
-    std::vector<Op> bwd = std::move(t.backward), sync = std::move(t.grad_sync);
-    t.ops.insert(t.ops.end(), bwd.begin(), bwd.end());
+    first_bwd_ = p_.ops.size();  // a derived backward is appended to the ops already, a hand-written one here
+    t.ops.reserve(t.ops.size() + t.backward.size() + t.grad_sync.size());
+    t.ops.insert(t.ops.end(), t.backward.begin(), t.backward.end());
     first_relabel_ = t.ops.size();
     relabel_mean_loss(t, lt);
     first_sync_ = t.ops.size();
-    t.ops.insert(t.ops.end(), sync.begin(), sync.end());
+    t.ops.insert(t.ops.end(), t.grad_sync.begin(), t.grad_sync.end());
     t.backward.clear();
     t.grad_sync.clear();
     t.has_backward = t.has_grad_sync = t.train = false;
@@ -82,6 +89,8 @@ class TrainingChecker {
     r.built = true;
 
     so.types = &tt_;
+    so.prefix = &ft;
+    so.prefix_ops = first_bwd_;
     std::vector<Diagnostic> spatial = check_spatial(t, so);
     index(t);
     if (hand_) match_duals(t, ft, r.diags);

@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
+#include <utility>
 
 namespace spmd {
 
@@ -42,9 +42,16 @@ struct Step {
 
 class Deriver {
  public:
-  Deriver(const Program& f, const SpatialTypes& ty) : f_(f), ty_(ty) {
+  Deriver(const Program& f, const SpatialTypes& ty, bool append_to_ops) : f_(f), ty_(ty) {
     Program& p = d_.program;
     p = f;
+    list_ = append_to_ops ? &p.ops : &p.backward;
+    // A VJP emits a few ops per forward op (about 3.3 on a transformer): room for them once.
+    list_->reserve(list_->size() + 4 * f.ops.size());
+    p.operands.reserve(p.operands.size() + 10 * f.ops.size());
+    p.names.reserve(p.names.size() + 3 * f.ops.size());
+    p.name_ids.reserve(p.names.size() + 3 * f.ops.size());
+    d_.forward_op.reserve(4 * f.ops.size());
     p.exprs = ty.exprs;
     p.backward.clear();
     p.has_backward = true;
@@ -60,7 +67,7 @@ class Deriver {
     std::int64_t lv = cur_[static_cast<std::size_t>(f_.loss)];
     if (lv < 0 || !needs_[static_cast<std::size_t>(lv)]) return std::move(d_);
     grad_[static_cast<std::size_t>(lv)] = P().intern(f_.name(f_.loss) + ".grad");
-    used_.insert(grad_[static_cast<std::size_t>(lv)]);
+    claim(grad_[static_cast<std::size_t>(lv)]);
     for (std::size_t i = f_.ops.size(); i-- > 0;) {
       op_ = &f_.ops[i];
       op_idx_ = static_cast<int>(i);
@@ -90,7 +97,7 @@ class Deriver {
       cur_[static_cast<std::size_t>(f_.tensors[t].name)] = static_cast<std::int64_t>(t);
       ver_name_[t] = f_.tensors[t].name;
       needs_[t] = floating(ty_.decls[t].dtype);
-      used_.insert(f_.tensors[t].name);
+      claim(f_.tensors[t].name);
     }
     for (std::size_t i = 0; i < f_.ops.size(); ++i) {
       const Op& op = f_.ops[i];
@@ -101,7 +108,7 @@ class Deriver {
         if (v < 0) throw std::logic_error("autograd: undefined input in a checked forward");
         in_ver_[op.first + k] = static_cast<std::uint32_t>(v);
         any |= needs_[static_cast<std::size_t>(v)] != 0;
-        used_.insert(ins[k]);
+        claim(ins[k]);
       }
       auto outs = f_.outs(op);
       for (std::size_t k = 0; k < outs.size(); ++k) {
@@ -109,7 +116,7 @@ class Deriver {
         cur_[static_cast<std::size_t>(outs[k])] = static_cast<std::int64_t>(v);
         ver_name_[v] = outs[k];
         needs_[v] = any && floating(ty_.outs[v - nd].dtype);
-        used_.insert(outs[k]);
+        claim(outs[k]);
       }
     }
   }
@@ -146,14 +153,23 @@ class Deriver {
   Placements dy_pl(int k = 0) const { return dual_pl(tout(k)); }
 
   // ---- names and emission ---------------------------------------------------------------------
+  // A name no forward value and no earlier derived value has: `base`, else `base.1`, `base.2`, ...
+  // Flags and counters are indexed by NameId (no hashing beyond interning the name itself).
   NameId fresh(const std::string& base) {
-    std::string s = base;
-    int& n = suffix_[base];
+    NameId id = P().intern(base);
+    if (claim(id)) return id;
+    if (suffix_.size() <= static_cast<std::size_t>(id)) suffix_.resize(static_cast<std::size_t>(id) + 1, 0);
     for (;;) {
-      NameId id = P().intern(s);
-      if (used_.insert(id).second) return id;
-      s = base + "." + std::to_string(++n);
+      int n = ++suffix_[static_cast<std::size_t>(id)];
+      NameId k = P().intern(base + "." + std::to_string(n));
+      if (claim(k)) return k;
     }
+  }
+  // Marks a name as taken; false if it was already.
+  bool claim(NameId id) {
+    auto i = static_cast<std::size_t>(id);
+    if (used_.size() <= i) used_.resize(std::max(i + 1, used_.size() * 2), 0);
+    return !std::exchange(used_[i], 1);
   }
   // A backward op runs where its forward op ran (as PyTorch's autograd runs a backward on its forward's stream).
   Op make(OpKind k) const {
@@ -165,7 +181,7 @@ class Deriver {
   }
   NameId emit(Op o, std::initializer_list<NameId> ins, NameId out) {
     NameId outs[1] = {out};
-    P().add_op(P().backward, o, std::span<const NameId>(ins.begin(), ins.size()), std::span<const NameId>(outs, out >= 0 ? 1 : 0));
+    P().add_op(*list_, o, std::span<const NameId>(ins.begin(), ins.size()), std::span<const NameId>(outs, out >= 0 ? 1 : 0));
     d_.forward_op.push_back(op_idx_);
     return out;
   }
@@ -942,19 +958,22 @@ class Deriver {
   const Program& f_;
   const SpatialTypes& ty_;
   Derived d_;
+  std::vector<Op>* list_ = nullptr;  // where the backward goes: Program::backward, or after the forward in Program::ops
   std::vector<std::int64_t> cur_;
   std::vector<std::uint32_t> in_ver_;
   std::vector<char> needs_;
   std::vector<NameId> grad_;
   std::vector<NameId> ver_name_;
-  std::unordered_set<NameId> used_;
-  std::unordered_map<std::string, int> suffix_;
+  std::vector<char> used_;   // per NameId: taken (a forward name or a derived one)
+  std::vector<int> suffix_;  // per NameId of a base: the last numeric suffix tried
   const Op* op_ = nullptr;
   int op_idx_ = -1;
 };
 
 }  // namespace
 
-Derived derive_backward(const Program& forward, const SpatialTypes& types) { return Deriver(forward, types).run(); }
+Derived derive_backward(const Program& forward, const SpatialTypes& types, bool append_to_ops) {
+  return Deriver(forward, types, append_to_ops).run();
+}
 
 }  // namespace spmd

@@ -23,7 +23,9 @@ struct Derived {
 Placement dual(Placement p);
 
 // `types` are the forward's types from check_spatial (the forward must be free of errors). Throws
-// LoadError at an op that has no VJP (a gradient op in a forward program).
-Derived derive_backward(const Program& forward, const SpatialTypes& types);
+// LoadError at an op that has no VJP (a gradient op in a forward program). With `append_to_ops`, the
+// backward's ops go straight after the forward's in `program.ops` (the training step, with no copy of
+// the backward) and `program.backward` stays empty.
+Derived derive_backward(const Program& forward, const SpatialTypes& types, bool append_to_ops = false);
 
 }  // namespace spmd

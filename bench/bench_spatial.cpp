@@ -10,6 +10,13 @@
 //        spmd_bench --schedule STAGES MICROBATCHES VIRTUAL (generate, validate, lower and check an interleaved 1F1B)
 //        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
 //        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
+//        spmd_bench --training-yaml OPS > f.yaml (the training program as YAML: `spmdcheck check f.yaml` end to end)
+//        spmd_bench --ranks-local [RANKS...] (spatial and temporal check of per-rank programs with rank-local names)
+//        spmd_bench --ranks-local-yaml RANKS > f.yaml (the same program as YAML)
+//        spmd_bench --phases FILE [--backward] (time each phase of `spmdcheck check FILE`: load, spatial, temporal, training)
+//        spmd_bench --symbolic [LAYERS...] (spatial check of layers with their own symbolic sizes: Z3 obligations)
+//        spmd_bench --symbolic-z3 [LAYERS...] (the same with one obligation per layer that only Z3 proves)
+//        spmd_bench --symbolic-yaml LAYERS [wrong] > f.yaml (the same program as YAML; `wrong`: one layer fails)
 //        spmd_bench --ranks RANKS LAYERS COLLECTIVE [--yaml|--temporal-only] (per-rank programs with rank-local names: spatial and
 //                   temporal check times in memory, or the program as YAML to time `spmdcheck check`)
 // For each target op count it builds a dp x tp transformer program in memory, runs check_spatial
@@ -17,6 +24,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -112,6 +120,92 @@ int main(int argc, char** argv) {
                 ms(t2, t3), peak_rss_mib());
     return 0;
   }
+  if (argc == 3 && std::string(argv[1]) == "--training-yaml") {
+    spmd::bench::GenOptions g;
+    g.layers = static_cast<int>(std::max(1L, std::atol(argv[2]) / 22));
+    std::fputs(spmd::print_program(spmd::bench::make_training(g)).c_str(), stdout);
+    return 0;
+  }
+  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--symbolic-yaml") {
+    std::fputs(spmd::print_program(spmd::bench::make_symbolic(std::atoi(argv[2]), argc == 4)).c_str(), stdout);
+    return 0;
+  }
+  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--phases") {
+    using clock = std::chrono::steady_clock;
+    auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+    auto t0 = clock::now();
+    spmd::Program p = spmd::load_program_file(argv[2]);
+    auto t1 = clock::now();
+    std::printf("load %.1f ms (%zu ops), RSS %ld MiB\n", ms(t0, t1), p.ops.size(), peak_rss_mib());
+    bool training = p.train || p.has_backward || argc == 4;
+    spmd::SpatialTypes types;
+    spmd::SpatialOptions so;
+    if (training) so.types = &types;
+    auto sd = spmd::check_spatial(p, so);
+    auto t2 = clock::now();
+    auto td = spmd::check_temporal(p);
+    auto t3 = clock::now();
+    std::printf("spatial %.1f ms, temporal %.1f ms, RSS %ld MiB (%zu findings)\n", ms(t1, t2), ms(t2, t3), peak_rss_mib(), sd.size() + td.size());
+    if (training) {
+      spmd::TrainingOptions to;
+      to.forward_types = &types;
+      to.forward_ok = std::none_of(sd.begin(), sd.end(), [](const spmd::Diagnostic& d) { return d.severity == spmd::Severity::Error; });
+      spmd::TrainingCheck t = spmd::check_training(p, to);
+      auto t4 = clock::now();
+      std::size_t n = 0;
+      if (t.built) n = spmd::check_temporal(t.program).size();
+      auto t5 = clock::now();
+      std::printf("training (derive + backward spatial) %.1f ms, training temporal %.1f ms, step ops %zu, RSS %ld MiB (%zu findings)\n", ms(t3, t4),
+                  ms(t4, t5), t.program.ops.size(), peak_rss_mib(), t.diags.size() + n);
+    }
+    std::printf("total %.1f ms\n", ms(t0, clock::now()));
+    return 0;
+  }
+  if (argc == 3 && std::string(argv[1]) == "--ranks-local-yaml") {
+    std::fputs(spmd::print_program(spmd::bench::make_rank_local(std::atoi(argv[2]))).c_str(), stdout);
+    return 0;
+  }
+  if (argc > 1 && std::string(argv[1]) == "--ranks-local") {
+    std::vector<int> rs;
+    for (int i = 2; i < argc; ++i) rs.push_back(std::atoi(argv[i]));
+    if (rs.empty()) rs = {256, 1024};
+    std::printf("%8s %8s %12s %14s %14s\n", "ranks", "ops", "spatial (ms)", "temporal (ms)", "peak RSS (MiB)");
+    for (int r : rs) {
+      spmd::Program p = spmd::bench::make_rank_local(r);
+      auto t0 = std::chrono::steady_clock::now();
+      auto sd = spmd::check_spatial(p);
+      auto t1 = std::chrono::steady_clock::now();
+      auto td = spmd::check_temporal(p);
+      auto t2 = std::chrono::steady_clock::now();
+      if (!sd.empty() || !td.empty()) {
+        std::fprintf(stderr, "rank-local program is expected to be clean, got: %s\n", (sd.empty() ? td : sd)[0].message.c_str());
+        return 1;
+      }
+      auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+      std::printf("%8d %8zu %12.1f %14.1f %14ld\n", r, p.ops.size(), ms(t0, t1), ms(t1, t2), peak_rss_mib());
+    }
+    return 0;
+  }
+  if (argc > 1 && (std::string(argv[1]) == "--symbolic" || std::string(argv[1]) == "--symbolic-z3")) {
+    bool z3 = std::string(argv[1]) == "--symbolic-z3";
+    std::vector<int> ls;
+    for (int i = 2; i < argc; ++i) ls.push_back(std::atoi(argv[i]));
+    if (ls.empty()) ls = {64, 128, 256};
+    std::printf("%8s %8s %12s %14s %14s\n", "layers", "ops", "check (ms)", "ms / layer", "peak RSS (MiB)");
+    for (int l : ls) {
+      spmd::Program p = spmd::bench::make_symbolic(l, false, z3);
+      auto t0 = std::chrono::steady_clock::now();
+      auto diags = spmd::check_spatial(p);
+      auto t1 = std::chrono::steady_clock::now();
+      if (!diags.empty()) {
+        std::fprintf(stderr, "symbolic program is expected to be clean, got %zu diagnostics: %s\n", diags.size(), diags[0].message.c_str());
+        return 1;
+      }
+      double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      std::printf("%8d %8zu %12.1f %14.2f %14ld\n", l, p.ops.size(), ms, ms / l, peak_rss_mib());
+    }
+    return 0;
+  }
   if (argc == 5 && std::string(argv[1]) == "--schedule") {
     using clock = std::chrono::steady_clock;
     auto ms = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
@@ -162,13 +256,21 @@ int main(int argc, char** argv) {
   for (int i = temporal || backward ? 2 : 1; i < argc; ++i) targets.push_back(std::atol(argv[i]));
   if (backward) {
     if (targets.empty()) targets = {10'000, 100'000, 1'000'000};
-    std::printf("%12s %14s %16s %12s %14s\n", "forward ops", "training ops", "derive+check ms", "ns/fwd op", "peak RSS (MiB)");
+    std::printf("%12s %14s %16s %12s %14s\n", "forward ops", "training ops", "fwd+bwd check ms", "ns/fwd op", "peak RSS (MiB)");
     for (long t : targets) {
       spmd::bench::GenOptions g;
       g.layers = static_cast<int>(std::max(1L, t / 22));
       spmd::Program p = spmd::bench::make_training(g);
+      // As `spmdcheck check --backward` does: the forward's spatial check (its types), then the training step.
       auto t0 = std::chrono::steady_clock::now();
-      spmd::TrainingCheck r = spmd::check_training(p);
+      spmd::SpatialTypes ft;
+      spmd::SpatialOptions so;
+      so.types = &ft;
+      auto fd = spmd::check_spatial(p, so);
+      spmd::TrainingOptions to;
+      to.forward_types = &ft;
+      to.forward_ok = fd.empty();
+      spmd::TrainingCheck r = spmd::check_training(p, to);
       auto t1 = std::chrono::steady_clock::now();
       if (!r.built || !r.diags.empty()) {
         std::fprintf(stderr, "training program is expected to be clean, got %zu diagnostics: %s\n", r.diags.size(),

@@ -258,3 +258,139 @@ inline Program make_pipeline(int stages, int microbatches) {
 }
 
 }  // namespace spmd::bench
+
+namespace spmd::bench {
+
+// A transformer whose every layer has its own symbolic hidden size (a model assembled from differently
+// sized blocks): on a dp x tp mesh with tp = T in {1, 2, 4, 8} and NH in {8, 16, 32} heads, layer l has
+// hidden size H<l> (a multiple of 64, at least 64) and head_dim H<l>/NH. Per layer: q/k/v projections, the
+// heads split and merge reshapes (exact division and element-count obligations), FlashAttention, the output
+// projection, a column/row-parallel MLP of width 4*H<l> over tp with its AllReduce, and a residual add
+// (17 ops). Correct for every allowed size, so the checker must prove every obligation and report nothing.
+// With `wrong`, the last layer's hidden size is only a multiple of 4 (H = 4, NH = 8 is not an exact split).
+// With `z3`, every layer also declares a tensor of length H<l> - 32, whose positivity (H<l> >= 64) no
+// arithmetic shortcut proves: one Z3 query per layer, to time the solver path.
+inline Program make_symbolic(int layers, bool wrong = false, bool z3 = false) {
+  Program p;
+  p.file = "symbolic.yaml";
+  auto var = [&](const std::string& n, std::int64_t mn, std::int64_t mx, std::int64_t mult, std::vector<std::int64_t> in) {
+    SizeVar v;
+    v.name = n;
+    v.min = mn, v.max = mx, v.multiple_of = mult, v.in = std::move(in);
+    p.vars.push_back(v);
+    ExprId e = p.exprs.var(static_cast<int>(p.vars.size() - 1));
+    p.sizes[n] = e;
+    return e;
+  };
+  ExprId T = var("T", 1, kMaxSize, 1, {1, 2, 4, 8});
+  ExprId NH = var("NH", 1, kMaxSize, 1, {8, 16, 32});
+  p.mesh.push_back({"dp", p.exprs.constant(2), {}});
+  p.mesh.push_back({"tp", T, {}});
+  Builder b(p);
+  // Small batch and sequence: the obligations are the same, and the numeric oracle can run the test copies.
+  ExprId B = p.exprs.constant(2), S = p.exprs.constant(8), four = p.exprs.constant(4);
+  Placements dp0{Placement::s(0), Placement::r()};
+  Placements rr{};
+  Placements col{Placement::r(), Placement::s(1)};
+  Placements row{Placement::r(), Placement::s(0)};
+  auto tensor = [&](const std::string& n, std::vector<ExprId> shape, Placements pl) {
+    TensorDecl t;
+    t.name = b.name(n);
+    t.shape = std::move(shape);
+    t.placement = pl;
+    p.tensors.push_back(std::move(t));
+  };
+  auto shape = [&](std::vector<ExprId> s) {
+    p.shapes.push_back(std::move(s));
+    return static_cast<std::uint32_t>(p.shapes.size() - 1);
+  };
+  std::uint32_t swap12 = b.ints({1, 2});
+  for (int l = 0; l < layers; ++l) {
+    std::string L = std::to_string(l);
+    bool bad = wrong && l + 1 == layers;
+    ExprId H = var("H" + L, bad ? 4 : 64, 1 << 16, bad ? 4 : 64, {});
+    ExprId D = p.exprs.div(H, NH), F = p.exprs.mul(four, H);
+    auto n = [&](const char* s) { return b.name(std::string(s) + L); };
+    tensor("x" + L, {B, S, H}, dp0);
+    if (z3) tensor("pad" + L, {p.exprs.sub(H, p.exprs.constant(32))}, rr);
+    for (const char* w : {"wq", "wk", "wv", "wo"}) tensor(w + L, {H, H}, rr);
+    tensor("w1" + L, {H, F}, col);
+    tensor("w2" + L, {F, H}, row);
+    std::uint32_t split = shape({B, S, NH, D}), merge = shape({B, S, H});
+    const char* proj[3][4] = {{"wq", "q2_", "q4_", "q_"}, {"wk", "k2_", "k4_", "k_"}, {"wv", "v2_", "v4_", "v_"}};
+    for (auto& pr : proj) {
+      b.op(OpKind::MatMul, {n("x"), n(pr[0])}, {n(pr[1])});
+      b.op(OpKind::Reshape, {n(pr[1])}, {n(pr[2])}).attrs.shape = split;
+      b.op(OpKind::Transpose, {n(pr[2])}, {n(pr[3])}).attrs.dims = swap12;
+    }
+    b.op(OpKind::FlashAttention, {n("q_"), n("k_"), n("v_")}, {n("ctx")}).attrs.causal = true;
+    b.op(OpKind::Transpose, {n("ctx")}, {n("ctx_t")}).attrs.dims = swap12;
+    b.op(OpKind::Reshape, {n("ctx_t")}, {n("ctx_m")}).attrs.shape = merge;
+    b.op(OpKind::MatMul, {n("ctx_m"), n("wo")}, {n("attn")});
+    b.op(OpKind::Add, {n("x"), n("attn")}, {n("r")});
+    b.op(OpKind::MatMul, {n("r"), n("w1")}, {n("f1_")});
+    b.op(OpKind::GELU, {n("f1_")}, {n("g_")});
+    b.op(OpKind::MatMul, {n("g_"), n("w2")}, {n("f2p_")});
+    b.op(OpKind::AllReduce, {n("f2p_")}, {n("f2_")}).attrs.axes = 1u << 1;
+    b.op(OpKind::Add, {n("r"), n("f2_")}, {n("y")});
+    OutputDecl out;
+    out.name = n("y");
+    out.has_placement = true;
+    out.placement = dp0;
+    p.outputs.push_back(out);
+  }
+  return p;
+}
+
+}  // namespace spmd::bench
+
+namespace spmd::bench {
+
+// Per-rank programs with rank-local names: a `ranks`-stage pipeline (`mesh: {pp: ranks}`), one program
+// per stage, each with its own weight w<r> and its own value names (a<r>, z<r>, ...), as a generator
+// that writes one program per rank does. Forward: receive the activation from the previous stage (the
+// first stage reads its input), MatMul and GELU, send to the next; backward: receive the gradient from
+// the next stage (the last stage starts from its output), Multiply and MatMul, send it back. 7-8 ops per
+// rank, blocking point-to-point (no handles); correct under both models.
+inline Program make_rank_local(int ranks) {
+  Program p;
+  p.file = "rank_local.yaml";
+  p.per_rank = true;
+  p.mesh.push_back({"pp", p.exprs.constant(ranks), {}});
+  Builder b(p);
+  Placements rr{};
+  b.tensor("x", {16, 64}, rr);
+  auto peer = [&](int s) {
+    p.coords.push_back({{0, s}});
+    return static_cast<std::uint32_t>(p.coords.size() - 1);
+  };
+  for (int r = 0; r < ranks; ++r) b.tensor("w" + std::to_string(r), {64, 64}, rr);
+  for (int r = 0; r < ranks; ++r) {
+    std::string R = std::to_string(r);
+    auto n = [&](const char* s) { return b.name(std::string(s) + R); };
+    RankProgram rp;
+    rp.selector = {{0, r}};
+    rp.first_op = static_cast<std::uint32_t>(p.ops.size());
+    NameId in = b.name("x");
+    if (r > 0) {
+      in = n("a_in");
+      b.op(OpKind::Recv, {}, {in}).attrs.coords = peer(r - 1);
+    }
+    b.op(OpKind::MatMul, {in, n("w")}, {n("z")});
+    b.op(OpKind::GELU, {n("z")}, {n("a_out")});
+    if (r + 1 < ranks) b.op(OpKind::Send, {n("a_out")}, {}).attrs.coords = peer(r + 1);
+    NameId g = n("a_out");
+    if (r + 1 < ranks) {
+      g = n("g_in");
+      b.op(OpKind::Recv, {}, {g}).attrs.coords = peer(r + 1);
+    }
+    b.op(OpKind::Multiply, {g, n("z")}, {n("dz")});
+    b.op(OpKind::MatMul, {n("dz"), n("w")}, {n("g_out")});
+    if (r > 0) b.op(OpKind::Send, {n("g_out")}, {}).attrs.coords = peer(r - 1);
+    rp.n_ops = static_cast<std::uint32_t>(p.ops.size()) - rp.first_op;
+    p.programs.push_back(rp);
+  }
+  return p;
+}
+
+}  // namespace spmd::bench

@@ -123,17 +123,20 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
   }
   SpatialOptions so;
   so.z3_timeout_ms = opt.z3_timeout_ms;
-  so.types = types;
+  SpatialTypes forward;  // kept for the training step, which does not check the forward again
+  bool training = r.program.train || r.program.has_backward || opt.backward;
+  so.types = types ? types : training ? &forward : nullptr;
   r.diags = check_spatial(r.program, so);
+  bool forward_ok = !has_errors(r.diags);
   TemporalOptions to;
   to.dot = dot;
   to.p2p_model = model_option(opt);
   for (auto& d : check_temporal(r.program, to)) r.diags.push_back(std::move(d));
   const Program& p = r.program;
-  if (p.train || p.has_backward || opt.backward) {
+  if (training) {
     try {
       if (p.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
-      TrainingCheck t = check_training(p, {opt.z3_timeout_ms});
+      TrainingCheck t = check_training(p, {opt.z3_timeout_ms, so.types, forward_ok});
       for (auto& d : t.diags) r.diags.push_back(std::move(d));
       if (t.built)
         for (auto& d : check_temporal(t.program))

@@ -112,7 +112,24 @@ json op_item_schema() {
           {"allOf", per_op}};
 }
 
-json op_list_schema() { return {{"type", "array"}, {"items", {{"$ref", "#/definitions/op"}}}}; }
+// An op-list item that expands a module: {use: M, in, out, name, with, repeat} (docs/format.md, Modules).
+json use_item_schema() {
+  return {{"type", "object"},
+          {"description", "a module instance: {use: M, in: [...], out: [...], name, with: {param: value}, repeat: N}"},
+          {"additionalProperties", false},
+          {"required", json::array({"use", "in", "out"})},
+          {"properties",
+           {{"use", {{"type", "string"}, {"minLength", 1}}},
+            {"in", names_schema()},
+            {"out", names_schema()},
+            {"name", {{"type", "string"}, {"minLength", 1}}},
+            {"with", {{"type", "object"}, {"additionalProperties", size_schema()}}},
+            {"repeat", {{"type", "integer"}, {"minimum", 1}, {"maximum", 1000000}}}}}};
+}
+
+json op_list_schema() {
+  return {{"type", "array"}, {"items", {{"anyOf", json::array({{{"$ref", "#/definitions/op"}}, {{"$ref", "#/definitions/use"}}})}}}};
+}
 
 }  // namespace
 
@@ -148,6 +165,16 @@ json program_schema() {
                        {"additionalProperties", false},
                        {"required", json::array({"ranks", "ops"})},
                        {"properties", {{"ranks", coords_schema()}, {"ops", op_list_schema()}}}};
+  json module = {{"type", "object"},
+                 {"additionalProperties", false},
+                 {"required", json::array({"ops"})},
+                 {"properties",
+                  {{"description", {{"type", "string"}}},
+                   {"params", {{"type", "array"}, {"items", {{"type", "string"}, {"minLength", 1}}}}},
+                   {"in", names_schema()},
+                   {"out", names_schema()},
+                   {"tensors", {{"type", json::array({"object", "null"})}, {"additionalProperties", tensor}}},
+                   {"ops", op_list_schema()}}}};
   return {
       {"$schema", "http://json-schema.org/draft-07/schema#"},
       {"$id", "https://spmdcheck.invalid/program.schema.json"},
@@ -157,13 +184,15 @@ json program_schema() {
       {"additionalProperties", false},
       {"required", json::array({"mesh"})},
       {"oneOf", json::array({{{"required", json::array({"ops"})}}, {{"required", json::array({"programs"})}}, {{"required", json::array({"schedule"})}}})},
-      {"definitions", {{"op", op_item_schema()}}},
+      {"definitions", {{"op", op_item_schema()}, {"use", use_item_schema()}}},
       {"properties",
        {{"name", {{"type", "string"}}},
         {"description", {{"type", "string"}}},
         {"mesh", {{"type", "object"}, {"minProperties", 1}, {"maxProperties", kMaxAxes}, {"additionalProperties", size_schema(1 << 20)}}},
         {"sizes", {{"type", json::array({"object", "null"})}, {"propertyNames", {{"pattern", "^[A-Za-z_]"}}}, {"additionalProperties", {{"anyOf", json::array({size_schema(), symbolic})}}}}},
         {"tensors", {{"type", json::array({"object", "null"})}, {"additionalProperties", tensor}}},
+        {"include", {{"anyOf", json::array({{{"type", "string"}, {"minLength", 1}}, {{"type", "array"}, {"items", {{"type", "string"}, {"minLength", 1}}}}})}}},
+        {"modules", {{"type", json::array({"object", "null"})}, {"additionalProperties", module}}},
         {"ops", op_list_schema()},
         {"programs", {{"type", "array"}, {"minItems", 1}, {"items", rank_program}}},
         {"schedule", schedule},

@@ -90,6 +90,15 @@ std::string indentation_message(const std::string& text, std::uint32_t bad_line)
 [[noreturn]] void yaml_syntax_error(const std::string& text, const yaml_parser_t& p) {
   reject_tab_indentation(text);  // the likely cause, said plainly
   Loc at{static_cast<std::uint32_t>(p.problem_mark.line + 1), static_cast<std::uint32_t>(p.problem_mark.column + 1)};
+  if (p.error == YAML_READER_ERROR) {
+    // Encoding errors carry a byte offset, not a mark: locate the offending byte.
+    std::size_t off = std::min(p.problem_offset, text.size());
+    std::size_t line_start = text.rfind('\n', off ? off - 1 : 0);
+    line_start = (line_start == std::string::npos || off == 0) ? 0 : line_start + 1;
+    at = {static_cast<std::uint32_t>(1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(line_start), '\n')),
+          static_cast<std::uint32_t>(off - line_start + 1)};
+    throw LoadError(at, std::string("invalid YAML: ") + (p.problem ? p.problem : "bad encoding") + " (a program file must be UTF-8)");
+  }
   Loc ctx{static_cast<std::uint32_t>(p.context_mark.line + 1), static_cast<std::uint32_t>(p.context_mark.column + 1)};
   std::string problem = p.problem ? p.problem : "syntax error";
   std::string context = p.context ? p.context : "";

@@ -108,7 +108,7 @@ class Checker {
   void declare_sizes();
 
   // ---- declarations -------------------------------------------------------------------------
-  void declare(const TensorDecl& t);
+  void declare(const TensorDecl& t, std::size_t slot);
   static ValueType type_of(const Value& v);
   // Appends v's type (and, when SpatialTypes::want_origins, its origin per axis) to the types' lists.
   void record(bool decl, const Value& v);
@@ -218,7 +218,14 @@ class Checker {
   void topk_grad();
 
   // ---- postconditions -----------------------------------------------------------------------
-  void check_outputs();
+  // `outs`: (index into Program::outputs, slot) of the outputs the program holds, by index.
+  void check_outputs(const std::vector<std::pair<std::uint32_t, std::uint32_t>>& outs);
+
+  // ---- value tables -------------------------------------------------------------------------
+  // One program is indexed by NameId. Per-rank programs (disjoint op ranges) each keep a table of the
+  // names they use only, so the tables add up to the program's size, not programs x names.
+  std::size_t slot(std::uint32_t operand) const { return local_ ? oslot_[operand] : static_cast<std::size_t>(p_.operands[operand]); }
+  NameId slot_name(std::size_t k) const { return local_ ? (*slot_names_)[k] : static_cast<NameId>(k); }
 
   const Program& p_;
   ExprPool pool_;
@@ -226,6 +233,9 @@ class Checker {
   std::vector<Diagnostic> diags_;
   std::vector<Value> env_;
   std::vector<Origin> origins_;
+  bool local_ = false;
+  std::vector<std::uint32_t> oslot_;                 // per operand: its slot in its program's table (local_)
+  const std::vector<NameId>* slot_names_ = nullptr;  // the running program's slot -> name (local_)
   int op_idx_ = -1;
   const Op* op_ = nullptr;
   std::vector<const Value*> in_;
@@ -237,6 +247,8 @@ class Checker {
   SpatialTypes* types_ = nullptr;
   bool recording_decls_ = true;
   std::vector<std::optional<Placements>>* inferred_ = nullptr;
+  const SpatialTypes* prefix_ = nullptr;  // types of ops [0, prefix_ops_), checked before
+  std::size_t prefix_ops_ = 0;
 };
 
 }  // namespace spmd::detail

@@ -2,9 +2,13 @@
 // and by Z3 (proof by refutation) when symbolic.
 //
 // A concrete obligation is decided on the spot and never reaches the solver. A symbolic one is
-// queued (deduplicated) and discharged by solve(): each is negated and handed to Z3 under the size
-// constraints; sat gives a counterexample, unsat a proof, unknown (e.g. a timeout) an error that
-// says the obligation could not be proved. Variables with a finite `in` set are enumerated.
+// queued (deduplicated) and discharged by solve(). Sizes with a finite `in` set are enumerated
+// (up to 4,096 combinations) and decided without Z3 when that suffices (all sizes finite, or a
+// divisor that is a known factor of the dividend). What is left is one Z3 query per obligation: its
+// negation, instantiated with every open combination of the finite sizes, under the constraints of
+// the sizes it mentions only (no other size is asserted, so the cost of a query does not grow with
+// the program). sat gives a counterexample, unsat a proof, unknown (e.g. a timeout) an error that
+// says the obligation could not be proved, never a pass. The Z3 context is made by the first query.
 #pragma once
 #include <cstdint>
 #include <string>

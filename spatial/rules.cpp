@@ -26,7 +26,13 @@ std::vector<Loc> var_locs(const Program& p) {
 namespace detail {
 
 Checker::Checker(const Program& p, const SpatialOptions& o)
-    : p_(p), pool_(p.exprs), obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms), types_(o.types), inferred_(o.inferred_outputs) {}
+    : p_(p),
+      pool_(p.exprs),
+      obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms),
+      types_(o.types),
+      inferred_(o.inferred_outputs),
+      prefix_(o.prefix),
+      prefix_ops_(o.prefix ? std::min(o.prefix_ops, o.prefix->out_base.size()) : 0) {}
 
 std::vector<Diagnostic> Checker::run() {
   if (types_) {
@@ -56,40 +62,125 @@ std::vector<Diagnostic> Checker::run() {
   struct State {
     std::vector<Value> env;
     std::vector<Origin> origins;
+    std::vector<NameId> names;                                  // slot -> name (local_)
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> outs;  // (output, slot) it holds
     std::uint32_t pc, end;
   };
   std::vector<State> states;
-  for (const auto& prog : space.programs) {
-    env_.assign(p_.names.size(), Value());
-    origins_.clear();
-    for (const auto& t : p_.tensors) declare(t);
-    recording_decls_ = false;  // declarations are exported once (every program declares the same)
-    states.push_back({std::move(env_), std::move(origins_), prog.first_op, prog.first_op + prog.n_ops});
+  const auto& progs = space.programs;
+  local_ = progs.size() > 1;
+  if (local_) {  // tables of their own need disjoint op ranges (every op belongs to one program)
+    std::vector<char> owned(p_.ops.size(), 0);
+    for (const auto& prog : progs)
+      for (std::uint32_t i = prog.first_op; i < prog.first_op + prog.n_ops && local_; ++i) local_ = !std::exchange(owned[i], 1);
   }
-  bool force = false;  // no program could advance: let waiting Recvs go on without a Send's type
+  if (!local_) {
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> outs;
+    for (std::size_t j = 0; j < p_.outputs.size(); ++j) outs.push_back({static_cast<std::uint32_t>(j), static_cast<std::uint32_t>(p_.outputs[j].name)});
+    for (const auto& prog : progs) {
+      env_.assign(p_.names.size(), Value());
+      origins_.clear();
+      for (const auto& t : p_.tensors) declare(t, static_cast<std::size_t>(t.name));
+      recording_decls_ = false;  // declarations are exported once (every program declares the same)
+      states.push_back({std::move(env_), std::move(origins_), {}, outs, prog.first_op, prog.first_op + prog.n_ops});
+    }
+  } else {
+    oslot_.assign(p_.operands.size(), 0);
+    std::vector<std::int32_t> mark(p_.names.size(), -1), decl_of(p_.names.size(), -1), first_out(p_.names.size(), -1);
+    std::vector<std::int32_t> next_out(p_.outputs.size(), -1);
+    for (std::size_t d = 0; d < p_.tensors.size(); ++d) decl_of[static_cast<std::size_t>(p_.tensors[d].name)] = static_cast<std::int32_t>(d);
+    for (std::size_t j = p_.outputs.size(); j-- > 0;) {
+      auto n = static_cast<std::size_t>(p_.outputs[j].name);
+      next_out[j] = first_out[n];
+      first_out[n] = static_cast<std::int32_t>(j);
+    }
+    for (std::size_t s = 0; s < progs.size(); ++s) {
+      const auto& prog = progs[s];
+      State st{{}, {}, {}, {}, prog.first_op, prog.first_op + prog.n_ops};
+      auto use = [&](NameId n) {
+        auto& m = mark[static_cast<std::size_t>(n)];
+        if (m < 0) m = static_cast<std::int32_t>(st.names.size()), st.names.push_back(n);
+        return static_cast<std::uint32_t>(m);
+      };
+      // The first program declares every tensor (for the declarations' own findings and the exported
+      // types); the others the ones they use (the same declarations, so the same findings).
+      if (s == 0)
+        for (const auto& t : p_.tensors) use(t.name);
+      for (std::uint32_t i = prog.first_op; i < prog.first_op + prog.n_ops; ++i) {
+        const Op& op = p_.ops[i];
+        for (std::uint32_t k = op.first; k < op.first + op.n_in + op.n_out; ++k) oslot_[k] = use(p_.operands[k]);
+      }
+      env_.assign(st.names.size(), Value());
+      origins_.clear();
+      if (s == 0) {
+        for (const auto& t : p_.tensors) declare(t, static_cast<std::size_t>(mark[static_cast<std::size_t>(t.name)]));
+        recording_decls_ = false;
+      } else {
+        for (std::size_t k = 0; k < st.names.size(); ++k)
+          if (auto d = decl_of[static_cast<std::size_t>(st.names[k])]; d >= 0) declare(p_.tensors[static_cast<std::size_t>(d)], k);
+      }
+      for (std::size_t k = 0; k < st.names.size(); ++k)
+        for (auto j = first_out[static_cast<std::size_t>(st.names[k])]; j >= 0; j = next_out[static_cast<std::size_t>(j)])
+          st.outs.push_back({static_cast<std::uint32_t>(j), static_cast<std::uint32_t>(k)});
+      std::sort(st.outs.begin(), st.outs.end());
+      for (NameId n : st.names) mark[static_cast<std::size_t>(n)] = -1;
+      st.env = std::move(env_);
+      st.origins = std::move(origins_);
+      states.push_back(std::move(st));
+    }
+  }
+  // Run each program until it ends or reaches a Recv whose Send no program has reached; a Send wakes the
+  // programs waiting at its Recvs (no rounds over every program). When none can advance (a deadlock or an
+  // unmatched Recv), the first waiting program goes on past its Recv without a Send's type.
+  std::unordered_map<int, std::vector<int>> send_recvs;
+  for (const auto& m : matches) send_recvs[m.send_op].push_back(m.recv_op);
+  std::unordered_map<int, std::vector<std::size_t>> waiting;  // Recv op -> programs stopped at it
+  std::vector<std::size_t> ready;
+  std::vector<char> queued(states.size(), 0);
+  for (std::size_t k = states.size(); k-- > 0;)
+    if (states[k].pc < states[k].end) ready.push_back(k), queued[k] = 1;
+  bool force = false;
+  std::size_t first_pending = 0;
   for (;;) {
-    bool progress = false, pending = false;
-    for (auto& st : states) {
-      if (st.pc == st.end) continue;
+    while (!ready.empty()) {
+      std::size_t k = ready.back();
+      ready.pop_back();
+      queued[k] = 0;
+      State& st = states[k];
       env_ = std::move(st.env);
       origins_ = std::move(st.origins);
+      slot_names_ = &st.names;
       while (st.pc < st.end) {
-        if (!force && recv_waits(static_cast<int>(st.pc))) break;
-        step(static_cast<int>(st.pc++));
-        progress = true;
+        int i = static_cast<int>(st.pc);
+        if (!force && recv_waits(i)) {
+          waiting[i].push_back(k);
+          break;
+        }
         force = false;
+        step(static_cast<int>(st.pc++));
+        if (p_.ops[static_cast<std::size_t>(i)].kind != OpKind::Send) continue;
+        if (auto it = send_recvs.find(i); it != send_recvs.end())
+          for (int r : it->second)
+            if (auto w = waiting.find(r); w != waiting.end()) {
+              for (std::size_t x : w->second)
+                if (!queued[x]) ready.push_back(x), queued[x] = 1;
+              waiting.erase(w);
+            }
       }
-      pending |= st.pc < st.end;
       st.env = std::move(env_);
       st.origins = std::move(origins_);
     }
-    if (!pending) break;
-    force = !progress;
+    while (first_pending < states.size() && states[first_pending].pc == states[first_pending].end) ++first_pending;
+    if (first_pending == states.size()) break;
+    force = true;
+    ready.push_back(first_pending);
+    queued[first_pending] = 1;
   }
   for (auto& st : states) {
     env_ = std::move(st.env);
     origins_ = std::move(st.origins);
-    check_outputs();
+    slot_names_ = &st.names;
+    check_outputs(st.outs);
   }
   compare_collectives(pairs, space);
   if (types_) types_->exprs = pool_;
@@ -293,7 +384,7 @@ void Checker::declare_sizes() {
   }
 }
 
-void Checker::declare(const TensorDecl& t) {
+void Checker::declare(const TensorDecl& t, std::size_t slot) {
   Value v;
   v.defined = true;
   set_shape(v, t.shape);
@@ -309,7 +400,7 @@ void Checker::declare(const TensorDecl& t) {
     check_expr(t.shape[d], d < t.dim_locs.size() ? t.dim_locs[d] : t.shape_loc, fmt::format("dim {} of {}", d, name));
   op_idx_ = -1;
   if (!check_local(v, name, t.placement_loc)) v.poisoned = true;
-  env_[static_cast<std::size_t>(t.name)] = v;
+  env_[slot] = v;
   if (types_ && recording_decls_) record(true, v);
 }
 
@@ -333,6 +424,8 @@ ValueType Checker::type_of(const Value& v) {
   t.pl = v.pl;
   t.dtype = v.dtype;
   t.ok = v.defined && !v.poisoned;
+  t.fresh = v.fresh;
+  t.uneven = v.uneven;
   return t;
 }
 
@@ -342,15 +435,30 @@ void Checker::step(int i) {
   failed_ = false;
   in_.clear();
   bool poisoned = false;
-  for (NameId n : p_.ins(*op_)) {
-    const Value& v = env_[static_cast<std::size_t>(n)];
+  bool given = static_cast<std::size_t>(i) < prefix_ops_;
+  for (std::uint32_t k = op_->first; k < op_->first + op_->n_in; ++k) {
+    NameId n = p_.operands[k];
+    const Value& v = env_[slot(k)];
     if (!v.defined) undefined(n);
     else if (v.poisoned) poisoned = true;
     in_.push_back(&v);
   }
   if (!failed_ && !poisoned) {
     for (auto& o : out_) o = Value();
-    apply();
+    if (given) {  // checked before (the forward of a training step): its outputs' types as they were
+      for (int k = 0; k < op_->n_out; ++k) {
+        const ValueType& t = prefix_->out(static_cast<std::size_t>(i), k);
+        Value& v = out_[static_cast<std::size_t>(k)];
+        set_shape(v, t.dims());
+        v.pl = t.pl;
+        v.dtype = t.dtype;
+        v.fresh = t.fresh;
+        v.uneven = t.uneven;
+        if (!t.ok) failed_ = true;
+      }
+    } else {
+      apply();
+    }
   }
   if (op_->kind == OpKind::Send && !in_.empty()) {
     Value v = *in_[0];
@@ -365,15 +473,16 @@ void Checker::step(int i) {
   if (types_) types_->out_base[static_cast<std::size_t>(i)] = static_cast<std::uint32_t>(types_->outs.size());
   if (op_->kind == OpKind::OverlapRegion) {
     // Opaque compute writing its outputs in place: they keep their values (and must exist).
-    for (NameId n : outs)
-      if (!env_[static_cast<std::size_t>(n)].defined) {
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      Value& v = env_[slot(op_->first + op_->n_in + static_cast<std::uint32_t>(k))];
+      if (!v.defined) {
         report(CheckId::UndefinedTensor,
-               fmt::format("OverlapRegion writes {} in place, but no declaration or earlier op defines it", p_.name(n)), p_.name(n));
-        env_[static_cast<std::size_t>(n)].defined = true;
-        env_[static_cast<std::size_t>(n)].poisoned = true;
+               fmt::format("OverlapRegion writes {} in place, but no declaration or earlier op defines it", p_.name(outs[k])), p_.name(outs[k]));
+        v.defined = true;
+        v.poisoned = true;
       }
-    if (types_)
-      for (NameId n : outs) record(false, env_[static_cast<std::size_t>(n)]);
+      if (types_) record(false, v);
+    }
     return;
   }
   std::uint32_t fresh_in = 0;  // a V computed from per-rank values is per-rank too
@@ -386,11 +495,11 @@ void Checker::step(int i) {
       v = out_[k];
       v.fresh = (v.fresh | fresh_in) & v_axes(v);
       if (op_->kind == OpKind::Recv || op_->kind == OpKind::Reinterpret) v.fresh = v_axes(v);  // another rank's value; a relabel
-      if (!check_local(v, p_.name(outs[k]), here())) v.poisoned = true;
+      if (!given && !check_local(v, p_.name(outs[k]), here())) v.poisoned = true;
       v.strict = 0;
     }
     v.defined = true;
-    env_[static_cast<std::size_t>(outs[k])] = v;
+    env_[slot(op_->first + op_->n_in + static_cast<std::uint32_t>(k))] = v;
     if (types_) record(false, v);
   }
 }
@@ -399,7 +508,7 @@ void Checker::undefined(NameId n) {
   const std::string& name = p_.name(n);
   std::vector<std::string> known;
   for (std::size_t k = 0; k < env_.size(); ++k)
-    if (env_[k].defined) known.push_back(p_.names[k]);
+    if (env_[k].defined) known.push_back(p_.name(slot_name(k)));
   std::vector<Note> notes;
   for (std::size_t j = static_cast<std::size_t>(op_idx_) + 1; j < p_.ops.size(); ++j) {
     auto outs = p_.outs(p_.ops[j]);
@@ -621,13 +730,14 @@ bool Checker::scatter_dim_fix(const Value& v, int a, int want, std::vector<Note>
   return true;
 }
 
-void Checker::check_outputs() {
+void Checker::check_outputs(const std::vector<std::pair<std::uint32_t, std::uint32_t>>& outs) {
   op_idx_ = -1;
-  if (inferred_) inferred_->clear();
-  for (const auto& od : p_.outputs) {
-    const Value& v = env_[static_cast<std::size_t>(od.name)];
+  if (inferred_) inferred_->assign(p_.outputs.size(), std::nullopt);
+  for (auto [j, slot] : outs) {
+    const OutputDecl& od = p_.outputs[j];
+    const Value& v = env_[slot];
     const std::string& name = p_.name(od.name);
-    if (inferred_) inferred_->push_back(v.poisoned || !v.defined ? std::nullopt : std::optional<Placements>(v.pl));
+    if (inferred_ && !v.poisoned && v.defined) (*inferred_)[j] = v.pl;
     if (v.poisoned || !v.defined) continue;
     for (int a = 0; a < axes(); ++a) {
       Placement want = od.has_placement ? od.placement[static_cast<std::size_t>(a)] : Placement::r();

@@ -25,6 +25,8 @@ struct ValueType {
   Placements pl{};
   DType dtype = DType::F32;
   bool ok = false;
+  std::uint32_t fresh = 0;  // axes on which a V holds per-rank values (the checker's Value::fresh)
+  bool uneven = false;      // shards may be padded (declared `uneven`, or computed from such a value)
   std::span<const ExprId> dims() const { return {shape.data(), rank}; }
 };
 
@@ -57,6 +59,12 @@ struct SpatialOptions {
   // (nullopt for an output that is undefined or poisoned by an earlier error). The numeric oracle
   // assembles an output with no declared placement by this one.
   std::vector<std::optional<Placements>>* inferred_outputs = nullptr;
+  // Types of the first `prefix_ops` ops from an earlier check of the same ops with the same declarations
+  // (the forward of a training step, whose check gave no error): those ops are not checked again, their
+  // outputs take these types (without the notes on where a placement arose), and only the ops after them
+  // are checked. Shapes refer to prefix->exprs, which the program's expression pool must extend.
+  const SpatialTypes* prefix = nullptr;
+  std::size_t prefix_ops = 0;
 };
 
 std::vector<Diagnostic> check_spatial(const Program& program, const SpatialOptions& options = {});

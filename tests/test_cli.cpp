@@ -156,9 +156,19 @@ TEST_CASE("a finding inside a module names the instance") {
 }
 
 TEST_CASE("robustness: invalid UTF-8 echoed in JSON, oversized schedules and CSVs are located errors (exit 2)") {
-  // A diagnostic that echoes bytes that are not UTF-8 still prints valid JSON (they become U+FFFD).
+  // A YAML file that is not UTF-8 is a located load error (libyaml checks the encoding), in valid JSON.
   std::string bad_utf8 = write_tmp("bad_utf8.yaml", "mesh: {dp: 2}\ntensors:\n  x: {shape: [4]}\nops:\n  - {op: GELU, in: [x\xff\xfe], out: y}\n");
-  Run j = run({"check", "--format", "json", bad_utf8});
+  Run y = run({"check", "--format", "json", bad_utf8});
+  CHECK(y.code == 2);
+  CHECK(y.out.find("\"id\": \"invalid-input\"") != std::string::npos);
+  CHECK(y.out.find("\"line\": 5") != std::string::npos);
+  CHECK(y.out.find("\"column\": 22") != std::string::npos);
+  CHECK(y.out.find("must be UTF-8") != std::string::npos);
+  // A diagnostic that echoes bytes that are not UTF-8 (the JSON fast path passes them through) still prints
+  // valid JSON: they become U+FFFD.
+  std::string bad_json = write_tmp("bad_utf8.json",
+                                   "{\"mesh\": {\"dp\": 2}, \"tensors\": {\"x\": {\"shape\": [4]}}, \"ops\": [{\"op\": \"GELU\", \"in\": [\"x\xff\xfe\"], \"out\": \"y\"}]}\n");
+  Run j = run({"check", "--format", "json", bad_json});
   CHECK(j.code == 1);
   CHECK(j.out.find("\"id\": \"undefined-tensor\"") != std::string::npos);
   CHECK(j.out.find("\xef\xbf\xbd") != std::string::npos);

@@ -240,6 +240,76 @@ TEST_CASE("symbolic sizes: proved for every value, or a counterexample") {
   CHECK(ids("mesh: {tp: 4}\nsizes:\n  H: {min: 4, multiple_of: 4}\ntensors:\n  x: {shape: [H], placement: {tp: S(0)}}\nops: []\n") == none());
 }
 
+TEST_CASE("symbolic sizes: many sizes are proved one query at a time, and a timeout is never a pass") {
+  // Each layer with its own hidden size: every obligation mentions one layer's size (and the shared NH, T), so
+  // it is proved in a query of its own; none may come back undecided because other layers' sizes pile up.
+  auto layers = [](int n, bool wrong) {
+    std::string y = "mesh: {tp: T}\nsizes:\n  T: {in: [1, 2, 4, 8]}\n  NH: {in: [8, 16, 32]}\n";
+    for (int l = 0; l < n; ++l)
+      y += "  H" + std::to_string(l) + (wrong && l + 1 == n ? ": {min: 4, multiple_of: 4}\n" : ": {min: 64, max: 65536, multiple_of: 64}\n");
+    y += "tensors:\n";
+    for (int l = 0; l < n; ++l) {
+      std::string L = std::to_string(l);
+      y += "  x" + L + ": {shape: [8, H" + L + "]}\n  w" + L + ": {shape: [H" + L + ", 4*H" + L + "], placement: {tp: S(1)}}\n";
+    }
+    y += "ops:\n";
+    for (int l = 0; l < n; ++l) {
+      std::string L = std::to_string(l);
+      y += "  - {op: Reshape, in: [x" + L + "], out: s" + L + ", shape: [8, NH, H" + L + "/NH]}\n";
+      y += "  - {op: Reshape, in: [s" + L + "], out: m" + L + ", shape: [8, H" + L + "]}\n";
+      y += "  - {op: MatMul, in: [m" + L + ", w" + L + "], out: h" + L + "}\n";
+    }
+    return y;
+  };
+  for (const auto& d : diags(layers(24, false))) FAIL_CHECK(d.message);
+  auto d = diags(layers(24, true));
+  REQUIRE(!d.empty());
+  for (const auto& x : d) {
+    CHECK(check_name(x.id) == "shape-mismatch");
+    CHECK(x.message.find("H23") != std::string::npos);
+    CHECK(x.message.find("but it fails when") != std::string::npos);  // a counterexample, not "could not decide"
+  }
+  // Identities are proved without the solver only when every division in them is known to be exact.
+  auto contraction = [](const char* h) {
+    return std::string("mesh: {tp: 2}\nsizes:\n  H: ") + h + "\ntensors:\n  x: {shape: [8, H]}\n  w: {shape: [H/2*2, 4]}\n" +
+           "ops:\n  - {op: MatMul, in: [x, w], out: y}\n";
+  };
+  CHECK(ids(contraction("{min: 2, max: 1024, multiple_of: 2}")) == none());
+  auto odd = diags(contraction("{min: 2, max: 1024}"));  // an odd H: H/2 is inexact, and H/2*2 != H
+  REQUIRE(odd.size() == 2);
+  for (const auto& x : odd) CHECK(x.message.find("but it fails when H = ") != std::string::npos);
+  CHECK(odd[1].message.find("MatMul contracts") != std::string::npos);
+  // A claim Z3 cannot settle in time (A^3 - A is always a multiple of 3) is reported as undecided, never passed.
+  SpatialOptions o;
+  o.z3_timeout_ms = 50;
+  auto t = check_spatial(load_program_string("mesh: {tp: 3}\nsizes:\n  A: {min: 2, max: 1000000000}\ntensors:\n"
+                                             "  x: {shape: [A*A*A - A], placement: {tp: S(0)}}\nops: []\n",
+                                             "t.yaml"),
+                         o);
+  REQUIRE(t.size() == 1);
+  CHECK(t[0].message.find("could not decide") != std::string::npos);
+  CHECK(t[0].message.find("this is not a pass") != std::string::npos);
+}
+
+TEST_CASE("per-rank programs: each program sees its own names and the tensors it uses") {
+  // Value tables are per program (the names its ops use): a name another program defines is still undefined
+  // here, with a "did you mean" among this program's names; a declared tensor reaches every program using it.
+  auto prog = [](const char* second) {
+    return std::string("mesh: {pp: 2}\ntensors:\n  x: {shape: [4, 8]}\n  w0: {shape: [8, 8]}\n  w1: {shape: [8, 8]}\n"
+                       "programs:\n  - ranks: {pp: 0}\n    ops:\n      - {op: MatMul, in: [x, w0], out: a0}\n"
+                       "      - {op: GELU, in: [a0], out: b0}\n  - ranks: {pp: 1}\n    ops:\n") +
+           second + "outputs:\n  b0: {}\n  b1: {}\n";
+  };
+  CHECK(ids(prog("      - {op: MatMul, in: [x, w1], out: a1}\n      - {op: GELU, in: [a1], out: b1}\n")) == none());
+  auto d = diags(prog("      - {op: MatMul, in: [x, w1], out: a1}\n      - {op: GELU, in: [a0], out: b1}\n"));
+  REQUIRE(d.size() == 1);
+  CHECK(check_name(d[0].id) == "undefined-tensor");
+  CHECK(d[0].message.find("did you mean 'a1'") != std::string::npos);
+  // An output is checked in the program that holds it (b1 is a summand over pp on rank 1 only).
+  CHECK(ids(prog("      - {op: MatMul, in: [x, w1], out: a1}\n      - {op: Reinterpret, in: [a1], out: b1, axis: pp, to: P}\n")) ==
+        one("partial-output"));
+}
+
 TEST_CASE("no cascades: a value with an error is not reported again") {
   CHECK(ids(row_linear("  - {op: GELU, in: [y_partial], out: g}\n  - {op: GELU, in: [g], out: y}")) == one("partial-misuse"));
 }
