@@ -15,19 +15,6 @@ constexpr int kMaxSide = 16;        // blocks drawn per side
 constexpr int kMaxLines = 6;        // holder lines per cell before they are elided
 constexpr std::int64_t kMaxRanks = 4096;
 
-std::string html_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
 
 // The axes that shard dim d, in mesh order (the first is the outer one, as in DTensor).
 std::vector<int> shard_axes(const Program& p, const ValueType& t, int d) {
@@ -40,6 +27,21 @@ std::vector<int> shard_axes(const Program& p, const ValueType& t, int d) {
 std::string dim_text(const Program& p, const ExprPool& ex, ExprId e) { return ex.str(e, p.vars); }
 
 }  // namespace
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  o.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
 
 std::string placement_text(const Program& p, const Placements& pl) {
   std::string s;

@@ -39,6 +39,9 @@ std::string local_shape(const Program& p, const ExprPool& exprs, const ValueType
 // "tp: S(2), dp: R" (every mesh axis).
 std::string placement_text(const Program& p, const Placements& pl);
 
+// Text made safe inside HTML or SVG (& < > ").
+std::string html_escape(const std::string& s);
+
 std::string layout_text(const Layout& l, bool color);
 std::string layout_svg(const Layout& l);
 

@@ -19,20 +19,7 @@ namespace {
 constexpr std::size_t kMaxLayouts = 40;
 constexpr int kMaxRows = 2000;  // placement table rows (a large program's page stays usable)
 
-std::string esc(const std::string& s) {
-  std::string o;
-  o.reserve(s.size());
-  for (char c : s) {
-    switch (c) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += c;
-    }
-  }
-  return o;
-}
+std::string esc(const std::string& s) { return html_escape(s); }
 
 const char* kStyle = R"(
 :root { --fg: #1d2330; --muted: #5b6478; --line: #d9dee8; --err: #c62828; --note: #1565c0; --ok: #2e7d32; }

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "cli/layout.h"
 #include "ir/ranks.h"
 
 namespace spmd {
@@ -16,11 +17,7 @@ namespace {
 constexpr int kMaxReps = 16, kMaxSteps = 200;
 constexpr int kColW = 150, kLaneH = 40, kBoxW = 110, kBoxH = 24, kLeft = 170, kTop = 28;
 
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) o += c == '<' ? "&lt;" : c == '>' ? "&gt;" : c == '&' ? "&amp;" : c == '"' ? "&quot;" : std::string(1, c);
-  return o;
-}
+std::string esc(const std::string& s) { return html_escape(s); }
 
 bool is_async(const Op& op) {
   OpCategory c = op_info(op.kind).category;

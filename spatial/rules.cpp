@@ -704,9 +704,9 @@ bool Checker::slice_ok(int i, int a, int d, int other) {
   std::uint32_t m = shard_mask(v, d);
   for (int b = a + 1; b < axes(); ++b)
     if (m & (1u << b)) {
-      layout_conflict(fmt::format("{} reads {} (R over {}) as its local slice of dim {} to match {} (sharded over {}), but dim {} of {} is "
+      layout_conflict(fmt::format("{} reads {} ({} over {}) as its local slice of dim {} to match {} (sharded over {}), but dim {} of {} is "
                                   "already sharded over {}, which is inner to {}: the slice a rank needs is held by another rank",
-                                  opname(), iname(i), axn(a), d, iname(other), axn(a), d, iname(i), axn(b), axn(a)),
+                                  opname(), iname(i), ps(pin(i, a)), axn(a), d, iname(other), axn(a), d, iname(i), axn(b), axn(a)),
                       iname(i), i, b, fmt::format("gather {} over {} first, or shard it over {} as well", iname(i), axn(b), axn(a)));
       return false;
     }

@@ -123,6 +123,13 @@ void Checker::where() {
     }
     if (!combine_layout(o, a, 1, x, 2, y, ro)) return;
     Placement xy = pl_of(o, a);
+    // A sharded mask slices both operands that are whole (R) or unsharded per-rank (V) on this axis, not only
+    // the one that stands for their combination: each must allow its local slice.
+    if (m.is_s())
+      for (int k : {1, 2}) {
+        Placement pk = k == 1 ? x : y;
+        if ((pk.is_r() || pk.is_v()) && !slice_ok(k, a, m.dim - (ro - in(k).rank), 0)) return;
+      }
     if (!combine_layout(o, a, xy == x ? 1 : 2, xy, 0, m, ro)) return;
   }
 }
