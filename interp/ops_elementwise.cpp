@@ -4,7 +4,27 @@
 // Maximum/Minimum, Where, Dropout, AmaxUpdate.
 #include "interp/runner.h"
 
+#include <algorithm>
+
 namespace spmd::interp {
+
+namespace {
+
+bool all_finite(const Tensor& t) {
+  return std::all_of(t.data.begin(), t.data.end(), [](double e) { return std::isfinite(e); });
+}
+
+// The single-device run's taint of a result that leaves the reals where its inputs did not (x / 0, log 0,
+// 1 / sqrt(0)): there the program has no real value, and IEEE's signed zeros and infinities make the per-rank
+// and single-device runs differ in ways the real-number semantics does not define, so it is not compared.
+std::string leaves_reals(bool global, const Tensor& out, std::initializer_list<const Tensor*> ins, const std::string& taint) {
+  if (!global || all_finite(out)) return taint;
+  for (const Tensor* t : ins)
+    if (!all_finite(*t)) return taint;
+  return std::string(1, kExcluded) + "its value leaves the reals (a division by zero, a log or rsqrt of zero) where its inputs did not";
+}
+
+}  // namespace
 
 // SiLU, GELU, ReLU, FP8Quantize, Cast, LossScale, FP8Dequantize, Neg, Exp, Log, Sqrt, Rsqrt: a function of each element.
 void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
@@ -12,6 +32,7 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   const OpAttrs& at = op.attrs;
   Val v = in(oi, r, 0);
   DType dt = at.has_dtype ? at.dtype : DType::F32;
+  const bool was_finite = all_finite(v.t);
   v.t = unary(v.t, [&](double x) {
     switch (op.kind) {
       case OpKind::SiLU: return x / (1 + std::exp(-x));
@@ -97,7 +118,8 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
     }
     return x;
   });
-  return set_out(oi, r, 0, std::move(v), taint);
+  std::string t = was_finite ? leaves_reals(global_, v.t, {}, taint) : taint;
+  return set_out(oi, r, 0, std::move(v), t);
 }
 
 void Runner::amax(int oi, std::int64_t r, const std::string& taint) {
@@ -202,7 +224,8 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
   Tensor xl = align(x, slice_target(x, o.mask), c, p_.name(p_.ins(op)[0]));
   Tensor yl = align(y, slice_target(y, o.mask), c, p_.name(p_.ins(op)[1]));
   o.t = binary(xl, yl, f);
-  set_out(oi, r, 0, std::move(o), taint);
+  std::string t = leaves_reals(global_, o.t, {&xl, &yl}, taint);
+  set_out(oi, r, 0, std::move(o), t);
 }
 
 // Where(mask, a, b): the three operands broadcast together, each rank reading its block of each.
