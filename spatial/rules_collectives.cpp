@@ -2,6 +2,7 @@
 //
 // Ops: AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, Scatter, Gather, Recv (its Send),
 // and the cross-program comparison of matched collectives. Dispatched from Checker::apply() in rules.cpp.
+#include "ir/printer.h"
 #include "spatial/checker.h"
 
 namespace spmd::detail {
@@ -88,6 +89,28 @@ bool Checker::reduction_ok(int a, ReduceOp rop) {
 void Checker::all_reduce() {
   Value& o = out() = in(0);
   ReduceOp rop = at().rop;
+  // When the input is whole or sharded on this axis but pending on another, the axis is the likely mistake.
+  std::uint32_t pending_mask = 0;
+  auto wrong_axis = [&]() -> std::string {
+    std::vector<std::string> pend;
+    pending_mask = 0;
+    for (int b = 0; b < axes(); ++b)
+      if (pin(0, b).is_p() && !(at().axes & (1u << b))) {
+        pend.push_back(axn(b));
+        pending_mask |= 1u << b;
+      }
+    if (pend.empty()) return "";
+    std::string list = pend[0];
+    for (std::size_t k = 1; k < pend.size(); ++k) list += ", " + pend[k];
+    return fmt::format("{} is pending over {}: reduce over that instead, `axis: {}`", iname(0), list, pend.size() == 1 ? list : "[" + list + "]");
+  };
+  // ... and the fix, in machine-readable form: this op with its axis replaced.
+  auto retarget = [&](const std::string& w) {
+    if (w.empty() || diags_.empty()) return;
+    Op changed = *op_;
+    changed.attrs.axes = pending_mask;
+    diags_.back().fix = {FixKind::Replace, op_idx_, op_->loc.line, "", print_op(p_, changed)};
+  };
   for (int a : coll_axes(false)) {
     Placement p = pin(0, a);
     Placement dst = at().dst_invariant ? Placement::i() : Placement::r();
@@ -103,12 +126,17 @@ void Checker::all_reduce() {
       if (!reduction_ok(a, rop)) return;
       set_new(o, a, dst, why);
     } else if (p.is_s()) {
-      return illegal(fmt::format("AllReduce of {}, which is S({}) over {}: its shards are different pieces of one tensor, not summands", iname(0), p.dim, axn(a)),
-                     a, fmt::format("use {{op: AllGather, in: [{}], out: {}_full, axis: {}, dim: {}}} to assemble the pieces", iname(0), iname(0), axn(a), p.dim));
+      std::string w = wrong_axis();
+      illegal(fmt::format("AllReduce of {}, which is S({}) over {}: its shards are different pieces of one tensor, not summands", iname(0), p.dim, axn(a)), a,
+              w.empty() ? fmt::format("use {{op: AllGather, in: [{}], out: {}_full, axis: {}, dim: {}}} to assemble the pieces", iname(0), iname(0), axn(a), p.dim)
+                        : w);
+      return retarget(w);
     } else if (rop == ReduceOp::Sum) {
-      return illegal(fmt::format("AllReduce of {}, which is already {} over {}: all-reducing a replicated value multiplies it by {}", iname(0), ps(p),
-                                 axn(a), axsize(a)),
-                     a, "remove this AllReduce (the value is already whole on every rank)");
+      std::string w = wrong_axis();
+      illegal(fmt::format("AllReduce of {}, which is already {} over {}: all-reducing a replicated value multiplies it by {}", iname(0), ps(p), axn(a),
+                          axsize(a)),
+              a, w.empty() ? std::string("remove this AllReduce (the value is already whole on every rank)") : w);
+      return retarget(w);
     } else {
       set_from(o, a, p.is_i() && !at().dst_invariant ? Placement::r() : p, 0);  // avg/max/min of a replicated value is that value
     }
