@@ -32,7 +32,7 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   const OpAttrs& at = op.attrs;
   Val v = in(oi, r, 0);
   DType dt = at.has_dtype ? at.dtype : DType::F32;
-  const bool was_finite = all_finite(v.t);
+  const bool was_finite = global_ && all_finite(v.t);  // only the single-device run is tainted
   v.t = unary(v.t, [&](double x) {
     switch (op.kind) {
       case OpKind::SiLU: return x / (1 + std::exp(-x));
@@ -118,7 +118,7 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
     }
     return x;
   });
-  std::string t = was_finite ? leaves_reals(global_, v.t, {}, taint) : taint;
+  std::string t = was_finite ? leaves_reals(true, v.t, {}, taint) : taint;
   return set_out(oi, r, 0, std::move(v), t);
 }
 
