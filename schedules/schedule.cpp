@@ -1,6 +1,7 @@
 // schedules/schedule.cpp - CSV import, validation, lowering, grid and trace of pipeline schedules.
 #include "schedules/schedule.h"
 
+#include "ir/memory.h"
 #include "ir/ranks.h"
 #include "ir/source_file.h"
 
@@ -518,9 +519,10 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
   p.title = "schedule";
   std::size_t n_actions = 0;
   for (const auto& row : s.rows) n_actions += row.size();
-  p.ops.reserve(4 * n_actions + 16);
-  p.operands.reserve(12 * n_actions + 16);
+  reserve_huge(p.ops, 4 * n_actions + 16);
+  reserve_huge(p.operands, 12 * n_actions + 16);
   p.name_ids.reserve(2 * static_cast<std::size_t>(std::max(1, s.stages)) * static_cast<std::size_t>(std::max(1, s.microbatches)) + 16);
+  reserve_huge(p.names, p.name_ids.bucket_count());
   int ranks = static_cast<int>(s.rows.size());
   p.mesh.push_back({"pp", p.exprs.constant(std::max(1, ranks)), {1, 1}});
   p.has_p2p_model = true;
@@ -582,7 +584,8 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
     NameId tensor, handle;
   };
   std::unordered_map<std::int64_t, std::vector<Item>> items;  // (src, dst) -> what src sends, in order
-  std::unordered_map<NameId, std::size_t> item_index;         // tensor -> its position on its pair
+  std::vector<std::size_t> item_index;                         // tensor (NameId) -> its position on its pair (kNone: not sent)
+  constexpr std::size_t kNone = ~std::size_t{0};
   std::unordered_map<std::int64_t, std::size_t> posted;       // (src, dst) -> items whose irecv is posted
   auto pair_key = [&](int a, int b) { return std::int64_t{a} * (1 << 20) + b; };
   if (!s.has_comms)
@@ -597,22 +600,23 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
               to = rank_of(x.stage - 1), t = grad(x.stage, x.mb);
             if (to < 0) continue;
             auto& v = items[pair_key(r, to)];
-            item_index.emplace(t, v.size());
+            if (static_cast<std::size_t>(t) >= item_index.size()) item_index.resize(std::max(p.names.size(), static_cast<std::size_t>(t) + 1), kNone);
+            if (item_index[static_cast<std::size_t>(t)] == kNone) item_index[static_cast<std::size_t>(t)] = v.size();
             v.push_back({t, t});  // the handle of a receive is named after the tensor it receives
           }
   auto need = [&](NameId t, int from, int r, Loc l) {
-    auto it = item_index.find(t);
+    std::size_t at = static_cast<std::size_t>(t) < item_index.size() ? item_index[static_cast<std::size_t>(t)] : kNone;
     auto ch = items.find(pair_key(from, r));
-    if (it == item_index.end() || ch == items.end() || it->second >= ch->second.size() || ch->second[it->second].tensor != t) {
+    if (at == kNone || ch == items.end() || at >= ch->second.size() || ch->second[at].tensor != t) {
       recv(t, from, l);  // never sent to this rank: a blocking receive that nothing matches
       return;
     }
     std::size_t& k = posted[pair_key(from, r)];
-    for (; k <= it->second; ++k) {
+    for (; k <= at; ++k) {
       recv(ch->second[k].tensor, from, l);
       p.ops.back().attrs.handle = ch->second[k].handle;
     }
-    add(OpKind::Wait, {}, {}, l).attrs.handle = ch->second[it->second].handle;
+    add(OpKind::Wait, {}, {}, l).attrs.handle = ch->second[at].handle;
   };
   for (int r = 0; r < ranks; ++r) {
     RankProgram rp;

@@ -128,6 +128,14 @@ struct Buffer {
   boost::container::small_vector<Access, 2> reads;  // most buffers are read once or twice
 };
 
+// What one rank keeps per name: the buffer's accesses, and the latest instance returned under the name
+// when it is a handle (a handle and a tensor may share a name: the fields are apart).
+struct BufSlot {
+  int rank, next;  // next: the name's next slot among its first few ranks
+  int live = -1;   // handle: its latest instance on this rank (-1: none returned yet)
+  Buffer b;
+};
+
 // A (rank, stream). Every stream but `comm` runs its communication one op after another, as a GPU
 // stream does: an op starts once the unit before it completed (`running`, `queue`).
 struct Chain {
@@ -158,7 +166,7 @@ struct Rank {
   int wait_chain = -1;
   bool group_end = false;             // the pending wait is the end of a batched group
   std::vector<std::pair<NameId, int>> chains;  // stream -> chain (a rank has a few streams)
-  std::unordered_map<NameId, int> live;        // handle name -> its latest instance
+  std::vector<NameId> handles;                 // handle names returned on this rank (their instances: BufSlot::live)
   std::unordered_map<std::int64_t, int> seq;   // collective group -> next sequence number
   NameId group = -1;                           // the open batched group
   std::vector<int> group_insts;
@@ -300,7 +308,8 @@ class Engine {
   void drain(int c);
   void post(int e);
   void transfer(int s, int rv);
-  void complete_ep(int e, const VC* extra);
+  // last_use: nothing reads the endpoint's clock after this (it is moved, not copied, into its instance).
+  void complete_ep(int e, const VC* extra, bool last_use = false);
   void complete_inst(int inst, VC v);
   void close_group(int r);
   void wait(int r, const Op& op, int i);
@@ -311,7 +320,10 @@ class Engine {
   // ---- accesses (races.cpp) ----------------------------------------------------------------------
   void accesses(int r, const Op& op, int ev, int inst);
   void access(int r, NameId buf, Access y, const Op& yop);
-  Buffer& buffer(int r, NameId n);
+  BufSlot& slot(int r, NameId n);
+  Buffer& buffer(int r, NameId n) { return slot(r, n).b; }
+  // The latest instance of handle h on rank r (-1: none).
+  int live(int r, NameId h) { return slot(r, h).live; }
   std::string inst_name(int inst) const;
   std::string describe(const Access& a) const;
   std::string wait_fix(int inst, int ychain = -1) const;
@@ -353,10 +365,6 @@ class Engine {
   std::unordered_map<std::int64_t, Slot> slots_;
   std::vector<Channel> channels_;                          // (complete_ep never adds one: references stay valid)
   std::unordered_map<std::int64_t, int> channel_index_;   // (src, dst) -> its channel
-  struct BufSlot {
-    int rank, next;  // next: the name's next buffer among its first few ranks
-    Buffer b;
-  };
   std::vector<int> buf_head_;     // name -> its first buffer (on the first rank that used it)
   std::unordered_map<std::uint64_t, int> buf_index_;  // (rank, name) -> buffer, for the name's other ranks
   std::vector<BufSlot> bufs_;

@@ -34,9 +34,9 @@ void Engine::access(int r, NameId buf, Access y, const Op& yop) {
   }
 }
 
-// Buffers are per rank. Most names live on one rank: the name's first buffer is found directly;
+// Buffers (and handles) are per rank. Most names live on one rank: the name's first slot is found directly;
 // the others (a name every rank uses) through a (rank, name) index, so no lookup walks the ranks.
-Buffer& Engine::buffer(int r, NameId n) {
+BufSlot& Engine::slot(int r, NameId n) {
   if (static_cast<std::size_t>(n) >= buf_head_.size()) buf_head_.resize(std::max(p_.names.size(), static_cast<std::size_t>(n) + 1), -1);
   // The first kDirect ranks of a name: a short list from the name; the rest: the (rank, name) index.
   constexpr int kDirect = 4;
@@ -44,18 +44,18 @@ Buffer& Engine::buffer(int r, NameId n) {
   int walked = 0;
   for (; *link >= 0 && walked < kDirect; ++walked) {
     BufSlot& sl = bufs_[static_cast<std::size_t>(*link)];
-    if (sl.rank == r) return sl.b;
+    if (sl.rank == r) return sl;
     link = &sl.next;
   }
   if (walked == kDirect) {
     auto [it, fresh] = buf_index_.try_emplace((static_cast<std::uint64_t>(static_cast<std::uint32_t>(r)) << 32) | static_cast<std::uint32_t>(n),
                                               static_cast<int>(bufs_.size()));
-    if (!fresh) return bufs_[static_cast<std::size_t>(it->second)].b;
+    if (!fresh) return bufs_[static_cast<std::size_t>(it->second)];
   } else {
     *link = static_cast<int>(bufs_.size());
   }
-  bufs_.push_back({r, -1, {}});
-  return bufs_.back().b;
+  bufs_.push_back({r, -1, -1, {}});
+  return bufs_.back();
 }
 
 std::string Engine::inst_name(int inst) const {

@@ -130,9 +130,9 @@ void Engine::issue_async(int r, const Op& op, int i, bool implicit) {
   // (no chain is added from here on, so the calling chain's clock can be joined in place)
   int ev = add_event(i, chain, calling == chain ? nullptr : &cc.vc, std::span<const int>(&from, 1));
   if (!implicit) {
-    auto live = R.live.find(op.attrs.handle);
-    if (live != R.live.end() && insts_[static_cast<std::size_t>(live->second)].wait_event < 0) {
-      Instance& old = insts_[static_cast<std::size_t>(live->second)];
+    int prev = live(r, op.attrs.handle);
+    if (prev >= 0 && insts_[static_cast<std::size_t>(prev)].wait_event < 0) {
+      Instance& old = insts_[static_cast<std::size_t>(prev)];
       old.reported = true;
       Diagnostic d = diag(CheckId::OrphanedHandle, op, i,
                           fmt::format("{} reuses handle {} while the op that returned it (line {}) was never waited", op_name(op.kind),
@@ -144,7 +144,11 @@ void Engine::issue_async(int r, const Op& op, int i, bool implicit) {
   int inst = static_cast<int>(insts_.size());
   insts_.push_back({r, implicit ? NameId{-1} : op.attrs.handle, i, ev});
   if (implicit) R.group_insts.push_back(inst);
-  else R.live[op.attrs.handle] = inst;
+  else {
+    int& l = slot(r, op.attrs.handle).live;
+    if (l < 0) R.handles.push_back(op.attrs.handle);
+    l = inst;
+  }
   accesses(r, op, ev, inst);
   VC issued = chains_[static_cast<std::size_t>(chain)].vc;
   bool serial = serialized(stream);
@@ -231,7 +235,7 @@ void Engine::post(int e) {
   switch (ep.kind) {
     case EpKind::Local:
       if (ep.barrier && barrier_pending_[e] > 0) return;  // completes with the last op it waits for
-      return complete_ep(e, nullptr);
+      return complete_ep(e, nullptr, true);
     case EpKind::Send:
     case EpKind::Recv: {
       bool send = ep.kind == EpKind::Send;
@@ -258,7 +262,7 @@ void Engine::post(int e) {
     // Every member has arrived: each departs after every arrival.
     Slot done = std::move(s);
     slots_.erase(eps_[static_cast<std::size_t>(e)].slot);
-    for (int x : done.eps) complete_ep(x, &done.vc);
+    for (int x : done.eps) complete_ep(x, &done.vc, true);
     int hub = static_cast<int>(events_.size());
     events_.push_back({i, -1, 0, EventKind::Hub});
     hubs_[hub] = fmt::format("{} #{}", coll_str(op), eps_[static_cast<std::size_t>(e)].seq + 1);
@@ -276,21 +280,24 @@ void Engine::post(int e) {
 // completes once the Recv is posted.
 void Engine::transfer(int s, int rv) {
   // (complete_ep never adds endpoints, so these references stay valid)
-  complete_ep(rv, &eps_[static_cast<std::size_t>(s)].vc);
-  if (!eps_[static_cast<std::size_t>(s)].complete) complete_ep(s, &eps_[static_cast<std::size_t>(rv)].vc);
+  // The Recv's clock is read once more only to complete a rendezvous Send (below); the Send's is last read
+  // by its own completion (rendezvous) or by this Recv's (eager: the Send completed when posted).
+  bool send_done = eps_[static_cast<std::size_t>(s)].complete;
+  complete_ep(rv, &eps_[static_cast<std::size_t>(s)].vc, send_done);
+  if (!eps_[static_cast<std::size_t>(s)].complete) complete_ep(s, &eps_[static_cast<std::size_t>(rv)].vc, true);
   int a = eps_[static_cast<std::size_t>(s)].event, b = eps_[static_cast<std::size_t>(rv)].event;
   if (a >= 0 && b >= 0) edges_.push_back({a, b});
   VC().swap(eps_[static_cast<std::size_t>(s)].vc);
   VC().swap(eps_[static_cast<std::size_t>(rv)].vc);
 }
 
-void Engine::complete_ep(int e, const VC* extra) {
+void Engine::complete_ep(int e, const VC* extra, bool last_use) {
   Endpoint& ep = eps_[static_cast<std::size_t>(e)];
   ep.complete = true;
   if (ep.barrier) {
     // no event of its own: the WaitStream / WaitEvent happened when issued
   } else if (ep.inst >= 0) {
-    VC v = ep.vc;
+    VC v = last_use ? std::move(ep.vc) : ep.vc;
     if (extra) join(v, *extra);
     complete_inst(ep.inst, std::move(v));
   } else {

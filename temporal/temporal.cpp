@@ -6,6 +6,7 @@
 #include <map>
 #include <ostream>
 
+#include "ir/memory.h"
 #include "temporal/engine.h"
 
 namespace spmd::temporal_detail {
@@ -13,10 +14,12 @@ namespace spmd::temporal_detail {
 using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
 
 void Engine::run() {
-  events_.reserve(p_.ops.size() + 16);
-  edges_.reserve(2 * p_.ops.size() + 16);
-  bufs_.reserve(p_.ops.size() + 16);
-  eps_.reserve(p_.ops.size() / 2 + 16);
+  // The engine's arrays grow with the program: reserved once, on huge pages (ir/memory.h).
+  reserve_huge(events_, p_.ops.size() + 16);
+  reserve_huge(edges_, 2 * p_.ops.size() + 16);
+  reserve_huge(bufs_, p_.ops.size() + 16);
+  reserve_huge(eps_, p_.ops.size() / 2 + 16);
+  reserve_huge(insts_, p_.ops.size() / 2 + 16);
   static_matching();
   ranks_.resize(static_cast<std::size_t>(space_.count()));
   // Number the chains rank by rank (compute, then comm) so that clocks of neighbouring ranks are near.

@@ -37,10 +37,10 @@ void Engine::wait(int r, const Op& op, int i) {
   else hs = p_.name_lists[op.attrs.handles];
   std::vector<int> done;
   for (NameId h : hs) {
-    auto it = R.live.find(h);
-    if (it == R.live.end()) {
+    int in = live(r, h);
+    if (in < 0) {
       std::vector<std::string> known;
-      for (const auto& [id, inst] : R.live) known.push_back(p_.name(id));
+      for (NameId id : R.handles) known.push_back(p_.name(id));
       std::sort(known.begin(), known.end());
       auto best = did_you_mean(p_.name(h), known);
       local(diag(CheckId::InvalidWait, op, i,
@@ -49,14 +49,14 @@ void Engine::wait(int r, const Op& op, int i) {
             r);
       continue;
     }
-    const Instance& st = insts_[static_cast<std::size_t>(it->second)];
-    if (st.wait_event >= 0 || std::find(done.begin(), done.end(), it->second) != done.end()) {
+    const Instance& st = insts_[static_cast<std::size_t>(in)];
+    if (st.wait_event >= 0 || std::find(done.begin(), done.end(), in) != done.end()) {
       Diagnostic d = diag(CheckId::InvalidWait, op, i, fmt::format("{} of handle {}, which was already waited", op_name(op.kind), p_.name(h)));
       d.notes.push_back({op_at(st.wait_event >= 0 ? st.wait_op : i).loc, fmt::format("handle {} was waited here", p_.name(h))});
       local(std::move(d), r);
       continue;
     }
-    done.push_back(it->second);
+    done.push_back(in);
   }
   R.wait_insts = std::move(done);
   R.wait_op = i;
@@ -77,13 +77,16 @@ void Engine::block_on_waits(int r) {
 // The Wait (or the end of a batched group) happens: after the completion of what it waits for.
 void Engine::finish_wait(int r) {
   Rank& R = ranks_[static_cast<std::size_t>(r)];
-  VC v;
+  // The Wait's chain joins every completion clock: all but the last directly, the last through add_event
+  // (joins commute, so this is the join of them all, with no temporary clock).
   std::vector<int> from;
+  const VC* last = nullptr;
   for (int x : R.wait_insts) {
-    join(v, insts_[static_cast<std::size_t>(x)].done_vc);
+    if (last) join(chains_[static_cast<std::size_t>(R.wait_chain)].vc, *last);
+    last = &insts_[static_cast<std::size_t>(x)].done_vc;
     from.push_back(insts_[static_cast<std::size_t>(x)].issue_event);
   }
-  int ev = add_event(R.wait_op, R.wait_chain, &v, from, R.group_end ? EventKind::GroupEnd : EventKind::Op);
+  int ev = add_event(R.wait_op, R.wait_chain, last, from, R.group_end ? EventKind::GroupEnd : EventKind::Op);
   for (int x : R.wait_insts) {
     Instance& h = insts_[static_cast<std::size_t>(x)];
     h.wait_event = ev;
@@ -100,19 +103,18 @@ void Engine::finish_wait(int r) {
 
 // OverlapRegion: the async ops it names must be in flight (issued on this rank and not yet waited).
 void Engine::overlap_checks(int r, const Op& op, int i) {
-  Rank& R = ranks_[static_cast<std::size_t>(r)];
   for (NameId h : p_.name_lists[op.attrs.handles]) {
-    auto it = R.live.find(h);
-    if (it == R.live.end()) {
+    int in = live(r, h);
+    if (in < 0) {
       local(diag(CheckId::InvalidWait, op, i,
                  fmt::format("OverlapRegion overlaps handle {}, which no earlier op returned: nothing is in flight to overlap with", p_.name(h))),
             r);
-    } else if (insts_[static_cast<std::size_t>(it->second)].wait_event >= 0) {
+    } else if (insts_[static_cast<std::size_t>(in)].wait_event >= 0) {
       Diagnostic d = diag(CheckId::InvalidWait, op, i,
                           fmt::format("OverlapRegion overlaps handle {}, which was already waited: the region runs after the op completes, so "
                                       "nothing overlaps (the Wait serializes them)",
                                       p_.name(h)));
-      d.notes.push_back({op_at(insts_[static_cast<std::size_t>(it->second)].wait_op).loc, fmt::format("handle {} was waited here", p_.name(h))});
+      d.notes.push_back({op_at(insts_[static_cast<std::size_t>(in)].wait_op).loc, fmt::format("handle {} was waited here", p_.name(h))});
       d.notes.push_back({op.loc, fmt::format("fix: move the Wait of {} after this region", p_.name(h))});
       local(std::move(d), r);
     }
