@@ -286,9 +286,9 @@ int main(int argc, char** argv) {
       to.forward_ok = fd.empty();
       spmd::TrainingCheck r = spmd::check_training(p, to);
       auto t1 = std::chrono::steady_clock::now();
-      if (!r.built || !r.diags.empty()) {
-        std::fprintf(stderr, "training program is expected to be clean, got %zu diagnostics: %s\n", r.diags.size(),
-                     r.diags.empty() ? "(not built)" : r.diags[0].message.c_str());
+      if (!fd.empty() || !r.built || !r.diags.empty()) {
+        std::fprintf(stderr, "training program is expected to be clean, got %zu diagnostics: %s\n", fd.size() + r.diags.size(),
+                     !fd.empty() ? fd[0].message.c_str() : r.diags.empty() ? "(not built)" : r.diags[0].message.c_str());
         return 1;
       }
       double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();

@@ -114,8 +114,8 @@ inline Program make_transformer(const GenOptions& g) {
 namespace spmd::bench {
 
 // make_transformer as a training program: every weight is a parameter, the loss is the mean of the
-// last activations (P(avg) over dp), and grad_sync all-reduces each parameter gradient over dp (and
-// over tp for the LayerNorm weights, which are R over tp and see tp-partial gradients). Correct.
+// last activations (P(avg) over dp, I over tp), and grad_sync averages each parameter gradient over dp
+// (and sums over tp the LayerNorm weights', which are R over tp and see tp-partial gradients). Correct.
 inline Program make_training(const GenOptions& g) {
   Program p = make_transformer(g);
   Builder b(p);
@@ -126,6 +126,16 @@ inline Program make_training(const GenOptions& g) {
   mean.kind = OpKind::Mean;
   mean.loc = {static_cast<std::uint32_t>(p.ops.size() + 1), 5};
   mean.attrs.dims = b.ints({0, 1, 2});
+  // The loss is the mean of the last row-parallel AllReduce's output, made invariant over tp (Megatron's g,
+  // dst: I; the residual Add after it is dropped, it would mix I with R): a loss replicated over tp (R) would
+  // make every gradient tp times too large.
+  for (std::size_t k = p.ops.size(); k-- > 0;)
+    if (p.ops[k].kind == OpKind::AllReduce) {
+      p.ops[k].attrs.dst_invariant = true;
+      last = p.outs(p.ops[k])[0];
+      p.ops.resize(k + 1);
+      break;
+    }
   NameId loss = b.name("loss");
   p.add_op(mean, std::vector<NameId>{last}, std::vector<NameId>{loss});
   p.loss = loss;
@@ -134,10 +144,17 @@ inline Program make_training(const GenOptions& g) {
   for (const auto& t : p.tensors) {
     if (!t.param) continue;
     NameId gr = b.name(p.name(t.name) + ".grad");
+    // The mean loss makes every gradient pending an average over dp.
     Op ar;
     ar.kind = OpKind::AllReduce;
-    ar.attrs.axes = 1u | (t.placement[1].is_r() ? 2u : 0u);
+    ar.attrs.axes = 1u;
+    ar.attrs.rop = ReduceOp::Avg;
     p.add_op(p.grad_sync, ar, std::vector<NameId>{gr}, std::vector<NameId>{gr});
+    if (t.placement[1].is_r()) {  // the LayerNorm weights, R over tp, get tp-partial gradients: summed over tp
+      ar.attrs.axes = 2u;
+      ar.attrs.rop = ReduceOp::Sum;
+      p.add_op(p.grad_sync, ar, std::vector<NameId>{gr}, std::vector<NameId>{gr});
+    }
   }
   return p;
 }
