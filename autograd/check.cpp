@@ -9,6 +9,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/derive.h"
+#include "ir/memory.h"
 #include "spatial/spatial.h"
 
 namespace spmd {
@@ -75,7 +76,7 @@ class TrainingChecker {
     for (int a = 0; a < t.axis_count(); ++a) seed.placement[static_cast<std::size_t>(a)] = dual(lt.pl[static_cast<std::size_t>(a)]);
     t.tensors.push_back(std::move(seed));
     first_bwd_ = p_.ops.size();  // a derived backward is appended to the ops already, a hand-written one here
-    t.ops.reserve(t.ops.size() + t.backward.size() + t.grad_sync.size());
+    reserve_huge(t.ops, t.ops.size() + t.backward.size() + t.grad_sync.size());
     t.ops.insert(t.ops.end(), t.backward.begin(), t.backward.end());
     first_relabel_ = t.ops.size();
     relabel_mean_loss(t, lt);

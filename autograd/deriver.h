@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "autograd/derive.h"
+#include "ir/memory.h"
 
 namespace spmd::autograd_detail {
 
@@ -30,11 +31,12 @@ class Deriver {
     p = f;
     list_ = append_to_ops ? &p.ops : &p.backward;
     // A VJP emits a few ops per forward op (about 3.3 on a transformer): room for them once.
-    list_->reserve(list_->size() + 4 * f.ops.size());
-    p.operands.reserve(p.operands.size() + 10 * f.ops.size());
-    p.names.reserve(p.names.size() + 3 * f.ops.size());
+    // (on huge pages, ir/memory.h: first-touch page faults were a large part of a 10^6-op derivation)
+    reserve_huge(*list_, list_->size() + 4 * f.ops.size());
+    reserve_huge(p.operands, p.operands.size() + 10 * f.ops.size());
+    reserve_huge(p.names, p.names.size() + 3 * f.ops.size());
     p.name_ids.reserve(p.names.size() + 3 * f.ops.size());
-    d_.forward_op.reserve(4 * f.ops.size());
+    reserve_huge(d_.forward_op, 4 * f.ops.size());
     p.exprs = ty.exprs;
     p.backward.clear();
     p.has_backward = true;

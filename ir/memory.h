@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 namespace spmd {
@@ -23,11 +24,15 @@ inline void advise_huge_pages(const void* p, std::size_t bytes) {
   if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
 }
 
-// reserve(n), then huge pages for the reserved storage.
+// reserve(n) on huge pages: the new storage is advised before the elements already there move into it.
 template <class T>
 void reserve_huge(std::vector<T>& v, std::size_t n) {
-  v.reserve(n);
-  advise_huge_pages(v.data(), v.capacity() * sizeof(T));
+  if (n <= v.capacity()) return;
+  std::vector<T> w;
+  w.reserve(n);
+  advise_huge_pages(w.data(), w.capacity() * sizeof(T));
+  w.insert(w.end(), std::make_move_iterator(v.begin()), std::make_move_iterator(v.end()));
+  v.swap(w);
 }
 
 }  // namespace spmd
