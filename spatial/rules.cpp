@@ -5,6 +5,7 @@
 // Each rule reads its inputs' global shapes and per-axis placements and either writes the outputs'
 // or reports a diagnostic (and the outputs are then poisoned: no cascades). Shape claims go through
 // Obligations: decided at once when concrete, proved by Z3 at the end when symbolic.
+#include "ir/memory.h"
 #include "ir/printer.h"
 #include "spatial/checker.h"
 
@@ -40,8 +41,9 @@ std::vector<Diagnostic> Checker::run() {
     types_->outs.clear();
     types_->decl_origins.clear();
     types_->out_origins.clear();
+    reserve_huge(types_->out_base, p_.ops.size());  // (huge pages: ir/memory.h)
     types_->out_base.assign(p_.ops.size(), 0);
-    types_->outs.reserve(p_.ops.size());
+    reserve_huge(types_->outs, p_.ops.size());
   }
   declare_sizes();
   RankSpace space = make_rank_space(p_);
@@ -78,6 +80,7 @@ std::vector<Diagnostic> Checker::run() {
     std::vector<std::pair<std::uint32_t, std::uint32_t>> outs;
     for (std::size_t j = 0; j < p_.outputs.size(); ++j) outs.push_back({static_cast<std::uint32_t>(j), static_cast<std::uint32_t>(p_.outputs[j].name)});
     for (const auto& prog : progs) {
+      reserve_huge(env_, p_.names.size());
       env_.assign(p_.names.size(), Value());
       origins_.clear();
       for (const auto& t : p_.tensors) declare(t, static_cast<std::size_t>(t.name));
