@@ -44,7 +44,7 @@ void Runner::attention(int oi, std::int64_t r, const std::string& taint) {
   std::vector<std::int64_t> qpos(static_cast<std::size_t>(SQ)), kpos(static_cast<std::size_t>(SK));
   std::iota(qpos.begin(), qpos.end(), 0);
   std::iota(kpos.begin(), kpos.end(), 0);
-  if (op.attrs.axes) {
+  if (op.attrs.axes && op.attrs.causal) {
     int axis;
     std::int64_t N = cp_ring(op, axis);
     std::int64_t me = coords(r)[static_cast<std::size_t>(axis)], n = sizes_[static_cast<std::size_t>(axis)];

@@ -117,7 +117,7 @@ void Runner::ring_group(int oi, const std::vector<std::int64_t>& members) {
     std::vector<Tensor> ks, vs;
     for (auto r : members) ks.push_back(in(oi, r, 1).t), vs.push_back(in(oi, r, 2).t);
     Tensor kf = concat(ks, s), vf = concat(vs, s);
-    bool zz = op.attrs.order == 1;
+    bool zz = op.attrs.order == 1 && op.attrs.causal;  // positions matter only to the causal mask
     std::int64_t SK = kf.shape[static_cast<std::size_t>(s)];
     std::vector<std::int64_t> kpos(static_cast<std::size_t>(SK));
     for (std::int64_t j = 0; j < SK; ++j) kpos[static_cast<std::size_t>(j)] = cp_position(j, SK, N, zz);
@@ -152,7 +152,7 @@ void Runner::ring_step(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   const Val& k = in(oi, r, 1);
   const Val& v = in(oi, r, 2);
   if (q.t.rank() != 4 || k.t.rank() != 4) throw InterpError("RingAttentionStep needs rank-4 q, k, v");
-  bool zz = op.attrs.order == 1;
+  bool zz = op.attrs.order == 1 && op.attrs.causal;  // positions matter only to the causal mask
   std::int64_t SQ = q.t.shape[static_cast<std::size_t>(s)], SK = k.t.shape[static_cast<std::size_t>(s)];
   std::int64_t me = global_ ? 0 : c[static_cast<std::size_t>(axis)], n = global_ ? 1 : N;
   std::int64_t kb = ((me - op.attrs.k) % n + n) % n;

@@ -148,6 +148,10 @@ bool Checker::attention_shapes(int& b, int& h, int& s, int& dd) {
 
 void Checker::attention() {
   int b, h, s, dd;
+  if (std::popcount(at().axes) > 1)
+    return illegal(fmt::format("FlashAttention's `cp` names {} axes; the causal mask's positions come from one sequence-sharding axis",
+                               std::popcount(at().axes)),
+                   -1, "name the context-parallel axis alone");
   if (!attention_shapes(b, h, s, dd)) return;
   auto dim = [&](int i, int d) { return in(i).shape[static_cast<std::size_t>(d)]; };
   Value& o = out() = in(0);
