@@ -262,7 +262,7 @@ class Gen {
   // ---- ops ------------------------------------------------------------------------------------
   void add_op() {
     static const std::vector<std::pair<int, int>> weights = {{0, 10}, {1, 14}, {2, 14}, {3, 8}, {4, 4}, {5, 7}, {6, 4}, {7, 8},
-                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}, {16, 4}};
+                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}, {16, 10}};
     int total = 0;
     for (auto [k, w] : weights) total += w;
     int r = rng_.below(total), kind = 0;
@@ -673,7 +673,7 @@ class Gen {
     std::int64_t b = 2, h = rng_.pick(std::vector<std::int64_t>{2, 4}), d = rng_.pick(std::vector<std::int64_t>{2, 4});
     std::int64_t s = n * rng_.pick(std::vector<std::int64_t>{2, 2, 4, 3});
     Dims shape = {b, h, s, d}, lshape = {b, h, s, 1};
-    int kind = rng_.below(3);
+    int kind = rng_.chance(0.5) ? 2 : rng_.below(2);
     bool zz = rng_.chance(0.4), causal = rng_.chance(0.7);
     std::string attn = std::string(causal ? ", causal: true" : "") + (rng_.chance(zz ? 0.85 : 0.15) ? ", order: zigzag" : "");
     Placements other{};
