@@ -37,10 +37,11 @@ struct Value {
   std::uint32_t fresh = 0;
   // FP8 (spatial/rules_fp8.cpp). `def` names this value (each declaration and op output gets its own). FP8
   // data remembers the scale it was quantized with (fp8_scale: that value's def; -1 unknown, -2 none, a plain
-  // cast), the axes over which that scale is per-rank (fp8_local), the FP8Quantize op, and the amax tensor the
-  // scale came from (fp8_amax, a NameId; scales and histories carry it too, for the fix).
+  // cast, -3 data of several scales mixed), the axes over which the value is in per-rank units (fp8_local: a
+  // per-rank scale), those its input already was in (fp8_under, what FP8Dequantize gives back), the
+  // FP8Quantize op, and the amax tensor the scale came from (fp8_amax, a NameId; scales carry it, for the fix).
   std::int32_t def = -1, fp8_scale = -1, fp8_qop = -1, fp8_amax = -1;
-  std::uint32_t fp8_local = 0;
+  std::uint32_t fp8_local = 0, fp8_under = 0;
   Value() { origin.fill(-1); }
   std::span<const ExprId> dims() const { return {shape.data(), rank}; }
 };

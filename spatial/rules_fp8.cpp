@@ -5,6 +5,7 @@
 // over which its ranks encode with different (per-rank) scales. Such data may stay local and be decoded with
 // the same scale, but no collective may exchange it (fp8_exchange_ok) and it is no program output: every rank
 // would decode the other ranks' data with its own scale. docs/semantics.md, "FP8 scales", says why.
+#include "ir/op_table.h"
 #include "spatial/checker.h"
 
 namespace spmd::detail {
@@ -16,6 +17,7 @@ void clear_fp8(Value& v) {
   v.fp8_qop = -1;
   v.fp8_amax = -1;
   v.fp8_local = 0;
+  v.fp8_under = 0;
 }
 
 bool fp8_family(OpKind k) {
@@ -24,16 +26,25 @@ bool fp8_family(OpKind k) {
 
 }  // namespace
 
-// Every other op's output carries what its inputs carry: the axes of per-rank scales (a sum, a matmul or a
+// Every other op's output carries what its inputs carry: the axes of per-rank units (a sum, a matmul or a
 // reshape of per-rank-scaled data is still in per-rank units), the scale, and the amax a scale came from.
+// Inputs of different scales (or one in per-rank units next to other data) mix: no scale decodes the result.
 void Checker::fp8_carry(Value& v) const {
   if (fp8_family(op_->kind) || op_->kind == OpKind::Recv) return;  // they set their own; a Recv takes its Send's
   clear_fp8(v);
+  const Value* first = nullptr;
+  bool mixed = false;
   for (const Value* x : in_) {
-    v.fp8_local |= x->fp8_local;
-    if (v.fp8_scale == -1 && x->fp8_scale != -1) v.fp8_scale = x->fp8_scale, v.fp8_qop = x->fp8_qop;
     if (v.fp8_amax == -1) v.fp8_amax = x->fp8_amax;
+    if (x->fp8_scale == -1 && !x->fp8_local) continue;
+    if (!first) first = x;
+    else mixed |= x->fp8_scale != first->fp8_scale || x->fp8_local != first->fp8_local || x->fp8_qop != first->fp8_qop;
+    v.fp8_local |= x->fp8_local;
+    v.fp8_under |= x->fp8_under;
   }
+  if (!first) return;
+  v.fp8_scale = mixed ? -3 : first->fp8_scale;
+  v.fp8_qop = first->fp8_qop;
 }
 
 std::string Checker::fp8_amax_fix(const Value& v, std::uint32_t mask) const {
@@ -55,6 +66,7 @@ std::string Checker::fp8_amax_fix(const Value& v, std::uint32_t mask) const {
 void Checker::amax() {
   Value& o = out() = in(0);
   clear_fp8(o);
+  o.fp8_local = in(0).fp8_local;  // the amax of data in per-rank units is in per-rank units
   o.rank = 0;
   o.dtype = DType::F32;
   o.fp8_amax = static_cast<std::int32_t>(p_.outs(*op_)[0]);
@@ -79,6 +91,7 @@ void Checker::amax_history() {
   if (!invariant_ok({0, 1})) return;
   Value& o = out() = h;
   clear_fp8(o);
+  o.fp8_local = h.fp8_local | m.fp8_local;
   o.dtype = DType::F32;
   o.fp8_amax = m.fp8_amax >= 0 ? m.fp8_amax : static_cast<std::int32_t>(p_.ins(*op_)[1]);
   for (int a = 0; a < axes(); ++a) {
@@ -110,6 +123,7 @@ void Checker::fp8_scale() {
                   iname(0), {fix("compute the amax with AmaxUpdate, the window with AmaxHistory")});
   Value& o = out() = x;
   clear_fp8(o);
+  o.fp8_local = x.fp8_local;
   o.rank = 0;
   o.dtype = DType::F32;
   o.fp8_amax = x.fp8_amax >= 0 ? x.fp8_amax : static_cast<std::int32_t>(p_.ins(*op_)[0]);
@@ -141,6 +155,7 @@ bool Checker::fp8_scale_ok(int i, std::uint32_t& per_rank) {
     }
     if (p.is_p() || (p.is_v() && !whole_v(s, a))) per_rank |= 1u << a;
   }
+  per_rank |= s.fp8_local;  // a scale computed from data in per-rank units
   return true;
 }
 
@@ -155,7 +170,8 @@ void Checker::fp8_quantize() {
   if (n_in() == 2 && !fp8_scale_ok(1, per_rank)) return;
   o.fp8_scale = n_in() == 2 ? in(1).def : -2;
   o.fp8_amax = n_in() == 2 ? in(1).fp8_amax : -1;
-  o.fp8_local = per_rank;
+  o.fp8_local = per_rank | in(0).fp8_local;
+  o.fp8_under = in(0).fp8_local;
   o.fp8_qop = op_idx_;
 }
 
@@ -176,12 +192,16 @@ void Checker::fp8_dequantize() {
       notes.push_back({qop.loc, qs.empty() ? fmt::format("{} is quantized here with no scale (a plain cast)", iname(0))
                                            : fmt::format("{} is quantized here with the scale {}", iname(0), qs)});
     }
-    std::string fix_text = q.fp8_scale == -2 ? fmt::format("drop the scale: {{op: FP8Dequantize, in: [{}]}}", iname(0))
+    std::string fix_text = q.fp8_scale == -3 ? "dequantize each FP8 tensor with its own scale before combining them"
+                           : q.fp8_scale == -2 ? fmt::format("drop the scale: {{op: FP8Dequantize, in: [{}]}}", iname(0))
                            : qs.empty()     ? "dequantize with the scale the data was quantized with"
                                             : fmt::format("dequantize with the scale it was quantized with: in: [{}, {}]", iname(0), qs);
     notes.push_back(fix(fix_text));
     std::string used = n_in() == 2 ? fmt::format("the scale {}", sname) : "no scale";
-    std::string had = q.fp8_scale == -2 ? "no scale (a plain cast)" : qs.empty() ? "another scale" : fmt::format("the scale {}", qs);
+    std::string had = q.fp8_scale == -3 ? "several scales (it mixes FP8 data of different scales or units)"
+                      : q.fp8_scale == -2 ? "no scale (a plain cast)"
+                      : qs.empty()        ? "another scale"
+                                          : fmt::format("the scale {}", qs);
     return report(CheckId::LayoutConflict,
                   fmt::format("FP8Dequantize decodes {} with {}, but it was quantized with {}: a scale updated or recomputed in between "
                               "(delayed scaling) decodes with the wrong factor",
@@ -201,6 +221,9 @@ void Checker::fp8_dequantize() {
   }
   Value& o = out() = q;
   clear_fp8(o);
+  // Decoded with its own scale: back in the units of what was quantized (unknown data: only its marks).
+  o.fp8_local = q.fp8_scale == -1 ? q.fp8_local : q.fp8_under;
+  o.fp8_scale = -1;
   o.dtype = at().has_dtype ? at().dtype : DType::F32;
 }
 
