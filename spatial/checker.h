@@ -40,8 +40,10 @@ struct Value {
   // cast, -3 data of several scales mixed), the axes over which the value is in per-rank units (fp8_local: a
   // per-rank scale), those its input already was in (fp8_under, what FP8Dequantize gives back), the
   // FP8Quantize op, and the amax tensor the scale came from (fp8_amax, a NameId; scales carry it, for the fix).
-  std::int32_t def = -1, fp8_scale = -1, fp8_qop = -1, fp8_amax = -1;
-  std::uint32_t fp8_local = 0, fp8_under = 0;
+  // fp8_amax_op is the AmaxUpdate that made that amax and fp8_amax_pmax the axes its result was P(max) over
+  // (the machine fix reduces it right after that op).
+  std::int32_t def = -1, fp8_scale = -1, fp8_qop = -1, fp8_amax = -1, fp8_amax_op = -1;
+  std::uint32_t fp8_local = 0, fp8_under = 0, fp8_amax_pmax = 0;
   Value() { origin.fill(-1); }
   std::span<const ExprId> dims() const { return {shape.data(), rank}; }
 };
@@ -224,6 +226,7 @@ class Checker {
   void fp8_carry(Value& v) const;              // FP8 tags flow from the inputs into other ops' outputs
   bool fp8_output_ok(const OutputDecl& od, const Value& v);
   std::string fp8_amax_fix(const Value& v, std::uint32_t mask) const;
+  Fix fp8_machine_fix(const Value& v, std::uint32_t mask) const;
 
   // ---- gradient ops (the VJPs derived backward programs are made of) --------------------------
   void expand();

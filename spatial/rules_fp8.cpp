@@ -16,6 +16,8 @@ void clear_fp8(Value& v) {
   v.fp8_scale = -1;
   v.fp8_qop = -1;
   v.fp8_amax = -1;
+  v.fp8_amax_op = -1;
+  v.fp8_amax_pmax = 0;
   v.fp8_local = 0;
   v.fp8_under = 0;
 }
@@ -35,7 +37,7 @@ void Checker::fp8_carry(Value& v) const {
   const Value* first = nullptr;
   bool mixed = false;
   for (const Value* x : in_) {
-    if (v.fp8_amax == -1) v.fp8_amax = x->fp8_amax;
+    if (v.fp8_amax == -1) v.fp8_amax = x->fp8_amax, v.fp8_amax_op = x->fp8_amax_op, v.fp8_amax_pmax = x->fp8_amax_pmax;
     if (x->fp8_scale == -1 && !x->fp8_local) continue;
     if (!first) first = x;
     else mixed |= x->fp8_scale != first->fp8_scale || x->fp8_local != first->fp8_local || x->fp8_qop != first->fp8_qop;
@@ -62,6 +64,20 @@ std::string Checker::fp8_amax_fix(const Value& v, std::uint32_t mask) const {
                      axs, m, m, axs, m);
 }
 
+// The machine-readable form of fp8_amax_fix: an AllReduce(max) over `mask` right after the AmaxUpdate, when
+// that amax was P(max) over all of `mask` there (otherwise the fix stays a note).
+Fix Checker::fp8_machine_fix(const Value& v, std::uint32_t mask) const {
+  if (v.fp8_amax_op < 0 || (mask & ~v.fp8_amax_pmax) || p_.per_rank) return {};
+  const Op& op = p_.ops[static_cast<std::size_t>(v.fp8_amax_op)];
+  std::string axs;
+  int n = 0;
+  for (int a = 0; a < axes(); ++a)
+    if (mask & (1u << a)) axs += (n++ ? ", " : "") + axn(a);
+  if (n > 1) axs = "[" + axs + "]";
+  const std::string& m = p_.name(p_.outs(op)[0]);
+  return {FixKind::InsertAfter, v.fp8_amax_op, op.loc.line, "", fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}, reduce: max}}", m, m, axs)};
+}
+
 // AmaxUpdate: max |x| as a scalar. A sharded x gives each rank its own max: P(max).
 void Checker::amax() {
   Value& o = out() = in(0);
@@ -70,10 +86,14 @@ void Checker::amax() {
   o.rank = 0;
   o.dtype = DType::F32;
   o.fp8_amax = static_cast<std::int32_t>(p_.outs(*op_)[0]);
+  o.fp8_amax_op = op_idx_;
   for (int a = 0; a < axes(); ++a) {
     Placement p = pin(0, a);
     if (p.is_p()) return partial_misuse(0, a, "the max of a pending sum is not the max of its summands");
-    if (p.is_s()) set_new(o, a, Placement::p(ReduceOp::Max), fmt::format("AmaxUpdate of a tensor sharded {} over {} is each rank's own max", ps(p), axn(a)));
+    if (p.is_s()) {
+      set_new(o, a, Placement::p(ReduceOp::Max), fmt::format("AmaxUpdate of a tensor sharded {} over {} is each rank's own max", ps(p), axn(a)));
+      o.fp8_amax_pmax |= 1u << a;
+    }
   }
 }
 
@@ -94,6 +114,7 @@ void Checker::amax_history() {
   o.fp8_local = h.fp8_local | m.fp8_local;
   o.dtype = DType::F32;
   o.fp8_amax = m.fp8_amax >= 0 ? m.fp8_amax : static_cast<std::int32_t>(p_.ins(*op_)[1]);
+  if (m.fp8_amax >= 0) o.fp8_amax_op = m.fp8_amax_op, o.fp8_amax_pmax = m.fp8_amax_pmax;
   for (int a = 0; a < axes(); ++a) {
     Placement ph = pin(0, a), pm = pin(1, a);
     if (ph.is_s()) return sharded_dim(0, a, 0, "the window of an amax history is one rank's list of recent maxima");
@@ -127,6 +148,7 @@ void Checker::fp8_scale() {
   o.rank = 0;
   o.dtype = DType::F32;
   o.fp8_amax = x.fp8_amax >= 0 ? x.fp8_amax : static_cast<std::int32_t>(p_.ins(*op_)[0]);
+  if (x.fp8_amax >= 0) o.fp8_amax_op = x.fp8_amax_op, o.fp8_amax_pmax = x.fp8_amax_pmax;
   bool window_max = x.rank == 1 && at().choice != 1;  // algo: max (the default) takes the window's max
   for (int a = 0; a < axes(); ++a) {
     Placement p = pin(0, a);
@@ -169,7 +191,7 @@ void Checker::fp8_quantize() {
   std::uint32_t per_rank = 0;
   if (n_in() == 2 && !fp8_scale_ok(1, per_rank)) return;
   o.fp8_scale = n_in() == 2 ? in(1).def : -2;
-  o.fp8_amax = n_in() == 2 ? in(1).fp8_amax : -1;
+  if (n_in() == 2) o.fp8_amax = in(1).fp8_amax, o.fp8_amax_op = in(1).fp8_amax_op, o.fp8_amax_pmax = in(1).fp8_amax_pmax;
   o.fp8_local = per_rank | in(0).fp8_local;
   o.fp8_under = in(0).fp8_local;
   o.fp8_qop = op_idx_;
@@ -248,6 +270,7 @@ bool Checker::fp8_exchange_ok() {
                      "with its own scale",
                      opname(), axn(a), iname(0), s, axn(a)),
          iname(0), std::move(notes));
+  diags_.back().fix = fp8_machine_fix(x, bad);
   return false;
 }
 
