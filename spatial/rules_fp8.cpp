@@ -39,8 +39,10 @@ void Checker::fp8_carry(Value& v) const {
   for (const Value* x : in_) {
     if (v.fp8_amax == -1) v.fp8_amax = x->fp8_amax, v.fp8_amax_op = x->fp8_amax_op, v.fp8_amax_pmax = x->fp8_amax_pmax;
     if (x->fp8_scale == -1 && !x->fp8_local) continue;
-    if (!first) first = x;
-    else mixed |= x->fp8_scale != first->fp8_scale || x->fp8_local != first->fp8_local || x->fp8_qop != first->fp8_qop;
+    if (!first)
+      first = x;
+    else
+      mixed |= x->fp8_scale != first->fp8_scale || x->fp8_local != first->fp8_local || x->fp8_qop != first->fp8_qop;
     v.fp8_local |= x->fp8_local;
     v.fp8_under |= x->fp8_under;
   }
@@ -56,12 +58,13 @@ std::string Checker::fp8_amax_fix(const Value& v, std::uint32_t mask) const {
     if (mask & (1u << a)) axs += (n++ ? ", " : "") + axn(a);
   if (n > 1) axs = "[" + axs + "]";
   if (v.fp8_amax < 0)
-    return fmt::format("quantize with a scale computed from an amax all-reduced with max over {} (the ranks that exchange the data must share one scale)",
-                       axs);
+    return fmt::format(
+        "quantize with a scale computed from an amax all-reduced with max over {} (the ranks that exchange the data must share one scale)", axs);
   const std::string& m = p_.name(static_cast<NameId>(v.fp8_amax));
-  return fmt::format("reduce the amax over {} before the scale is computed from it: insert {{op: AllReduce, in: [{}], out: {}, axis: {}, reduce: max}} "
-                     "after the op that computes {} (TransformerEngine's amax reduction group; torchao's precompute_float8_dynamic_scale_for_fsdp)",
-                     axs, m, m, axs, m);
+  return fmt::format(
+      "reduce the amax over {} before the scale is computed from it: insert {{op: AllReduce, in: [{}], out: {}, axis: {}, reduce: max}} "
+      "after the op that computes {} (TransformerEngine's amax reduction group; torchao's precompute_float8_dynamic_scale_for_fsdp)",
+      axs, m, m, axs, m);
 }
 
 // The machine-readable form of fp8_amax_fix: an AllReduce(max) over `mask` right after the AmaxUpdate, when
@@ -75,7 +78,8 @@ Fix Checker::fp8_machine_fix(const Value& v, std::uint32_t mask) const {
     if (mask & (1u << a)) axs += (n++ ? ", " : "") + axn(a);
   if (n > 1) axs = "[" + axs + "]";
   const std::string& m = p_.name(p_.outs(op)[0]);
-  return {FixKind::InsertAfter, v.fp8_amax_op, op.loc.line, "", fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}, reduce: max}}", m, m, axs)};
+  return {FixKind::InsertAfter, v.fp8_amax_op, op.loc.line, "",
+          fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}, reduce: max}}", m, m, axs)};
 }
 
 // AmaxUpdate: max |x| as a scalar. A sharded x gives each rank its own max: P(max).
@@ -103,8 +107,9 @@ void Checker::amax_history() {
   const Value& h = in(0);
   const Value& m = in(1);
   if (h.rank != 1)
-    return report(CheckId::ShapeMismatch, fmt::format("AmaxHistory takes a history of rank 1 (the window), but {} has shape {}", iname(0), sstr(h.dims())),
-                  iname(0), {fix("declare the history as a vector, e.g. shape: [16]")});
+    return report(CheckId::ShapeMismatch,
+                  fmt::format("AmaxHistory takes a history of rank 1 (the window), but {} has shape {}", iname(0), sstr(h.dims())), iname(0),
+                  {fix("declare the history as a vector, e.g. shape: [16]")});
   if (m.rank != 0)
     return report(CheckId::ShapeMismatch, fmt::format("AmaxHistory takes a scalar amax, but {} has shape {}", iname(1), sstr(m.dims())), iname(1),
                   {fix(fmt::format("compute it with {{op: AmaxUpdate, in: [x], out: {}}}", iname(1)))});
@@ -128,7 +133,8 @@ void Checker::amax_history() {
       continue;
     }
     if (ph.is_p() && pm.is_p())
-      return partial_misuse(1, a, fmt::format("the history is {} over {}; a window cannot hold both a pending max and a pending min", ps(ph), axn(a)));
+      return partial_misuse(1, a,
+                            fmt::format("the history is {} over {}; a window cannot hold both a pending max and a pending min", ps(ph), axn(a)));
     int pi = ph.is_p() ? 0 : 1;  // a pending reduction next to per-rank values (V)
     return partial_misuse(pi, a, fmt::format("the window would hold pending values next to per-rank ones ({} is V over {})", iname(1 - pi), axn(a)),
                           fix_allreduce(iname(pi), a, pin(pi, a)));
@@ -140,8 +146,9 @@ void Checker::amax_history() {
 void Checker::fp8_scale() {
   const Value& x = in(0);
   if (x.rank > 1)
-    return report(CheckId::ShapeMismatch, fmt::format("FP8Scale takes a scalar amax or a rank-1 amax history, but {} has shape {}", iname(0), sstr(x.dims())),
-                  iname(0), {fix("compute the amax with AmaxUpdate, the window with AmaxHistory")});
+    return report(CheckId::ShapeMismatch,
+                  fmt::format("FP8Scale takes a scalar amax or a rank-1 amax history, but {} has shape {}", iname(0), sstr(x.dims())), iname(0),
+                  {fix("compute the amax with AmaxUpdate, the window with AmaxHistory")});
   Value& o = out() = x;
   clear_fp8(o);
   o.fp8_local = x.fp8_local;
@@ -214,13 +221,13 @@ void Checker::fp8_dequantize() {
       notes.push_back({qop.loc, qs.empty() ? fmt::format("{} is quantized here with no scale (a plain cast)", iname(0))
                                            : fmt::format("{} is quantized here with the scale {}", iname(0), qs)});
     }
-    std::string fix_text = q.fp8_scale == -3 ? "dequantize each FP8 tensor with its own scale before combining them"
+    std::string fix_text = q.fp8_scale == -3   ? "dequantize each FP8 tensor with its own scale before combining them"
                            : q.fp8_scale == -2 ? fmt::format("drop the scale: {{op: FP8Dequantize, in: [{}]}}", iname(0))
-                           : qs.empty()     ? "dequantize with the scale the data was quantized with"
-                                            : fmt::format("dequantize with the scale it was quantized with: in: [{}, {}]", iname(0), qs);
+                           : qs.empty()        ? "dequantize with the scale the data was quantized with"
+                                               : fmt::format("dequantize with the scale it was quantized with: in: [{}, {}]", iname(0), qs);
     notes.push_back(fix(fix_text));
     std::string used = n_in() == 2 ? fmt::format("the scale {}", sname) : "no scale";
-    std::string had = q.fp8_scale == -3 ? "several scales (it mixes FP8 data of different scales or units)"
+    std::string had = q.fp8_scale == -3   ? "several scales (it mixes FP8 data of different scales or units)"
                       : q.fp8_scale == -2 ? "no scale (a plain cast)"
                       : qs.empty()        ? "another scale"
                                           : fmt::format("the scale {}", qs);
@@ -235,11 +242,12 @@ void Checker::fp8_dequantize() {
     std::vector<Note> notes;
     origin_note(notes, in(1), a);
     notes.push_back(fix(fp8_amax_fix(in(1), per_rank)));
-    return report(CheckId::LayoutConflict,
-                  fmt::format("FP8Dequantize decodes {} with {}, which is {} over {}: a per-rank scale, but {} was not quantized with it here, so the "
-                              "ranks decode one tensor with different factors",
-                              iname(0), sname, ps(pin(1, a)), axn(a), iname(0)),
-                  iname(0), std::move(notes));
+    return report(
+        CheckId::LayoutConflict,
+        fmt::format("FP8Dequantize decodes {} with {}, which is {} over {}: a per-rank scale, but {} was not quantized with it here, so the "
+                    "ranks decode one tensor with different factors",
+                    iname(0), sname, ps(pin(1, a)), axn(a), iname(0)),
+        iname(0), std::move(notes));
   }
   Value& o = out() = q;
   clear_fp8(o);
@@ -285,9 +293,10 @@ bool Checker::fp8_output_ok(const OutputDecl& od, const Value& v) {
   d.id = CheckId::PlacementMismatch;
   d.loc = od.loc;
   d.tensor = name;
-  d.message = fmt::format("output {} is FP8 data quantized with a scale that is per-rank over {}: its ranks hold values in different units, which "
-                          "do not assemble into one tensor",
-                          name, mask_names(bad));
+  d.message = fmt::format(
+      "output {} is FP8 data quantized with a scale that is per-rank over {}: its ranks hold values in different units, which "
+      "do not assemble into one tensor",
+      name, mask_names(bad));
   if (v.fp8_qop >= 0) d.notes.push_back({p_.ops[static_cast<std::size_t>(v.fp8_qop)].loc, "quantized here"});
   d.notes.push_back({od.loc, "fix: dequantize it with its scale before it leaves the program, or " + fp8_amax_fix(v, bad)});
   diags_.push_back(std::move(d));
