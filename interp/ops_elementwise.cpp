@@ -108,6 +108,7 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
       case OpKind::RingRotate:
       case OpKind::RingAttentionStep:
       case OpKind::RingAttention:
+      case OpKind::LoadBalance:
       case OpKind::MoEDispatch:
       case OpKind::MoECombine:
       case OpKind::ExpertCompute:
@@ -194,6 +195,7 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
       case OpKind::RingRotate:
       case OpKind::RingAttentionStep:
       case OpKind::RingAttention:
+      case OpKind::LoadBalance:
       case OpKind::MoEDispatch:
       case OpKind::MoECombine:
       case OpKind::ExpertCompute:
