@@ -340,6 +340,9 @@ class Deriver {
   void scatter();
   void gather();
   void conversion();
+  void load_balance();  // vjp_cp.cpp
+  void ring_rotate();
+  void ring_attention();
 
   // ---- helpers of the VJPs ---------------------------------------------------------------------
   std::uint8_t norm_choice(OpKind k) const {
