@@ -340,6 +340,8 @@ class Deriver {
   void scatter();
   void gather();
   void conversion();
+  void moe_dispatch();  // vjp_moe.cpp
+  void moe_combine();
 
   // ---- helpers of the VJPs ---------------------------------------------------------------------
   std::uint8_t norm_choice(OpKind k) const {

@@ -217,6 +217,21 @@ class Checker {
   void cross_entropy_grad();
   void topk_grad();
 
+  // ---- mixture of experts (rules_moe.cpp) ---------------------------------------------------
+  struct MoEDispatchRecord {
+    int op;              // the MoEDispatch
+    std::uint32_t axes;  // its axis
+    ExprId E, C;         // its buffer
+    bool weighted;       // it applied the routing weights
+  };
+  int moe_axis();
+  bool moe_leading(int i, int j, int nl);
+  bool moe_routing_ok(int a, int first, int data, int nl);
+  void moe_dispatch();
+  void moe_combine();
+  void expert_compute();
+  void moe_gate_grad();
+
   // ---- postconditions -----------------------------------------------------------------------
   // `outs`: (index into Program::outputs, slot) of the outputs the program holds, by index.
   void check_outputs(const std::vector<std::pair<std::uint32_t, std::uint32_t>>& outs);
@@ -249,6 +264,7 @@ class Checker {
   std::vector<std::optional<Placements>>* inferred_ = nullptr;
   const SpatialTypes* prefix_ = nullptr;  // types of ops [0, prefix_ops_), checked before
   std::size_t prefix_ops_ = 0;
+  std::unordered_map<NameId, MoEDispatchRecord> moe_dispatches_;  // routing indices -> the latest MoEDispatch by them
 };
 
 }  // namespace spmd::detail

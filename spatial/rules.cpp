@@ -598,15 +598,16 @@ void Checker::apply() {
     case OpKind::EmbeddingGrad: return embedding_grad();
     case OpKind::CrossEntropyGrad: return cross_entropy_grad();
     case OpKind::TopKGrad: return topk_grad();
+    case OpKind::MoEDispatch: return moe_dispatch();
+    case OpKind::MoECombine: return moe_combine();
+    case OpKind::ExpertCompute: return expert_compute();
+    case OpKind::MoEGateGrad: return moe_gate_grad();
     case OpKind::ZeROGatherParam:
     case OpKind::ZeROScatterGrad:
     case OpKind::ZeROPartitionOptState:
     case OpKind::RingRotate:
     case OpKind::RingAttentionStep:
     case OpKind::RingAttention:
-    case OpKind::MoEDispatch:
-    case OpKind::MoECombine:
-    case OpKind::ExpertCompute:
       // The loader rejects these ("not supported yet"); reaching here is a bug, never a pass.
       throw std::logic_error("spatial rule reached for unsupported op " + opname());
   }
