@@ -264,7 +264,8 @@ class Checker {
   std::vector<std::optional<Placements>>* inferred_ = nullptr;
   const SpatialTypes* prefix_ = nullptr;  // types of ops [0, prefix_ops_), checked before
   std::size_t prefix_ops_ = 0;
-  std::unordered_map<NameId, MoEDispatchRecord> moe_dispatches_;  // routing indices -> the latest MoEDispatch by them
+  std::unordered_map<NameId, MoEDispatchRecord> moe_dispatches_;
+  std::unordered_map<NameId, ExprId> topk_experts_;  // TopKGate indices -> the experts they pick among  // routing indices -> the latest MoEDispatch by them
 };
 
 }  // namespace spmd::detail

@@ -102,6 +102,9 @@ void Checker::moe_dispatch() {
                  fmt::format("{} must be divisible by the {} ranks of {}", what, axsize(a0), axn(a0)), {}});
     return true;
   };
+  if (auto tk = topk_experts_.find(p_.ins(*op_)[1]); tk != topk_experts_.end() &&
+      !same_dim(E, tk->second, fmt::format("MoEDispatch buffer holds E experts, and its routing {} picks among the experts of a TopKGate", iname(1)), oname(0)))
+    return;
   if (!divisible(E, "the expert count E of `buffer`") || !divisible(C, "the capacity C of `buffer` (C/n slots per expert for each source rank)")) return;
   if (at().dropless &&
       !same_dim(C, T,
@@ -245,18 +248,6 @@ void Checker::expert_compute() {
   if (!same_dim(x.shape[static_cast<std::size_t>(ex)], w.shape[0], fmt::format("ExpertCompute pairs the experts (dim {}) of {} with dim 0 of {}", ex, iname(0), iname(1)),
                 iname(1)))
     return;
-  for (int a = 0; a < axes(); ++a) {
-    bool sx = pin(0, a).is_s(ex), sw = pin(1, a).is_s(0);
-    if (sx == sw) continue;
-    int si = sx ? 0 : 1;
-    return layout_conflict(fmt::format("ExpertCompute: {} holds {} experts per rank ({} over {}) but {} holds {} ({} over {}): each rank must hold the weights of "
-                                       "exactly the experts whose tokens it holds",
-                                       iname(0), sx ? "E/" + axsize(a) : "all E", ps(pin(0, a)), axn(a), iname(1), sw ? "E/" + axsize(a) : "all E",
-                                       ps(pin(1, a)), axn(a)),
-                           iname(si), si, a,
-                           sx ? fmt::format("shard the expert weights {} over {} along the experts (S(0)), as the dispatch shards the tokens", iname(1), axn(a))
-                              : fmt::format("dispatch the tokens over {} (MoEDispatch) so each rank holds its experts' tokens", axn(a)));
-  }
   matmul();
 }
 
