@@ -27,11 +27,15 @@ void Deriver::moe_dispatch() {
   bool weighted = op_->n_in == 3;
   contribute_in(0, exact(0), [&](NameId dst) {
     Op c = moe_op(make(OpKind::MoECombine), OpKind::MoECombine, op_->attrs.axes);
-    if (weighted) emit(c, {dy(), fin(1), fin(2)}, dst);
-    else emit(c, {dy(), fin(1)}, dst);
+    if (weighted)
+      emit(c, {dy(), fin(1), fin(2)}, dst);
+    else
+      emit(c, {dy(), fin(1)}, dst);
   });
   if (weighted)
-    contribute_in(2, exact(2), [&](NameId dst) { emit(moe_op(make(OpKind::MoEGateGrad), OpKind::MoEGateGrad, op_->attrs.axes), {fin(0), dy(), fin(1)}, dst); });
+    contribute_in(2, exact(2), [&](NameId dst) {
+      emit(moe_op(make(OpKind::MoEGateGrad), OpKind::MoEGateGrad, op_->attrs.axes), {fin(0), dy(), fin(1)}, dst);
+    });
 }
 
 // out = combine(y, idx, [w]): dy = dispatch(dout, idx, [w]) into y's buffer; dw = gate_grad(dout, y, idx)
@@ -42,11 +46,15 @@ void Deriver::moe_combine() {
     const ValueType& y = tin(0);
     ExprId buf[2] = {y.shape[static_cast<std::size_t>(y.rank - 3)], y.shape[static_cast<std::size_t>(y.rank - 2)]};
     d.attrs.shape = shape(std::span<const ExprId>(buf, 2));
-    if (weighted) emit(d, {dy(), fin(1), fin(2)}, dst);
-    else emit(d, {dy(), fin(1)}, dst);
+    if (weighted)
+      emit(d, {dy(), fin(1), fin(2)}, dst);
+    else
+      emit(d, {dy(), fin(1)}, dst);
   });
   if (weighted)
-    contribute_in(2, exact(2), [&](NameId dst) { emit(moe_op(make(OpKind::MoEGateGrad), OpKind::MoEGateGrad, op_->attrs.axes), {dy(), fin(0), fin(1)}, dst); });
+    contribute_in(2, exact(2), [&](NameId dst) {
+      emit(moe_op(make(OpKind::MoEGateGrad), OpKind::MoEGateGrad, op_->attrs.axes), {dy(), fin(0), fin(1)}, dst);
+    });
 }
 
 }  // namespace spmd::autograd_detail

@@ -26,7 +26,8 @@ std::vector<std::int64_t> Runner::moe_slots(const Val& idx, std::int64_t E, std:
   const Shape& s = idx.t.shape;
   std::size_t nl = s.size() - 2;
   std::int64_t B = prod(s, 0, nl), T = s[nl], K = s[nl + 1];
-  if (G <= 0 || T % G) throw InterpError("MoE routing of " + std::to_string(T) + " local tokens cannot form " + std::to_string(G) + " capacity groups");
+  if (G <= 0 || T % G)
+    throw InterpError("MoE routing of " + std::to_string(T) + " local tokens cannot form " + std::to_string(G) + " capacity groups");
   std::int64_t per = T / G;
   std::vector<std::int64_t> slot(static_cast<std::size_t>(B * T * K), -1);
   std::vector<std::int64_t> count(static_cast<std::size_t>(E));
@@ -60,14 +61,19 @@ void Runner::moe(int oi, const std::vector<std::int64_t>& members) {
   auto check_routing = [&](const Val& idx, const Val* w, const Shape& data, std::size_t nl, std::int64_t T) {
     if (idx.t.rank() != static_cast<int>(nl) + 2) throw InterpError("MoE routing indices must be [..., T, k]");
     for (std::size_t d = 0; d < nl; ++d)
-      if (idx.t.shape[d] != data[d]) throw InterpError("MoE routing and data local batch dims differ: " + shape_text(idx.t.shape) + " vs " + shape_text(data));
-    if (T >= 0 && idx.t.shape[nl] != T) throw InterpError("MoE routing covers " + std::to_string(idx.t.shape[nl]) + " local tokens, the data " + std::to_string(T));
-    if (w && w->t.shape != idx.t.shape) throw InterpError("MoE routing weights " + shape_text(w->t.shape) + " do not match the indices " + shape_text(idx.t.shape));
+      if (idx.t.shape[d] != data[d])
+        throw InterpError("MoE routing and data local batch dims differ: " + shape_text(idx.t.shape) + " vs " + shape_text(data));
+    if (T >= 0 && idx.t.shape[nl] != T)
+      throw InterpError("MoE routing covers " + std::to_string(idx.t.shape[nl]) + " local tokens, the data " + std::to_string(T));
+    if (w && w->t.shape != idx.t.shape)
+      throw InterpError("MoE routing weights " + shape_text(w->t.shape) + " do not match the indices " + shape_text(idx.t.shape));
   };
   if (dispatch) {
     const auto& buf = p_.shapes[op.attrs.shape];
     std::int64_t E = eval(buf[0], "the expert count of MoEDispatch"), C = eval(buf[1], "the capacity of MoEDispatch");
-    if (C % (n * G) || E % n) throw InterpError("MoEDispatch cannot split " + std::to_string(E) + " experts and " + std::to_string(C) + " slots over " + std::to_string(n * G) + " ranks");
+    if (C % (n * G) || E % n)
+      throw InterpError("MoEDispatch cannot split " + std::to_string(E) + " experts and " + std::to_string(C) + " slots over " +
+                        std::to_string(n * G) + " ranks");
     std::int64_t c = C / (n * G);
     std::vector<Tensor> local(static_cast<std::size_t>(n));
     const Val* x0 = nullptr;
@@ -110,7 +116,8 @@ void Runner::moe(int oi, const std::vector<std::int64_t>& members) {
         o.t = std::move(local[0]);
       } else {  // expert block j of every member, the members' slots side by side
         std::vector<Tensor> parts;
-        for (std::int64_t k = 0; k < n; ++k) parts.push_back(slice(local[static_cast<std::size_t>(k)], static_cast<int>(nl), j * (E / n), (j + 1) * (E / n)));
+        for (std::int64_t k = 0; k < n; ++k)
+          parts.push_back(slice(local[static_cast<std::size_t>(k)], static_cast<int>(nl), j * (E / n), (j + 1) * (E / n)));
         o.t = concat(parts, static_cast<int>(nl) + 1);
       }
       outs[static_cast<std::size_t>(j)] = std::move(o);
@@ -136,7 +143,8 @@ void Runner::moe(int oi, const std::vector<std::int64_t>& members) {
         Bk = y0.t;
       } else {
         std::vector<Tensor> parts;
-        for (std::int64_t j = 0; j < n; ++j) parts.push_back(slice(in(oi, members[static_cast<std::size_t>(j)], 0).t, static_cast<int>(nl) + 1, k * c, (k + 1) * c));
+        for (std::int64_t j = 0; j < n; ++j)
+          parts.push_back(slice(in(oi, members[static_cast<std::size_t>(j)], 0).t, static_cast<int>(nl) + 1, k * c, (k + 1) * c));
         Bk = concat(parts, static_cast<int>(nl));
       }
       std::int64_t B = prod(idx.t.shape, 0, nl), T = idx.t.shape[nl], K = idx.t.shape[nl + 1], H = y0.t.shape[nl + 2], GC = G * c;
