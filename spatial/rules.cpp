@@ -443,6 +443,8 @@ void Checker::step(int i) {
     else if (v.poisoned) poisoned = true;
     in_.push_back(&v);
   }
+  if (!moe_dispatches_.empty() || !topk_experts_.empty())  // a name written again no longer holds the routing they recorded
+    for (NameId o : p_.outs(*op_)) moe_dispatches_.erase(o), topk_experts_.erase(o);
   if (!failed_ && !poisoned) {
     for (auto& o : out_) o = Value();
     if (given) {  // checked before (the forward of a training step): its outputs' types as they were
