@@ -342,6 +342,9 @@ class Deriver {
   void conversion();
   void moe_dispatch();  // vjp_moe.cpp
   void moe_combine();
+  void load_balance();  // vjp_cp.cpp
+  void ring_rotate();
+  void ring_attention();
 
   // ---- helpers of the VJPs ---------------------------------------------------------------------
   std::uint8_t norm_choice(OpKind k) const {
