@@ -89,6 +89,16 @@ void Deriver::vjp() {
     case OpKind::TopKGrad: no_vjp("it is itself a gradient op, and second derivatives are not supported");
     case OpKind::Step: no_vjp("it is an opaque pipeline-schedule step with no known derivative");
     case OpKind::OverlapRegion: no_vjp("it is an opaque block of compute; write its backward by hand in `backward:`");
+    case OpKind::Slice: return slice_vjp();
+    case OpKind::Split: return split_vjp();
+    case OpKind::Concat: return concat_vjp(false);
+    case OpKind::Stack: return concat_vjp(true);
+    case OpKind::Pad: return pad_vjp();
+    case OpKind::Arange: return;  // no inputs: never reached with one that needs a gradient
+    case OpKind::RoPE: return rope_vjp();
+    case OpKind::IndexSelect:
+      no_vjp("its VJP (an IndexAdd into zeros of x's shape) is not derived yet; write the backward by hand in `backward:`");
+    case OpKind::IndexAdd: return index_add_vjp();
     case OpKind::ZeROGatherParam:
     case OpKind::ZeROScatterGrad:
     case OpKind::ZeROPartitionOptState:

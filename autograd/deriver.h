@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -340,6 +341,15 @@ class Deriver {
   void scatter();
   void gather();
   void conversion();
+  // vjp_tensor.cpp
+  NameId pad_back(NameId g, int d, ExprId before, ExprId n, ExprId len, NameId dst);
+  NameId slice_of(NameId g, int d, ExprId start, ExprId end, NameId dst);
+  void slice_vjp();
+  void pad_vjp();
+  void split_vjp();
+  void concat_vjp(bool stack);
+  void rope_vjp();
+  void index_add_vjp();
 
   // ---- helpers of the VJPs ---------------------------------------------------------------------
   std::uint8_t norm_choice(OpKind k) const {

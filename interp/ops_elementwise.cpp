@@ -113,6 +113,15 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
       case OpKind::RingAttention:
       case OpKind::MoEDispatch:
       case OpKind::MoECombine:
+      case OpKind::Slice:
+      case OpKind::Split:
+      case OpKind::Concat:
+      case OpKind::Stack:
+      case OpKind::Pad:
+      case OpKind::Arange:
+      case OpKind::RoPE:
+      case OpKind::IndexSelect:
+      case OpKind::IndexAdd:
       case OpKind::ExpertCompute:
         break;  // not dispatched here
     }
@@ -205,6 +214,15 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
       case OpKind::RingAttention:
       case OpKind::MoEDispatch:
       case OpKind::MoECombine:
+      case OpKind::Slice:
+      case OpKind::Split:
+      case OpKind::Concat:
+      case OpKind::Stack:
+      case OpKind::Pad:
+      case OpKind::Arange:
+      case OpKind::RoPE:
+      case OpKind::IndexSelect:
+      case OpKind::IndexAdd:
       case OpKind::ExpertCompute:
         break;  // Multiply (the rest are not dispatched here)
     }

@@ -598,6 +598,15 @@ void Checker::apply() {
     case OpKind::EmbeddingGrad: return embedding_grad();
     case OpKind::CrossEntropyGrad: return cross_entropy_grad();
     case OpKind::TopKGrad: return topk_grad();
+    case OpKind::Slice: return slice_op();
+    case OpKind::Split: return split_op();
+    case OpKind::Concat: return concat_op(false);
+    case OpKind::Stack: return concat_op(true);
+    case OpKind::Pad: return pad_op();
+    case OpKind::Arange: return arange();
+    case OpKind::RoPE: return rope();
+    case OpKind::IndexSelect: return index_select();
+    case OpKind::IndexAdd: return index_add();
     case OpKind::ZeROGatherParam:
     case OpKind::ZeROScatterGrad:
     case OpKind::ZeROPartitionOptState:
