@@ -392,7 +392,9 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       char* end = nullptr;
       double d = std::strtod(s.c_str(), &end);
       if (s.empty()) fail(v, what + " must be a finite number, got " + kind_of(v));
-      if (end != s.c_str() + s.size()) d = scale_expr(v, what);  // an expression of sizes: 1/dp, 1/(dp*cp)
+      bool expr = s.find_first_of("/*()+") != std::string::npos || std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_';
+      if (end != s.c_str() + s.size() && expr) d = scale_expr(v, what);  // an expression of sizes: 1/dp, 1/(dp*cp)
+      else if (end != s.c_str() + s.size()) fail(v, what + " must be a finite number, got " + kind_of(v));
       if (!std::isfinite(d)) fail(v, what + " must be a finite number, got " + kind_of(v));
       if (n == "p" && (d < 0 || d >= 1)) fail(v, what + " must be in [0, 1)");
       if (n == "scalar" && d == 0 && op.kind == OpKind::Div) fail(v, what + " must not be 0 (Div divides by it)");
