@@ -19,6 +19,14 @@ void dims3(const Shape& s, int d, std::int64_t& outer, std::int64_t& inner) {
 
 }  // namespace
 
+// The axes of mask m that have more than one rank in this run (the single-device run has none).
+std::uint32_t Runner::live(std::uint32_t m) const {
+  std::uint32_t out = 0;
+  for (std::size_t a = 0; a < sizes_.size(); ++a)
+    if ((m >> a & 1u) && sizes_[a] > 1) out |= 1u << a;
+  return out;
+}
+
 std::int64_t Runner::size_of(const Op& op, const char* attr, std::int64_t dflt) const {
   ExprId e = p_.size_attr(op, attr);
   return e < 0 ? dflt : eval(e, std::string("`") + attr + "` of " + std::string(op_name(op.kind)));
@@ -175,9 +183,16 @@ void Runner::rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, co
   if (d == last) throw InterpError("RoPE's sequence dim is the rotated dim");
   auto du = static_cast<std::size_t>(d), lu = static_cast<std::size_t>(last);
   if (pos.gshape[0] != o.gshape[du]) throw InterpError("RoPE positions of length " + std::to_string(pos.gshape[0]) + " for a dim of " + std::to_string(o.gshape[du]));
-  if (o.mask[lu]) throw InterpError("RoPE of a tensor whose rotated dim is sharded");
+  if (live(o.mask[lu])) throw InterpError("RoPE of a tensor whose rotated dim is sharded");
   std::int64_t D = o.gshape[lu];
   if (D % 2) throw InterpError("RoPE of an odd last dim");
+  // x whole along the sequence with S(0) positions: x is read as the slice matching the positions' block
+  if (pos.gshape[0] != 1 && (pos.mask[0] & ~o.mask[du])) {
+    std::vector<std::uint32_t> t = o.mask;
+    t[du] |= pos.mask[0];
+    o.t = align(o, t, c, "x of RoPE");
+    o.mask = t;
+  }
   Tensor p = align(pos, {o.mask[du]}, c, "the positions of RoPE");
   if (p.shape[0] != o.t.shape[du]) throw InterpError("RoPE positions do not line up with x's local block");
   double theta = op.attrs.has_number ? op.attrs.number : 10000.0, sign = op.attrs.inverse ? -1.0 : 1.0;
@@ -205,9 +220,9 @@ void Runner::index_select(int oi, std::int64_t r, const std::string& taint) {
   auto du = static_cast<std::size_t>(d);
   if (ix.t.rank() != 1) throw InterpError("IndexSelect takes a 1-D index");
   note_range(p_.ins(op)[1], x.gshape[du]);
-  if (x.mask[du]) throw InterpError("IndexSelect along a sharded dim: the indices are global");
+  if (live(x.mask[du])) throw InterpError("IndexSelect along a sharded dim: the indices are global");
   for (auto m : x.mask)
-    if (m & ix.mask[0]) throw InterpError("IndexSelect with the index and x sharded over one axis");
+    if (live(m & ix.mask[0])) throw InterpError("IndexSelect with the index and x sharded over one axis");
   std::int64_t outer, inner, n = x.t.shape[du], k = ix.t.shape[0];
   dims3(x.t.shape, d, outer, inner);
   Val o;
@@ -236,7 +251,7 @@ void Runner::index_add(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   auto du = static_cast<std::size_t>(d);
   if (ix.t.rank() != 1 || src.t.rank() != x.t.rank()) throw InterpError("IndexAdd shapes");
   note_range(p_.ins(op)[1], x.gshape[du]);
-  if (x.mask[du] || src.mask[du] || ix.mask[0]) throw InterpError("IndexAdd along a sharded dim or with a sharded index");
+  if (live(x.mask[du] | src.mask[du] | ix.mask[0])) throw InterpError("IndexAdd along a sharded dim or with a sharded index");
   std::vector<std::uint32_t> t(x.mask.size(), 0);
   for (std::size_t e = 0; e < t.size(); ++e)
     if (e != du) t[e] = (x.gshape[e] == 1 ? 0 : x.mask[e]) | (src.gshape[e] == 1 ? 0 : src.mask[e]);

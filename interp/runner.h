@@ -118,6 +118,7 @@ class Runner {
 
   // ---- tensor ops (ops_tensor.cpp) ----------------------------------------------------------------
   std::int64_t size_of(const Op& op, const char* attr, std::int64_t dflt) const;
+  std::uint32_t live(std::uint32_t m) const;
   static void local_cut(std::int64_t n, std::int64_t parts, std::int64_t& lo, std::int64_t& hi, const char* what);
   void slice_op(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void split_op(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
