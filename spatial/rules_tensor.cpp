@@ -271,6 +271,8 @@ void Checker::rope() {
                                          iname(0), ps(xp), axn(a), iname(1), axn(a), d),
                              iname(1), 1, a, fix_allgather(iname(1), a, 0));
     }
+    // R (or V) positions against x S(dim) are read as their slice of x's block: no inner axis may cut them already
+    if (xp.is_s(d) && (pp.is_r() || pp.is_v()) && !slice_ok(1, a, 0, 0)) return;
     if (pp.is_v() && (xp.is_r() || xp.is_i())) set_new(o, a, Placement::v(), fmt::format("RoPE at per-rank positions {} (V over {})", iname(1), axn(a)));
     // positions R (sliced to x's block when x is S(d)) or V with x V or S: x's placement stays
   }
