@@ -212,8 +212,8 @@ void Checker::arange() {
   for (int a = 0; a < axes(); ++a) o.pl[static_cast<std::size_t>(a)] = Placement::r();
 }
 
+// Positions and indices carry no gradient, so an I one is as good as R (no invariant-mix with them).
 void Checker::rope() {
-  if (!invariant_ok({0, 1})) return;
   const Value& x = in(0);
   const Value& pos = in(1);
   if (x.rank < 2) return report(CheckId::ShapeMismatch, fmt::format("RoPE needs x of rank 2 or more ([..., S, ..., D]), {} has rank {}", iname(0), x.rank), iname(0));
@@ -237,6 +237,7 @@ void Checker::rope() {
   Value& o = out() = x;
   for (int a = 0; a < axes(); ++a) {
     Placement xp = pin(0, a), pp = pin(1, a);
+    if (pp.is_i()) pp = Placement::r();
     if (pp.is_p())
       return partial_misuse(1, a, "the rotation angle is not linear in the positions, so each rank would rotate by its own summand");
     if (xp.is_s(last)) {
@@ -285,13 +286,13 @@ void Checker::index_select() {
   if (d < 0) return;
   if (idx.rank != 1)
     return report(CheckId::ShapeMismatch, fmt::format("IndexSelect takes a 1-D index ([k]), {} has rank {}", iname(1), idx.rank), iname(1));
-  if (!invariant_ok({0, 1})) return;
   if (!dim_whole(0, d, "the indices are global, and a rank holds only its block of the indexed dim (a vocab-sharded table is Embedding's masked lookup)"))
     return;
   Value& o = out() = x;
   o.shape[static_cast<std::size_t>(d)] = idx.shape[0];
   for (int a = 0; a < axes(); ++a) {
     Placement xp = pin(0, a), ip = pin(1, a);
+    if (ip.is_i()) ip = Placement::r();
     if (ip.is_p()) return partial_misuse(1, a, "an index pending a reduction is not an index yet: each rank would select with its own summand");
     if (ip.is_r()) continue;  // selection commutes with every pending reduction and keeps other dims' shards
     if (ip.is_s()) {          // each rank selects its own indices: S(d) of the output, if x is whole on this axis
@@ -326,13 +327,14 @@ void Checker::index_add() {
     if (!same_dim(src.shape[static_cast<std::size_t>(e)], e == d ? idx.shape[0] : x.shape[static_cast<std::size_t>(e)],
                   fmt::format("IndexAdd of {} into {}: dim {} of the source must be {}", iname(2), iname(0), e, e == d ? "the index length" : "x's"), iname(2)))
       return;
-  if (!invariant_ok({0, 1, 2})) return;
+  if (!invariant_ok({0, 2})) return;
   if (!dim_whole(0, d, "the indices are global, and a rank holds only its block of the indexed dim")) return;
   if (!dim_whole(2, d, "each source row goes to the row its index names, which another rank may hold")) return;
   Value& o = out() = x;
   o.uneven = x.uneven || src.uneven;
   for (int a = 0; a < axes(); ++a) {
     Placement xp = pin(0, a), ip = pin(1, a), sp = pin(2, a);
+    if (ip.is_i()) ip = Placement::r();
     if (ip.is_p()) return partial_misuse(1, a, "an index pending a reduction is not an index yet");
     if (!ip.is_r()) {
       if (ip.is_v() && (xp.is_v() || xp.is_r()) && (sp.is_v() || sp.is_r())) {
