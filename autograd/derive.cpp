@@ -39,10 +39,10 @@ void Deriver::vjp() {
     case OpKind::Neg: return neg();
     case OpKind::Div:
       if (op_->n_in == 1) return div_scalar();
-      no_vjp("the VJP of a tensor divisor is not derived yet (issue 10); write the backward by hand in `backward:`");
+      return div_tensor_vjp();
+    case OpKind::Where: return where_vjp();
     case OpKind::Maximum:
     case OpKind::Minimum:
-    case OpKind::Where:
     case OpKind::ReduceMax:
     case OpKind::ReduceMin:
     case OpKind::LogSumExp: no_vjp("its VJP is not derived yet (issue 10); write the backward by hand in `backward:`");

@@ -341,6 +341,10 @@ class Deriver {
   void scatter();
   void gather();
   void conversion();
+  // vjp_math.cpp
+  void broadcast_dims(int k, std::vector<int>& lead, std::vector<int>& ones) const;
+  void where_vjp();
+  void div_tensor_vjp();
   // vjp_tensor.cpp
   NameId pad_back(NameId g, int d, ExprId before, ExprId n, ExprId len, NameId dst);
   NameId slice_of(NameId g, int d, ExprId start, ExprId end, NameId dst);
