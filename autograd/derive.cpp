@@ -99,12 +99,15 @@ void Deriver::vjp() {
     case OpKind::IndexSelect:
       no_vjp("its VJP (an IndexAdd into zeros of x's shape) is not derived yet; write the backward by hand in `backward:`");
     case OpKind::IndexAdd: return index_add_vjp();
+    case OpKind::LoadBalance: return load_balance();
+    case OpKind::RingRotate: return ring_rotate();
+    case OpKind::RingAttention: return ring_attention();
+    case OpKind::RingAttentionStep:
+      no_vjp("the ring backward (the saved log-sum-exp, dk and dv rotating home) is not derived yet; in a training program use RingAttention "
+             "(the whole loop), or write the backward by hand in `backward:`");
     case OpKind::ZeROGatherParam:
     case OpKind::ZeROScatterGrad:
     case OpKind::ZeROPartitionOptState:
-    case OpKind::RingRotate:
-    case OpKind::RingAttentionStep:
-    case OpKind::RingAttention:
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:
     case OpKind::ExpertCompute:

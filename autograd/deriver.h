@@ -354,6 +354,9 @@ class Deriver {
   void concat_vjp(bool stack);
   void rope_vjp();
   void index_add_vjp();
+  void load_balance();  // vjp_cp.cpp
+  void ring_rotate();
+  void ring_attention();
 
   // ---- helpers of the VJPs ---------------------------------------------------------------------
   std::uint8_t norm_choice(OpKind k) const {

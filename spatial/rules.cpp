@@ -493,6 +493,7 @@ void Checker::step(int i) {
       v.poisoned = true;
     } else {
       v = out_[k];
+      carry_cp_tags(v);
       v.fresh = (v.fresh | fresh_in) & v_axes(v);
       if (op_->kind == OpKind::Recv || op_->kind == OpKind::Reinterpret) v.fresh = v_axes(v);  // another rank's value; a relabel
       if (!given && !check_local(v, p_.name(outs[k]), here())) v.poisoned = true;
@@ -534,6 +535,7 @@ void Checker::apply() {
                               best ? fmt::format("; did you mean '{}'?", *best) : "", axes),
                   n_in() ? iname(0) : "", {{bad.loc, best ? fmt::format("fix: axis: {}", *best) : "fix: name one of the mesh axes"}});
   }
+  if (!cp_inputs_ok()) return;
   switch (op_->kind) {
     case OpKind::MatMul: return matmul();
     case OpKind::Add:
@@ -607,12 +609,13 @@ void Checker::apply() {
     case OpKind::RoPE: return rope();
     case OpKind::IndexSelect: return index_select();
     case OpKind::IndexAdd: return index_add();
+    case OpKind::RingRotate: return ring_rotate();
+    case OpKind::RingAttentionStep: return ring_attention_step();
+    case OpKind::RingAttention: return ring_attention();
+    case OpKind::LoadBalance: return load_balance();
     case OpKind::ZeROGatherParam:
     case OpKind::ZeROScatterGrad:
     case OpKind::ZeROPartitionOptState:
-    case OpKind::RingRotate:
-    case OpKind::RingAttentionStep:
-    case OpKind::RingAttention:
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:
     case OpKind::ExpertCompute:

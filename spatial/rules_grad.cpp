@@ -91,7 +91,7 @@ void Checker::attention_grad() {
     Placement f, res[3] = {q, k, v};
     if (q.is_i() && k.is_i() && v.is_i()) f = q;
     else if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) f = q;
-    else if (q.is_s(s) && k.is_r() && v.is_r() && !at().causal) f = q, res[1] = res[2] = Placement::p();
+    else if (q.is_s(s) && k.is_r() && v.is_r() && (!at().causal || (at().axes >> a & 1u))) f = q, res[1] = res[2] = Placement::p();
     // GQA with fewer kv heads than ranks (as in attention()): each rank's query heads add to their group's
     // kv gradient, so dk and dv are pending sums over the axis that replicates the kv heads
     else if (q.is_s(h) && k.is_r() && v.is_r() && kv_heads_held_whole(a, h, 2)) f = q, res[1] = res[2] = Placement::p();
