@@ -39,10 +39,10 @@ void Deriver::vjp() {
     case OpKind::Neg: return neg();
     case OpKind::Div:
       if (op_->n_in == 1) return div_scalar();
-      no_vjp("the VJP of a tensor divisor is not derived yet (issue 10); write the backward by hand in `backward:`");
+      return div_tensor_vjp();
+    case OpKind::Where: return where_vjp();
     case OpKind::Maximum:
     case OpKind::Minimum:
-    case OpKind::Where:
     case OpKind::ReduceMax:
     case OpKind::ReduceMin:
     case OpKind::LogSumExp: no_vjp("its VJP is not derived yet (issue 10); write the backward by hand in `backward:`");
@@ -95,6 +95,16 @@ void Deriver::vjp() {
     case OpKind::MoEDispatch: return moe_dispatch();
     case OpKind::MoECombine: return moe_combine();
     case OpKind::ExpertCompute: return matmul();  // a batched MatMul: its VJP is MatMul's
+    case OpKind::Slice: return slice_vjp();
+    case OpKind::Split: return split_vjp();
+    case OpKind::Concat: return concat_vjp(false);
+    case OpKind::Stack: return concat_vjp(true);
+    case OpKind::Pad: return pad_vjp();
+    case OpKind::Arange: return;  // no inputs: never reached with one that needs a gradient
+    case OpKind::RoPE: return rope_vjp();
+    case OpKind::IndexSelect:
+      no_vjp("its VJP (an IndexAdd into zeros of x's shape) is not derived yet; write the backward by hand in `backward:`");
+    case OpKind::IndexAdd: return index_add_vjp();
     case OpKind::LoadBalance: return load_balance();
     case OpKind::RingRotate: return ring_rotate();
     case OpKind::RingAttention: return ring_attention();

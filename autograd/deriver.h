@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -345,6 +346,19 @@ class Deriver {
   void conversion();
   void moe_dispatch();  // vjp_moe.cpp
   void moe_combine();
+  // vjp_math.cpp
+  void broadcast_dims(int k, std::vector<int>& lead, std::vector<int>& ones) const;
+  void where_vjp();
+  void div_tensor_vjp();
+  // vjp_tensor.cpp
+  NameId pad_back(NameId g, int d, ExprId before, ExprId n, ExprId len, NameId dst);
+  NameId slice_of(NameId g, int d, ExprId start, ExprId end, NameId dst);
+  void slice_vjp();
+  void pad_vjp();
+  void split_vjp();
+  void concat_vjp(bool stack);
+  void rope_vjp();
+  void index_add_vjp();
   void load_balance();  // vjp_cp.cpp
   void ring_rotate();
   void ring_attention();

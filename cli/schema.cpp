@@ -66,7 +66,8 @@ json attr_schema(const AttrSpec& a) {
       json list = {{"type", "array"}, {"minItems", 1}, {"maxItems", kMaxRank}, {"items", one}};
       return {{"anyOf", json::array({one, list})}};
     }
-    case AttrType::Number: return {{"type", "number"}};
+    case AttrType::Number:  // a number, or a scale expression over sizes and mesh axes such as 1/dp or 1/(dp*cp)
+      return {{"type", json::array({"number", "string"})}};
     case AttrType::Bool: return bool_schema();
     case AttrType::Placement: return placement_schema();
     case AttrType::Placements: return placements_schema();
@@ -77,6 +78,8 @@ json attr_schema(const AttrSpec& a) {
     case AttrType::Names: return names_schema();
     case AttrType::Coords: return coords_schema();
     case AttrType::Enum: return {{"enum", a.choices}};
+    case AttrType::Size:  // an offset or a length: 0 allowed
+      return {{"anyOf", json::array({{{"type", "integer"}, {"minimum", 0}, {"maximum", kMaxSize}}, {{"type", "string"}, {"minLength", 1}}})}};
   }
   return json::object();
 }

@@ -327,6 +327,15 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::LoadBalance:
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:
+    case OpKind::Slice:
+    case OpKind::Split:
+    case OpKind::Concat:
+    case OpKind::Stack:
+    case OpKind::Pad:
+    case OpKind::Arange:
+    case OpKind::RoPE:
+    case OpKind::IndexSelect:
+    case OpKind::IndexAdd:
     case OpKind::ExpertCompute:
     case OpKind::MoEGateGrad:
       throw std::logic_error("step_group: not a collective: " + std::string(op_name(op.kind)));

@@ -111,6 +111,15 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
       case OpKind::LoadBalance:
       case OpKind::MoEDispatch:
       case OpKind::MoECombine:
+      case OpKind::Slice:
+      case OpKind::Split:
+      case OpKind::Concat:
+      case OpKind::Stack:
+      case OpKind::Pad:
+      case OpKind::Arange:
+      case OpKind::RoPE:
+      case OpKind::IndexSelect:
+      case OpKind::IndexAdd:
       case OpKind::ExpertCompute:
       case OpKind::MoEGateGrad:
         break;  // not dispatched here
@@ -199,6 +208,15 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
       case OpKind::LoadBalance:
       case OpKind::MoEDispatch:
       case OpKind::MoECombine:
+      case OpKind::Slice:
+      case OpKind::Split:
+      case OpKind::Concat:
+      case OpKind::Stack:
+      case OpKind::Pad:
+      case OpKind::Arange:
+      case OpKind::RoPE:
+      case OpKind::IndexSelect:
+      case OpKind::IndexAdd:
       case OpKind::ExpertCompute:
       case OpKind::MoEGateGrad:
         break;  // Multiply (the rest are not dispatched here)

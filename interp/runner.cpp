@@ -309,6 +309,15 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::SPMDGuard:
       if (op.n_out) set_out(oi, r, 0, in(oi, r, 0), taint);
       return;
+    case OpKind::Slice: return slice_op(oi, r, c, taint);
+    case OpKind::Split: return split_op(oi, r, c, taint);
+    case OpKind::Concat: return concat_op(oi, r, c, taint, false);
+    case OpKind::Stack: return concat_op(oi, r, c, taint, true);
+    case OpKind::Pad: return pad_op(oi, r, c, taint);
+    case OpKind::Arange: return arange(oi, r, taint);
+    case OpKind::RoPE: return rope(oi, r, c, taint);
+    case OpKind::IndexSelect: return index_select(oi, r, taint);
+    case OpKind::IndexAdd: return index_add(oi, r, c, taint);
     case OpKind::Send: return send(oi, r);
     case OpKind::Recv: return recv(oi, r, c);
     case OpKind::Wait:

@@ -130,6 +130,18 @@ class Runner {
   void fp8_scale(int oi, std::int64_t r, const std::string& taint);
   void fp8_quantize(int oi, std::int64_t r, const std::string& taint);
   void fp8_dequantize(int oi, std::int64_t r, const std::string& taint);
+  // ---- tensor ops (ops_tensor.cpp) ----------------------------------------------------------------
+  std::int64_t size_of(const Op& op, const char* attr, std::int64_t dflt) const;
+  std::uint32_t live(std::uint32_t m) const;
+  static void local_cut(std::int64_t n, std::int64_t parts, std::int64_t& lo, std::int64_t& hi, const char* what);
+  void slice_op(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void split_op(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void concat_op(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint, bool stack);
+  void pad_op(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void arange(int oi, std::int64_t r, const std::string& taint);
+  void rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void index_select(int oi, std::int64_t r, const std::string& taint);
+  void index_add(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
 
   // ---- collectives (and the vocab-parallel loss, whose max and sum all-reduce inside) ----------------
   std::vector<std::int64_t> group(const Op& op, std::int64_t r);

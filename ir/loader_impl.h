@@ -137,6 +137,7 @@ class Loader {
   // A placement map {axis: P} or a list in mesh order. `rank` < 0: S(d) range checked later.
   Placements load_placements(N n, int rank, const What& what);
   std::vector<ExprId> load_shape(N n, const What& what, std::vector<Loc>* locs);
+  double scale_expr(N v, const std::string& what);
   // ---- tensors ------------------------------------------------------------------------------
   void load_tensors(N n);
   DType load_dtype(N d);

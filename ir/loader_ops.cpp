@@ -1,9 +1,142 @@
 // ir/loader_ops.cpp - ops, attributes, schedules and per-rank programs.
 #include "ir/loader_impl.h"
 
+#include <cctype>
 #include <cmath>
+#include <functional>
+#include <optional>
 
 namespace spmd::load_detail {
+
+namespace {
+
+// A scale constant written as an expression of sizes (`scalar: 1/dp`, `scale: 1/(dp*cp)`, `0.5*H`,
+// `1/sqrt(D)`): numbers, size names and mesh axis names (their sizes) with + - * / ( ) and sqrt( ).
+// Evaluated in double precision; every name must have a concrete value. Throws ExprError(offset, why).
+class ScaleParser {
+ public:
+  ScaleParser(std::string_view s, const std::function<std::optional<double>(std::string_view)>& lookup) : s_(s), lookup_(lookup) {}
+  double run() {
+    double v = sum();
+    skip();
+    if (i_ != s_.size()) throw ExprError(i_, "unexpected '" + std::string(1, s_[i_]) + "'");
+    return v;
+  }
+
+ private:
+  void skip() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t')) ++i_;
+  }
+  bool eat(char c) {
+    skip();
+    if (i_ < s_.size() && s_[i_] == c) return ++i_, true;
+    return false;
+  }
+  double sum() {
+    double v = product();
+    for (;;) {
+      if (eat('+')) v += product();
+      else if (eat('-')) v -= product();
+      else return v;
+    }
+  }
+  double product() {
+    double v = factor();
+    for (;;) {
+      if (eat('*')) v *= factor();
+      else if (eat('/')) {
+        std::size_t at = i_;
+        double d = factor();
+        if (d == 0) throw ExprError(at, "division by zero");
+        v /= d;
+      } else return v;
+    }
+  }
+  double factor() {
+    if (++depth_ > 64) throw ExprError(i_, "nested too deeply");
+    double v = atom();
+    --depth_;
+    return v;
+  }
+  double atom() {
+    skip();
+    if (i_ >= s_.size()) throw ExprError(i_, "expected a number, a size or '('");
+    if (eat('-')) return -factor();
+    if (eat('(')) {
+      double v = sum();
+      if (!eat(')')) throw ExprError(i_, "expected ')'");
+      return v;
+    }
+    char c = s_[i_];
+    if (std::isdigit(static_cast<unsigned char>(c)) || c == '.') {
+      std::string text(s_.substr(i_));
+      char* end = nullptr;
+      double v = std::strtod(text.c_str(), &end);
+      if (end == text.c_str()) throw ExprError(i_, "bad number");
+      i_ += static_cast<std::size_t>(end - text.c_str());
+      return v;
+    }
+    if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
+      std::size_t at = i_;
+      while (i_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[i_])) || s_[i_] == '_')) ++i_;
+      std::string_view name = s_.substr(at, i_ - at);
+      if (name == "sqrt") {
+        if (!eat('(')) throw ExprError(i_, "expected '(' after sqrt");
+        double v = sum();
+        if (!eat(')')) throw ExprError(i_, "expected ')'");
+        if (v < 0) throw ExprError(at, "sqrt of a negative value");
+        return std::sqrt(v);
+      }
+      auto v = lookup_(name);
+      if (!v) throw ExprError(at, "unknown size '" + std::string(name) + "'");
+      return *v;
+    }
+    throw ExprError(i_, "unexpected '" + std::string(1, c) + "'");
+  }
+  std::string_view s_;
+  const std::function<std::optional<double>(std::string_view)>& lookup_;
+  std::size_t i_ = 0;
+  int depth_ = 0;
+};
+
+}  // namespace
+
+double Loader::scale_expr(N v, const std::string& what) {
+  const std::string& text = v.Scalar();
+  std::vector<std::string> known;
+  std::string symbolic;
+  auto lookup = [&](std::string_view name) -> std::optional<double> {
+    for (const auto& m : p_.mesh)
+      if (m.name == name) {
+        if (!p_.exprs.is_const(m.size)) return symbolic = std::string(name), std::nullopt;
+        return static_cast<double>(p_.exprs.value(m.size));
+      }
+    auto it = p_.sizes.find(std::string(name));
+    if (it == p_.sizes.end()) return std::nullopt;
+    if (!p_.exprs.is_const(it->second)) return symbolic = std::string(name), std::nullopt;
+    return static_cast<double>(p_.exprs.value(it->second));
+  };
+  try {
+    if (text.size() > 400) throw ExprError(0, "too long (the limit is 400 characters)");
+    double d = ScaleParser(text, lookup).run();
+    if (!std::isfinite(d)) throw ExprError(0, "the value is not finite");
+    return d;
+  } catch (const ExprError& e) {
+    if (!symbolic.empty())
+      fail(v, what + " uses '" + symbolic + "', a symbolic size; a scale expression needs concrete sizes (write the number, or give " + symbolic +
+                  " a value)");
+    for (const auto& [k, x] : p_.sizes) known.push_back(k);
+    for (const auto& m : p_.mesh) known.push_back(m.name);
+    std::sort(known.begin(), known.end());
+    std::string msg = e.what();
+    if (msg.rfind("unknown size '", 0) == 0) {
+      std::string name = msg.substr(14, msg.size() - 15);
+      msg += suggestion(name, known) + " (sizes and mesh axes: " + join(known) + ")";
+    }
+    fail(v, what + " must be a number or a scale expression over sizes such as 1/dp, got '" + (text.size() > 60 ? text.substr(0, 60) + "..." : text) +
+                "': " + msg);
+  }
+}
 
 void Loader::load_names_into(N n, const char* key, const std::string& where, std::vector<NameId>& out) {
   out.clear();
@@ -262,7 +395,11 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       const std::string& s = v.Scalar();
       char* end = nullptr;
       double d = std::strtod(s.c_str(), &end);
-      if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(d)) fail(v, what + " must be a finite number, got " + kind_of(v));
+      if (s.empty()) fail(v, what + " must be a finite number, got " + kind_of(v));
+      bool expr = s.find_first_of("/*()+") != std::string::npos || std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_';
+      if (end != s.c_str() + s.size() && expr) d = scale_expr(v, what);  // an expression of sizes: 1/dp, 1/(dp*cp)
+      else if (end != s.c_str() + s.size()) fail(v, what + " must be a finite number, got " + kind_of(v));
+      if (!std::isfinite(d)) fail(v, what + " must be a finite number, got " + kind_of(v));
       if (n == "p" && (d < 0 || d >= 1)) fail(v, what + " must be in [0, 1)");
       if (n == "scalar" && d == 0 && op.kind == OpKind::Div) fail(v, what + " must not be 0 (Div divides by it)");
       if (n == "capacity_factor" && (d <= 0 || d > 1e6)) fail(v, what + " must be in (0, 1e6], got " + s);
@@ -276,6 +413,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       else if (n == "causal") a.causal = b;
       else if (n == "vocab_parallel") a.vocab_parallel = b;
       else if (n == "dropless") a.dropless = b;
+      else if (n == "inverse") a.inverse = b;
       return;
     }
     case AttrType::Placement: {
@@ -319,6 +457,13 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       a.coords = static_cast<std::uint32_t>(p_.coords.size());
       p_.coords.push_back(load_coords(v, what));
       return;
+    case AttrType::Size: {
+      ExprId e = parse_expr(v, what);
+      if (p_.exprs.is_const(e) && p_.exprs.value(e) < 0) fail(v, what + " must not be negative, got " + std::to_string(p_.exprs.value(e)));
+      if (p_.exprs.is_const(e) && p_.exprs.value(e) > kMaxSize) fail(v, what + " is too large (the limit is 2^40)");
+      p_.set_size_attr(op, n, e);
+      return;
+    }
     case AttrType::Enum: {
       if (!v.IsScalar() || std::find(spec.choices.begin(), spec.choices.end(), v.Scalar()) == spec.choices.end())
         fail(v, what + " must be one of " + attr_type_name(spec) + ", got " + kind_of(v) +

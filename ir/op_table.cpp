@@ -29,7 +29,7 @@ std::vector<AttrSpec> parse_attr_specs(std::string_view text) {
         {"number", AttrType::Number}, {"bool", AttrType::Bool},       {"placement", AttrType::Placement},
         {"placements", AttrType::Placements}, {"reduce", AttrType::Reduce}, {"dtype", AttrType::DType},
         {"shape", AttrType::Shape},   {"name", AttrType::Name},       {"names", AttrType::Names},
-        {"coords", AttrType::Coords}};
+        {"coords", AttrType::Coords}, {"size", AttrType::Size}};
     if (type.rfind("enum(", 0) == 0 && type.back() == ')') {
       a.type = AttrType::Enum;
       std::string body = type.substr(5, type.size() - 6);
@@ -135,6 +135,7 @@ std::string attr_type_name(const AttrSpec& a) {
     case AttrType::Name: return "name";
     case AttrType::Names: return "list of names";
     case AttrType::Coords: return "coordinates";
+    case AttrType::Size: return "size expression";
     case AttrType::Enum: {
       std::string s;
       for (const auto& c : a.choices) s += (s.empty() ? "" : "|") + c;

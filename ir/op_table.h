@@ -17,7 +17,7 @@ enum class OpKind : std::uint8_t {
 
 enum class OpCategory : std::uint8_t { compute, gradient, collective, p2p, async, precision, shape, spmd, later };
 
-enum class AttrType : std::uint8_t { Axes, Int, Ints, Number, Bool, Placement, Placements, Reduce, DType, Shape, Name, Names, Coords, Enum };
+enum class AttrType : std::uint8_t { Axes, Int, Ints, Number, Bool, Placement, Placements, Reduce, DType, Shape, Name, Names, Coords, Enum, Size };
 
 struct AttrSpec {
   std::string name;

@@ -63,7 +63,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     }
     case AttrType::Number: return a.has_number ? std::optional(number(a.number)) : std::nullopt;
     case AttrType::Bool: {
-      bool v = n == "keepdim" ? a.keepdim : n == "causal" ? a.causal : n == "dropless" ? a.dropless : a.vocab_parallel;
+      bool v = n == "keepdim" ? a.keepdim : n == "causal" ? a.causal : n == "dropless" ? a.dropless : n == "inverse" ? a.inverse : a.vocab_parallel;
       return v ? std::optional<std::string>("true") : std::nullopt;
     }
     case AttrType::Placement:
@@ -83,6 +83,10 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
       std::string s;
       for (auto [axis, c] : p.coords[a.coords]) s += (s.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(axis)].name + ": " + std::to_string(c);
       return "{" + s + "}";
+    }
+    case AttrType::Size: {
+      ExprId e = p.size_attr(op, n);
+      return e >= 0 ? std::optional(p.expr_str(e)) : std::nullopt;
     }
     case AttrType::Enum:
       if (n == "dst") return a.dst_invariant ? std::optional<std::string>("I") : std::nullopt;

@@ -1,5 +1,6 @@
 // ir/program.cpp - small Program helpers and dtypes.
 #include "ir/program.h"
+#include <stdexcept>
 
 #include <cstring>
 
@@ -137,6 +138,33 @@ std::string Program::shape_str(std::span<const ExprId> shape) const {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + expr_str(shape[i]);
   return s + "]";
+}
+
+int Program::size_slot(OpKind kind, std::string_view attr, int* count) {
+  int slot = -1, n = 0;
+  for (const auto& a : op_info(kind).attrs) {
+    if (a.type != AttrType::Size) continue;
+    if (a.name == attr) slot = n;
+    ++n;
+  }
+  if (count) *count = n;
+  return slot;
+}
+
+ExprId Program::size_attr(const Op& op, std::string_view attr) const {
+  int slot = size_slot(op.kind, attr);
+  if (slot < 0 || op.attrs.sizes == kNoIndex) return -1;
+  return shapes[op.attrs.sizes][static_cast<std::size_t>(slot)];
+}
+
+void Program::set_size_attr(Op& op, std::string_view attr, ExprId e) {
+  int n = 0, slot = size_slot(op.kind, attr, &n);
+  if (slot < 0) throw std::logic_error("set_size_attr: " + std::string(op_name(op.kind)) + " has no size attribute " + std::string(attr));
+  if (op.attrs.sizes == kNoIndex) {
+    op.attrs.sizes = static_cast<std::uint32_t>(shapes.size());
+    shapes.emplace_back(static_cast<std::size_t>(n), -1);
+  }
+  shapes[op.attrs.sizes][static_cast<std::size_t>(slot)] = e;
 }
 
 void annotate_instances(const Program& p, std::vector<Diagnostic>& diags) {

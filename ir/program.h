@@ -127,6 +127,7 @@ struct OpAttrs {
   std::uint32_t placements = kNoIndex; // `placement` map: index into Program::placement_maps
   std::uint32_t coords = kNoIndex;     // `peer`: index into Program::coords
   std::uint32_t handles = kNoIndex;    // `handles`: index into Program::name_lists
+  std::uint32_t sizes = kNoIndex;      // `size` attributes: index into Program::shapes, one slot per size attribute of the op (in op-table order), -1 = not given
   std::uint32_t bad_axis = kNoIndex;   // an `axis` the mesh lacks: index into Program::bad_axes (a finding, not a load error)
   NameId handle = -1, stream = -1, group = -1;  // group: a batched point-to-point group (batch_isend_irecv)
   NameId matches = -1, label = -1;              // Recv: the name its Send must send; Step: its label (e.g. 1F3)
@@ -147,6 +148,7 @@ struct OpAttrs {
   bool dropless : 1 = false;          // MoEDispatch
   bool rng_per_rank : 1 = false;
   bool dst_invariant : 1 = false;     // AllReduce/AllGather `dst: I`
+  bool inverse : 1 = false;           // RoPE `inverse: true` (rotate by -angle: its VJP)
   std::uint8_t choice = kNoChoice;    // any other enum attribute (`of`, `wrt`): index into its choices
   std::uint8_t order = 0;             // `order` of the context-parallel attention: 0 contiguous, 1 zigzag
 };
@@ -249,6 +251,12 @@ struct Program {
   // Human text of a size expression / a shape.
   std::string expr_str(ExprId e) const { return exprs.str(e, vars); }
   std::string shape_str(std::span<const ExprId> shape) const;
+  // The value of the size attribute `attr` of `op` (AttrType::Size), or -1 when it was not given.
+  ExprId size_attr(const Op& op, std::string_view attr) const;
+  // The slot of size attribute `attr` among the size attributes of `kind` (-1: the op has none by that name), and their count.
+  static int size_slot(OpKind kind, std::string_view attr, int* count = nullptr);
+  // Sets size attribute `attr` of `op` to `e` (creating the op's slots on first use).
+  void set_size_attr(Op& op, std::string_view attr, ExprId e);
 };
 
 // Adds to each diagnostic at an op that came from a module instance a note naming the instance ("in layer 37 of

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <functional>
 #include <iterator>
 #include <numeric>
 #include <set>
@@ -168,7 +169,7 @@ class Checker {
   void reduce_dims();
   void attention();
   bool attention_shapes(int& b, int& h, int& s, int& dd);
-  bool kv_heads_held_whole(int a, int h);
+  bool kv_heads_held_whole(int a, int h, int ki = 1);  // ki: the input index of k (v follows)
   void embedding();
   void cross_entropy();
   void topk();
@@ -217,6 +218,20 @@ class Checker {
 
   void reshape();
   bool prefix_whole_per_rank(const Value& x, int from, int to);
+
+  // ---- tensor ops (rules_tensor.cpp) ---------------------------------------------------------
+  ExprId size_arg(const char* attr, ExprId dflt);
+  bool at_most(ExprId lo, ExprId hi, const std::string& what, const std::string& tensor);
+  bool dim_whole(int i, int d, const std::string& why, const std::string& extra = "");
+  bool join_layout(Value& o, const std::vector<int>& which, int ro, const std::function<Placement(int, int)>& pl);
+  void slice_op();
+  void split_op();
+  void concat_op(bool stack);
+  void pad_op();
+  void arange();
+  void rope();
+  void index_select();
+  void index_add();
 
   // ---- SPMD conversions ---------------------------------------------------------------------
   Placement norm_target(Placement t, int rank, bool& ok);
@@ -297,7 +312,7 @@ class Checker {
   int op_idx_ = -1;
   const Op* op_ = nullptr;
   std::vector<const Value*> in_;
-  std::array<Value, 2> out_{};
+  std::array<Value, 8> out_{};  // Split has up to 8 outputs
   bool failed_ = false;
   std::int32_t next_def_ = 0;  // Value::def of the next declaration or op output
   std::unordered_map<int, std::vector<int>> recv_sends_;  // Recv op -> the Send ops it pairs with (on some rank)

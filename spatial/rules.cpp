@@ -615,6 +615,15 @@ void Checker::apply() {
     case OpKind::MoECombine: return moe_combine();
     case OpKind::ExpertCompute: return expert_compute();
     case OpKind::MoEGateGrad: return moe_gate_grad();
+    case OpKind::Slice: return slice_op();
+    case OpKind::Split: return split_op();
+    case OpKind::Concat: return concat_op(false);
+    case OpKind::Stack: return concat_op(true);
+    case OpKind::Pad: return pad_op();
+    case OpKind::Arange: return arange();
+    case OpKind::RoPE: return rope();
+    case OpKind::IndexSelect: return index_select();
+    case OpKind::IndexAdd: return index_add();
     case OpKind::RingRotate: return ring_rotate();
     case OpKind::RingAttentionStep: return ring_attention_step();
     case OpKind::RingAttention: return ring_attention();

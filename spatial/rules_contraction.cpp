@@ -103,16 +103,16 @@ void Checker::matmul() {
 // heads cut by axes outer to `a` only, down to one per rank) that every query head of the rank groups with.
 // The ranks along `a` then hold consecutive query heads of one kv group (GQA with fewer kv heads than tp:
 // tp factored into an outer axis over the kv heads and an inner one that replicates each).
-bool Checker::kv_heads_held_whole(int a, int h) {
+bool Checker::kv_heads_held_whole(int a, int h, int ki) {
   ExprId n = pool_.constant(1);
   for (int c = 0; c < axes(); ++c) {
-    Placement k = pin(1, c), v = pin(2, c);
+    Placement k = pin(ki, c), v = pin(ki + 1, c);
     if (!(k == v)) return false;
     if (!k.is_s(h)) continue;
     if (c >= a) return false;  // the kv heads must be cut by axes outer to a
     n = pool_.mul(n, axis_size(c));
   }
-  return obl_.decide(OblKind::Equal, in(1).shape[static_cast<std::size_t>(h)], n) == Decision::Holds;
+  return obl_.decide(OblKind::Equal, in(ki).shape[static_cast<std::size_t>(h)], n) == Decision::Holds;
 }
 
 // The shapes of q, k, v (inputs 0-2) of an attention op and its dims by `layout`; false after a report.

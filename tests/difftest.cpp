@@ -262,7 +262,8 @@ class Gen {
   // ---- ops ------------------------------------------------------------------------------------
   void add_op() {
     static const std::vector<std::pair<int, int>> weights = {{0, 10}, {1, 14}, {2, 14}, {3, 8}, {4, 4}, {5, 7}, {6, 4}, {7, 8},
-                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}, {16, 10}, {17, 4}, {18, 5}};
+                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}, {16, 10}, {17, 4}, {18, 5},
+                                                             {19, 12}};
     int total = 0;
     for (auto [k, w] : weights) total += w;
     int r = rng_.below(total), kind = 0;
@@ -292,7 +293,128 @@ class Gen {
       case 15: return amax_op();
       case 16: return cp_op();
       case 17: return moe_op();
-      default: return fp8_op();
+      case 18: return fp8_op();
+      case 19: return tensor_op();
+      default: return amax_op();
+    }
+  }
+
+  // The tensor ops of issue 10: Slice (often not on shard boundaries, sometimes the whole dim), Split, Concat,
+  // Stack, Pad (zeros or a value), RoPE at positions from Arange (replicated, converted to S(0), of the
+  // wrong length now and then, or a declared tensor of any placement), IndexSelect, IndexAdd, and scale
+  // constants written as expressions of mesh sizes.
+  void tensor_op() {
+    const GVal* x = pick_value([](const GVal& v) { return !v.shape.empty(); });
+    if (!x) return;
+    GVal xv = *x;
+    int r = static_cast<int>(xv.shape.size());
+    int d = rng_.below(r);
+    std::int64_t n = xv.shape[static_cast<std::size_t>(d)];
+    auto with = [&](std::int64_t v) {
+      Dims s = xv.shape;
+      s[static_cast<std::size_t>(d)] = v;
+      return s;
+    };
+    auto num = [](std::int64_t v) { return std::to_string(v); };
+    switch (rng_.below(9)) {
+      case 0: {
+        std::int64_t start = rng_.chance(0.3) ? 0 : rng_.below(static_cast<int>(n));
+        std::int64_t end = start + 1 + rng_.below(static_cast<int>(n - start));
+        if (rng_.chance(0.25)) start = 0, end = n;
+        return emit("Slice", {xv.name}, {GVal{fresh("sl"), with(end - start)}},
+                    "dim: " + num(d) + (start || rng_.chance(0.5) ? ", start: " + num(start) : "") + ", end: " + num(end));
+      }
+      case 1: {
+        int k = n >= 3 && rng_.chance(0.4) ? 3 : 2;
+        if (n < k) return;
+        std::vector<GVal> outs;
+        std::string attrs = "dim: " + num(d);
+        if (n % k == 0 && rng_.chance(0.5)) {
+          for (int j = 0; j < k; ++j) outs.push_back(GVal{fresh("sp"), with(n / k)});
+        } else {
+          std::int64_t left = n;
+          std::string sizes;
+          for (int j = 0; j < k; ++j) {
+            std::int64_t s = j + 1 == k ? left : 1 + rng_.below(static_cast<int>(left - (k - j - 1)));
+            left -= s;
+            outs.push_back(GVal{fresh("sp"), with(s)});
+            sizes += (j ? ", " : "") + num(s);
+          }
+          attrs += ", sizes: [" + sizes + "]";
+        }
+        return emit("Split", {xv.name}, outs, attrs);
+      }
+      case 2: {
+        const GVal* y = rng_.chance(0.4) ? pick_value([&](const GVal& v) {
+          if (v.shape.size() != xv.shape.size() || v.name == xv.name) return false;
+          for (int e = 0; e < r; ++e)
+            if (e != d && v.shape[static_cast<std::size_t>(e)] != xv.shape[static_cast<std::size_t>(e)]) return false;
+          return true;
+        })
+                                          : nullptr;
+        std::string yn = y ? y->name : new_input(with(random_dim()), false, &xv);
+        std::int64_t m = y ? y->shape[static_cast<std::size_t>(d)] : vals_.back().shape[static_cast<std::size_t>(d)];
+        std::vector<std::string> ins = {xv.name, yn};
+        if (rng_.chance(0.5)) std::swap(ins[0], ins[1]);
+        return emit("Concat", ins, {GVal{fresh("cat"), with(n + m)}}, "dim: " + num(d));
+      }
+      case 3: {
+        const GVal* y = rng_.chance(0.4) ? pick_value([&](const GVal& v) { return v.shape == xv.shape && v.name != xv.name; }) : nullptr;
+        std::string yn = y ? y->name : new_input(xv.shape, false, &xv);
+        int sd = rng_.below(r + 1);
+        Dims s = xv.shape;
+        s.insert(s.begin() + sd, 2);
+        return emit("Stack", {xv.name, yn}, {GVal{fresh("st"), s}}, "dim: " + num(sd));
+      }
+      case 4: {
+        std::int64_t before = rng_.below(3), after = rng_.below(3);
+        if (!before && !after && rng_.chance(0.7)) after = 1;
+        std::string value = rng_.pick(std::vector<std::string>{"", "", ", value: 1.5", ", value: -1"});
+        return emit("Pad", {xv.name}, {GVal{fresh("pd"), with(before + n + after)}},
+                    "dim: " + num(d) + (before ? ", before: " + num(before) : "") + (after ? ", after: " + num(after) : "") + value);
+      }
+      case 5: {
+        if (r < 2 || xv.shape.back() % 2) return;
+        int sd = rng_.below(r - 1);
+        std::int64_t s = xv.shape[static_cast<std::size_t>(sd)];
+        std::string pos;
+        double c = rng_.unit();
+        if (c < 0.7) {
+          GVal ar{fresh("pos"), {s}, false};
+          std::int64_t len = s;
+          auto sharded = shard_axes(xv, sd);
+          if (c < 0.1 && !sharded.empty() && s % mesh_[sharded[0]].second == 0) len = s / mesh_[sharded[0]].second;  // the local-positions bug
+          ar.shape = {len};
+          emit("Arange", {}, {ar}, "end: " + num(len) + (rng_.chance(0.3) ? ", dtype: f32" : ""));
+          pos = ar.name;
+          if (!sharded.empty() && rng_.chance(0.5)) {
+            GVal cv{fresh("pos"), {len}, false};
+            emit("Convert", {pos}, {cv}, "axis: " + mesh_[sharded.back()].first + ", to: S(0)");
+            pos = cv.name;
+          }
+        } else {
+          pos = new_input({s}, false, &xv);
+        }
+        return emit("RoPE", {xv.name, pos}, {GVal{fresh("rp"), xv.shape}},
+                    "dim: " + num(sd) + (rng_.chance(0.3) ? ", inverse: true" : "") + (rng_.chance(0.3) ? ", theta: 100" : ""));
+      }
+      case 6: {
+        std::int64_t k = random_dim();
+        std::string ids = new_input({k}, true);
+        return emit("IndexSelect", {xv.name, ids}, {GVal{fresh("is"), with(k)}}, "dim: " + num(d));
+      }
+      case 7: {
+        std::int64_t k = random_dim();
+        std::string ids = new_input({k}, true, nullptr, Placements{});
+        std::string src = new_input(with(k), false, &xv);
+        return emit("IndexAdd", {xv.name, ids, src}, {GVal{fresh("ia"), xv.shape}}, "dim: " + num(d));
+      }
+      default: {
+        std::size_t a = static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size())));
+        std::string e = rng_.chance(0.5) ? "1/" + mesh_[a].first : "-2/(" + mesh_[a].first + "*" + mesh_[(a + 1) % mesh_.size()].first + ")";
+        const char* op = rng_.pick(std::vector<const char*>{"Multiply", "Div", "LossScale"});
+        return emit(op, {xv.name}, {GVal{fresh("sc"), xv.shape}}, std::string(op == std::string("LossScale") ? "scale: " : "scalar: ") + e);
+      }
     }
   }
 
