@@ -89,9 +89,9 @@ void Deriver::vjp() {
     case OpKind::TopKGrad: no_vjp("it is itself a gradient op, and second derivatives are not supported");
     case OpKind::Step: no_vjp("it is an opaque pipeline-schedule step with no known derivative");
     case OpKind::OverlapRegion: no_vjp("it is an opaque block of compute; write its backward by hand in `backward:`");
-    case OpKind::ZeROGatherParam:
-    case OpKind::ZeROScatterGrad:
-    case OpKind::ZeROPartitionOptState:
+    case OpKind::ZeROGatherParam: return zero_gather();
+    case OpKind::ZeROScatterGrad: return zero_scatter();
+    case OpKind::ZeROPartitionOptState: return conversion();  // R -> S(d): the dual is S(d) -> P per axis, as Convert's
     case OpKind::RingRotate:
     case OpKind::RingAttentionStep:
     case OpKind::RingAttention:

@@ -162,14 +162,15 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     if (s >= n) throw InterpError(std::string(what) + " rank " + std::to_string(s) + " is outside a group of " + std::to_string(n));
     return s;
   };
-  auto dim_of = [&](int d, const Val& v) { return norm_dim(d, static_cast<int>(v.gshape.size())); };
+  auto dim_of = [&](int d, const Val& v) { return norm_dim(d == kUnset ? 0 : d, static_cast<int>(v.gshape.size())); };  // ZeRO: dim 0 by default
   switch (op.kind) {
     case OpKind::AllReduce: {
       Tensor red = reduce_all(xs, at.rop);
       for (std::size_t k = 0; k < n; ++k) outs[k] = *xs[k], outs[k].t = red;
       break;
     }
-    case OpKind::AllGather: {
+    case OpKind::AllGather:
+    case OpKind::ZeROGatherParam: {  // ops_zero.cpp: ZeRO's gather is an AllGather
       int d = dim_of(at.dim, *xs[0]);
       std::vector<Tensor> parts;
       for (auto* x : xs) parts.push_back(x->t);
@@ -177,7 +178,8 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
       for (std::size_t k = 0; k < n; ++k) outs[k] = *xs[k], outs[k].t = all, outs[k].mask[static_cast<std::size_t>(d)] &= ~axes;
       break;
     }
-    case OpKind::ReduceScatter: {
+    case OpKind::ReduceScatter:
+    case OpKind::ZeROScatterGrad: {  // ops_zero.cpp: ZeRO's gradient scatter is a ReduceScatter (torch.chunk slices)
       int d = dim_of(at.dim, *xs[0]);
       Tensor red = reduce_all(xs, at.rop);
       for (std::size_t k = 0; k < n; ++k) {
@@ -314,8 +316,6 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::Reinterpret:
     case OpKind::Convert:
     case OpKind::SPMDGuard:
-    case OpKind::ZeROGatherParam:
-    case OpKind::ZeROScatterGrad:
     case OpKind::ZeROPartitionOptState:
     case OpKind::RingRotate:
     case OpKind::RingAttentionStep:

@@ -301,6 +301,7 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::Reinterpret:
       return set_out(oi, r, 0, in(oi, r, 0), global_ ? std::string(1, kExcluded) + "it passes through Reinterpret, which changes the global value on purpose" : "");
     case OpKind::Convert: return convert(oi, r, c, taint);
+    case OpKind::ZeROPartitionOptState: return zero_partition(oi, r, c, taint);
     case OpKind::SPMDGuard:
       if (op.n_out) set_out(oi, r, 0, in(oi, r, 0), taint);
       return;
@@ -333,7 +334,6 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::OverlapRegion:
     case OpKind::ZeROGatherParam:
     case OpKind::ZeROScatterGrad:
-    case OpKind::ZeROPartitionOptState:
     case OpKind::RingRotate:
     case OpKind::RingAttentionStep:
     case OpKind::RingAttention:

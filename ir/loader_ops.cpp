@@ -270,6 +270,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       if (n == "keepdim") a.keepdim = b;
       else if (n == "causal") a.causal = b;
       else if (n == "vocab_parallel") a.vocab_parallel = b;
+      else if (n == "uneven") a.uneven = b;
       return;
     }
     case AttrType::Placement: {

@@ -100,6 +100,7 @@ struct OpAttrs {
   bool vocab_parallel : 1 = false;
   bool rng_per_rank : 1 = false;
   bool dst_invariant : 1 = false;     // AllReduce/AllGather `dst: I`
+  bool uneven : 1 = false;            // a shard-creating op's `uneven: true`: torch.chunk layout, need not divide
   std::uint8_t choice = kNoChoice;    // any other enum attribute (`of`, `wrt`): index into its choices
 };
 

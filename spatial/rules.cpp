@@ -238,7 +238,9 @@ int Checker::new_origin(Loc l, std::string tensor, Placement pl, int a, std::str
 void Checker::set_new(Value& v, int a, Placement pl, std::string why) {
   v.pl[static_cast<std::size_t>(a)] = pl;
   v.origin[static_cast<std::size_t>(a)] = pl.is_r() ? -1 : new_origin(here(), oname(0), pl, a, std::move(why));
-  if (pl.is_s()) v.strict = static_cast<std::uint8_t>(v.strict | (1u << pl.dim));
+  if (!pl.is_s()) return;
+  if (at().uneven) v.uneven = true;  // `uneven: true`: the torch.chunk layout is asked for (section 1)
+  else v.strict = static_cast<std::uint8_t>(v.strict | (1u << pl.dim));
 }
 
 // Sets a placement inherited from input `i`: keeps where it arose, unless this op moves a shard to another dim.
@@ -341,7 +343,10 @@ bool Checker::check_local(Value& v, const std::string& name, Loc loc, std::vecto
     dg.message = fmt::format("dim {} of {} has size {}, sharded over {} ({} ranks), but {}; {}", d, name, a ? std::to_string(*a) : dstr(dim),
                              mask_names(m), b ? std::to_string(*b) : dstr(div),
                              a && b ? failure_words(OblKind::Divisible, *a, *b) : "it does not divide evenly",
-                             strict ? "a shard created here must be even (choose sizes divisible by the axis, or shard another dim)"
+                             strict ? (op_ && op_info(op_->kind).find_attr("uneven")
+                                           ? "a shard created here must be even unless asked for: choose sizes divisible by the axis, shard another dim, or "
+                                             "add `uneven: true` to this op for the torch.chunk layout (ceil-div chunks, the last smaller)"
+                                           : "a shard created here must be even (choose sizes divisible by the axis, or shard another dim)")
                                     : "declare `uneven: true` on the input if padded shards are intended");
     dg.notes = std::move(notes);
     diags_.push_back(std::move(dg));
@@ -598,9 +603,9 @@ void Checker::apply() {
     case OpKind::EmbeddingGrad: return embedding_grad();
     case OpKind::CrossEntropyGrad: return cross_entropy_grad();
     case OpKind::TopKGrad: return topk_grad();
-    case OpKind::ZeROGatherParam:
-    case OpKind::ZeROScatterGrad:
-    case OpKind::ZeROPartitionOptState:
+    case OpKind::ZeROGatherParam: return zero_gather();
+    case OpKind::ZeROScatterGrad: return zero_scatter();
+    case OpKind::ZeROPartitionOptState: return zero_partition();
     case OpKind::RingRotate:
     case OpKind::RingAttentionStep:
     case OpKind::RingAttention:
