@@ -18,7 +18,10 @@ void Runner::zero_partition(int oi, std::int64_t r, const std::vector<std::int64
   part(axes, c, n, idx);
   chunk_range(v.t.shape[static_cast<std::size_t>(d)], n, idx, lo, hi);
   v.t = slice(v.t, d, lo, hi);
-  v.mask[static_cast<std::size_t>(d)] |= axes;
+  auto du = static_cast<std::size_t>(d);
+  std::uint32_t w = add_to_order(ord_of(v, du), v.mask[du], axes);
+  if (w || du < v.ord.size()) v.ord.resize(std::max(v.ord.size(), v.mask.size()), 0), v.ord[du] = w;
+  v.mask[du] |= axes;
   vlabel_in_ &= ~op.attrs.axes;
   set_out(oi, r, 0, std::move(v), taint);
 }
