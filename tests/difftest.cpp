@@ -107,6 +107,14 @@ class Gen {
       if (x.is_s() && (x.dim < 0 || static_cast<std::size_t>(x.dim) >= rank)) x = Placement::r();
       s += (a ? ", " : "") + mesh_[a].first + ": " + to_string(x);
     }
+    std::string o;  // the shard order of dims cut out of mesh order (`order:`)
+    for (int d = 0; d < static_cast<int>(rank); ++d) {
+      int axes[kMaxAxes];
+      int n = shard_order(p.data(), static_cast<int>(mesh_.size()), d, axes);
+      if (n < 2 || !p[static_cast<std::size_t>(axes[0])].ord) continue;
+      for (int k = 0; k < n; ++k) o += (o.empty() ? "" : ", ") + mesh_[static_cast<std::size_t>(axes[k])].first;
+    }
+    if (!o.empty()) s += ", order: [" + o + "]";
     return s + "}";
   }
   std::string yaml(const std::vector<std::string>& outs) const {
@@ -191,6 +199,15 @@ class Gen {
           if (!q.is_s() || (q.dim >= 0 && q.dim < static_cast<int>(shape.size()))) p[a] = q.is_p() ? Placement::r() : q;
         }
       }
+    }
+    for (int dd = 0; dd < static_cast<int>(shape.size()) && !integer; ++dd) {  // now and then a dim cut out of mesh order
+      int axes[kMaxAxes];
+      for (auto& q : p)
+        if (q.is_s(dd)) q.ord = 0;  // a copied placement's order is redrawn here
+      int n = shard_order(p.data(), static_cast<int>(mesh_.size()), dd, axes);
+      if (n < 2 || !rng_.chance(0.4)) continue;
+      std::reverse(axes, axes + n);
+      set_shard_order(p.data(), static_cast<int>(mesh_.size()), dd, axes, n);
     }
     if (forced) p = *forced;
     std::string d = name + ": {shape: " + dims_text(shape) + ", placement: " + pl_text(p, shape.size());
