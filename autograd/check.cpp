@@ -53,6 +53,7 @@ class TrainingChecker {
       return r;
     }
     const SpatialTypes& ft = o_.forward_types ? *o_.forward_types : own;
+    ft_ = &ft;
     hand_ = p_.has_backward;
     Derived derived;
     if (hand_) {
@@ -145,6 +146,9 @@ class TrainingChecker {
     for (int a = 0; a < t.axis_count(); ++a) {
       Placement p = lt.pl[static_cast<std::size_t>(a)];
       if (p.is_p() && p.op == ReduceOp::Avg) avg_axes_ |= 1u << a;
+      // A replicated loss: its seed, 1 on every rank, is typed P(sum) (the dual of R), a pending sum of N
+      // ones, so the backward computes the gradient of N copies of the loss, as over a per-rank mean.
+      if (p.is_r()) avg_axes_ |= 1u << a, repl_axes_ |= 1u << a;
     }
     if (!avg_axes_) return;
     std::unordered_set<NameId> written;
@@ -186,6 +190,32 @@ class TrainingChecker {
     if (have.is_v() && (pp.is_r() || pp.is_i())) return false;
     std::string ax = t.mesh[static_cast<std::size_t>(a)].name, loss = p_.name(p_.loss);
     d.id = CheckId::LossScaling;
+    if (repl_axes_ & (1u << a)) {
+      d.message = fmt::format("the loss {} is replicated over {} (R), so each rank's backward, seeded with 1 on its own copy as autograd does, "
+                              "computes the gradient of {} copies of the loss (the seed, dual of R, is a pending sum); {} is {} over {} at the end of "
+                              "the backward, so it is {} times the gradient of the loss",
+                              loss, ax, ax, d.tensor, to_string(have), ax, ax);
+      d.notes.clear();
+      d.notes.push_back({decl->loc, fmt::format("parameter {} is declared {} over {} here", p_.name(decl->name), to_string(pp), ax)});
+      int w = replicating_op(a);
+      const Op* op = w >= 0 ? &p_.ops[static_cast<std::size_t>(w)] : nullptr;
+      if (op && op->kind == OpKind::AllReduce)
+        d.notes.push_back({op->loc, fmt::format("fix: make the loss invariant here: `dst: I` on this AllReduce (Megatron's reduce_from_tensor_model_"
+                                                "parallel_region: its backward is the identity), or leave the loss a pending mean over {} (drop the "
+                                                "AllReduce before the backward) and average the gradients in grad_sync with `reduce: avg`",
+                                                ax)});
+      else if (op && op->kind == OpKind::CrossEntropyLoss)
+        d.notes.push_back({op->loc, fmt::format("fix: set `dst: I` on this vocab-parallel CrossEntropyLoss: Megatron's vocab_parallel_cross_entropy "
+                                                "computes the same loss on every rank of {} and its backward is local (softmax minus one-hot on "
+                                                "each rank's vocab slice), so the loss is invariant, not replicated",
+                                                ax)});
+      else
+        d.notes.push_back({p_.loss_loc, fmt::format("fix: every rank of {} computes the whole loss from replicated values: declare the values it is "
+                                                    "computed from invariant (I) over {} (Megatron's f, Convert I -> R, marks where the gradient "
+                                                    "is reduced), or average the gradients over {} in grad_sync with `reduce: avg`",
+                                                    ax, ax, ax)});
+      return true;
+    }
     d.message = fmt::format("the loss {} is a per-rank mean over {} (P(avg)), so each rank's backward, seeded with 1 on its own loss as autograd "
                             "does, computes the gradient of the sum of the per-rank losses; {} is {} over {} at the end of the backward, so it "
                             "is {} times the gradient of the mean loss",
@@ -200,6 +230,27 @@ class TrainingChecker {
                                                 loss, loss, scale, ax, loss, loss, ax)});
     return true;
   }
+  // The forward op at which the loss became R over axis a: follow the loss back through ops whose output
+  // keeps their first input's placement there (a mean, a scale, a cast) to the one whose input was not R.
+  int replicating_op(int a) const {
+    const SpatialTypes& ft = *ft_;
+    NameId n = p_.loss;
+    for (std::size_t end = p_.ops.size(); end > 0;) {
+      int w = -1;
+      for (std::size_t i = end; i-- > 0 && w < 0;)
+        for (NameId o : p_.outs(p_.ops[i]))
+          if (o == n) w = static_cast<int>(i);
+      if (w < 0) return -1;
+      const Op& op = p_.ops[static_cast<std::size_t>(w)];
+      if (op.n_in == 0) return w;
+      NameId in = p_.ins(op)[0];
+      if (!final_type(p_, ft, in, static_cast<std::size_t>(w)).pl[static_cast<std::size_t>(a)].is_r()) return w;
+      n = in;
+      end = static_cast<std::size_t>(w);
+    }
+    return -1;
+  }
+
   // The origin note of a relabelled gradient names the mean loss, not the internal Reinterpret.
   void relabel_notes(Diagnostic& d) const {
     if (!avg_axes_) return;
@@ -207,8 +258,16 @@ class TrainingChecker {
       if (n.loc.line != p_.loss_loc.line || n.loc.col != p_.loss_loc.col) continue;
       auto at = n.message.find(": Reinterpret over ");
       if (at == std::string::npos) continue;
-      n.message = n.message.substr(0, at) + ": the loss is a per-rank mean (P(avg)) over that axis, so each rank's gradient, seeded with 1 on its "
-                                             "own loss, is a summand of an average";
+      std::size_t nb = at + std::string(": Reinterpret over ").size(), ne = n.message.find(' ', nb);
+      std::string axname = n.message.substr(nb, ne == std::string::npos ? std::string::npos : ne - nb);
+      int a = -1;
+      for (int k = 0; k < p_.axis_count(); ++k)
+        if (p_.mesh[static_cast<std::size_t>(k)].name == axname) a = k;
+      bool repl = a >= 0 && (repl_axes_ & (1u << a));
+      n.message = n.message.substr(0, at) + (repl ? ": the loss is replicated (R) over that axis, so each rank's gradient, seeded with 1 on its "
+                                                    "own copy, is a summand of an average over the copies"
+                                                  : ": the loss is a per-rank mean (P(avg)) over that axis, so each rank's gradient, seeded with 1 "
+                                                    "on its own loss, is a summand of an average");
     }
   }
 
@@ -556,7 +615,9 @@ class TrainingChecker {
   bool hand_ = false;
   std::vector<std::int32_t> forward_op_;
   std::size_t first_bwd_ = 0, first_relabel_ = 0, first_sync_ = 0;
-  std::uint32_t avg_axes_ = 0;         // axes on which the loss is P(avg)
+  std::uint32_t avg_axes_ = 0;         // axes on which the loss is P(avg) or R: the backward computes N times its gradient
+  std::uint32_t repl_axes_ = 0;        // those on which it is R
+  const SpatialTypes* ft_ = nullptr;   // the forward's types
   std::vector<NameId> relabel_param_;  // per relabel op: the parameter whose gradient it relabels
   SpatialTypes tt_;
   std::vector<std::int64_t> src_, before_sync_, final_;

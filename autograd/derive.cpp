@@ -89,12 +89,15 @@ void Deriver::vjp() {
     case OpKind::TopKGrad: no_vjp("it is itself a gradient op, and second derivatives are not supported");
     case OpKind::Step: no_vjp("it is an opaque pipeline-schedule step with no known derivative");
     case OpKind::OverlapRegion: no_vjp("it is an opaque block of compute; write its backward by hand in `backward:`");
+    case OpKind::LoadBalance: return load_balance();
+    case OpKind::RingRotate: return ring_rotate();
+    case OpKind::RingAttention: return ring_attention();
+    case OpKind::RingAttentionStep:
+      no_vjp("the ring backward (the saved log-sum-exp, dk and dv rotating home) is not derived yet; in a training program use RingAttention "
+             "(the whole loop), or write the backward by hand in `backward:`");
     case OpKind::ZeROGatherParam: return zero_gather();
     case OpKind::ZeROScatterGrad: return zero_scatter();
     case OpKind::ZeROPartitionOptState: return conversion();  // R -> S(d): the dual is S(d) -> P per axis, as Convert's
-    case OpKind::RingRotate:
-    case OpKind::RingAttentionStep:
-    case OpKind::RingAttention:
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:
     case OpKind::ExpertCompute:

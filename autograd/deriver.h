@@ -349,6 +349,9 @@ class Deriver {
   void zero_gather();
   void zero_scatter();
   void conversion();
+  void load_balance();  // vjp_cp.cpp
+  void ring_rotate();
+  void ring_attention();
 
   // ---- helpers of the VJPs ---------------------------------------------------------------------
   std::uint8_t norm_choice(OpKind k) const {

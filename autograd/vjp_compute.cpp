@@ -235,6 +235,8 @@ void Deriver::attention() {
       o.attrs.choice = static_cast<std::uint8_t>(k);
       o.attrs.causal = op_->attrs.causal;
       o.attrs.layout = op_->attrs.layout;
+      o.attrs.axes = op_->attrs.axes;  // `cp`: the causal mask's global positions
+      o.attrs.order = op_->attrs.order;
       emit(o, {dy(), fin(0), fin(1), fin(2)}, dst);
     });
 }

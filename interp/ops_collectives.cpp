@@ -151,6 +151,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
   failed_op = oi;
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   if (op.kind == OpKind::CrossEntropyLoss) return cross_entropy(oi, members);
+  if (op.kind == OpKind::RingRotate || op.kind == OpKind::RingAttention) return ring_group(oi, members);
   const OpAttrs& at = op.attrs;
   std::size_t n = members.size();
   std::vector<const Val*> xs;
@@ -329,6 +330,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::RingRotate:
     case OpKind::RingAttentionStep:
     case OpKind::RingAttention:
+    case OpKind::LoadBalance:
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:
     case OpKind::ExpertCompute:

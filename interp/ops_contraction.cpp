@@ -30,57 +30,34 @@ void Runner::matmul(int oi, std::int64_t r, const std::vector<std::int64_t>& c, 
   set_out(oi, r, 0, std::move(o), taint);
 }
 
+// FlashAttention: the causal mask uses local positions (row i of the local q block, key j of the local k),
+// as a kernel given no offsets does; with `cp` the global positions of this rank's q block along that axis
+// in `order` (interp/ops_cp.cpp).
 void Runner::attention(int oi, std::int64_t r, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
-  int b = 0, h = 1, s = 2, dd = 3;
-  if (op.attrs.layout == AttnLayout::BSHD) s = 1, h = 2;
-  if (op.attrs.layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
+  int s = op.attrs.layout == AttnLayout::BSHD ? 1 : op.attrs.layout == AttnLayout::SBHD ? 0 : 2, dd = 3;
   const Val& q = in(oi, r, 0);
   const Val& k = in(oi, r, 1);
   const Val& v = in(oi, r, 2);
   if (q.t.rank() != 4 || k.t.rank() != 4 || v.t.rank() != 4) throw InterpError("FlashAttention needs rank-4 q, k, v");
-  auto L = [](const Tensor& t, int d) { return t.shape[static_cast<std::size_t>(d)]; };
-  std::int64_t B = L(q.t, b), HQ = L(q.t, h), SQ = L(q.t, s), D = L(q.t, dd), HK = L(k.t, h), SK = L(k.t, s), DV = L(v.t, dd);
-  if (L(k.t, b) != B || L(v.t, b) != B || L(k.t, dd) != D || L(v.t, s) != SK || L(v.t, h) != HK || HK == 0 || HQ % HK != 0)
-    throw InterpError("FlashAttention local shapes do not fit: q " + shape_text(q.t.shape) + ", k " + shape_text(k.t.shape) + ", v " + shape_text(v.t.shape));
+  std::int64_t SQ = q.t.shape[static_cast<std::size_t>(s)], SK = k.t.shape[static_cast<std::size_t>(s)];
+  std::vector<std::int64_t> qpos(static_cast<std::size_t>(SQ)), kpos(static_cast<std::size_t>(SK));
+  std::iota(qpos.begin(), qpos.end(), 0);
+  std::iota(kpos.begin(), kpos.end(), 0);
+  if (op.attrs.axes && op.attrs.causal) {
+    int axis;
+    std::int64_t N = cp_ring(op, axis);
+    std::int64_t me = coords(r)[static_cast<std::size_t>(axis)], n = sizes_[static_cast<std::size_t>(axis)];
+    bool zz = op.attrs.order == 1;
+    for (auto& g : qpos) g = cp_position(me * SQ + g, SQ * n, N, zz);
+    for (auto& g : kpos) g = cp_position(g, SK, N, zz);
+  }
   Val o;
   o.gshape = q.gshape;
   o.mask = q.mask;
   o.gshape[static_cast<std::size_t>(dd)] = v.gshape[static_cast<std::size_t>(dd)];
   o.mask[static_cast<std::size_t>(dd)] = v.mask[static_cast<std::size_t>(dd)];
-  Shape os = q.t.shape;
-  os[static_cast<std::size_t>(dd)] = DV;
-  o.t = Tensor(os);
-  auto idx = [&](const Tensor& t, std::int64_t bi, std::int64_t hi, std::int64_t si, std::int64_t di) {
-    std::int64_t pos[4];
-    pos[b] = bi, pos[h] = hi, pos[s] = si, pos[dd] = di;
-    std::int64_t off = 0;
-    for (int d = 0; d < 4; ++d) off = off * t.shape[static_cast<std::size_t>(d)] + pos[d];
-    return static_cast<std::size_t>(off);
-  };
-  charge(B * HQ * SQ * SK * (D + DV));
-  double scale = D ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
-  std::vector<double> w(static_cast<std::size_t>(SK));
-  for (std::int64_t bi = 0; bi < B; ++bi)
-    for (std::int64_t hi = 0; hi < HQ; ++hi) {
-      std::int64_t kh = hi / (HQ / HK);
-      for (std::int64_t i = 0; i < SQ; ++i) {
-        double m = -INFINITY;
-        for (std::int64_t j = 0; j < SK; ++j) {
-          double sc = 0;
-          for (std::int64_t d = 0; d < D; ++d) sc += q.t.data[idx(q.t, bi, hi, i, d)] * k.t.data[idx(k.t, bi, kh, j, d)];
-          w[static_cast<std::size_t>(j)] = op.attrs.causal && j > i ? -INFINITY : sc * scale;
-          m = std::max(m, w[static_cast<std::size_t>(j)]);
-        }
-        double z = 0;
-        for (auto& e : w) z += (e = std::isinf(e) ? 0.0 : std::exp(e - m));
-        for (std::int64_t d = 0; d < DV; ++d) {
-          double acc = 0;
-          for (std::int64_t j = 0; j < SK; ++j) acc += w[static_cast<std::size_t>(j)] * v.t.data[idx(v.t, bi, kh, j, d)];
-          o.t.data[idx(o.t, bi, hi, i, d)] = z > 0 ? acc / z : 0.0;
-        }
-      }
-    }
+  attend(op, q.t, k.t, v.t, qpos, kpos, o.t, nullptr);
   set_out(oi, r, 0, std::move(o), taint);
 }
 

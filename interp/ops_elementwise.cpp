@@ -111,6 +111,7 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
       case OpKind::RingRotate:
       case OpKind::RingAttentionStep:
       case OpKind::RingAttention:
+      case OpKind::LoadBalance:
       case OpKind::MoEDispatch:
       case OpKind::MoECombine:
       case OpKind::ExpertCompute:
@@ -203,6 +204,7 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
       case OpKind::RingRotate:
       case OpKind::RingAttentionStep:
       case OpKind::RingAttention:
+      case OpKind::LoadBalance:
       case OpKind::MoEDispatch:
       case OpKind::MoECombine:
       case OpKind::ExpertCompute:

@@ -302,6 +302,8 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::ReduceMin:
     case OpKind::LogSumExp: return reduce_dims(oi, r, taint);
     case OpKind::FlashAttention: return attention(oi, r, taint);
+    case OpKind::RingAttentionStep: return ring_step(oi, r, c, taint);
+    case OpKind::LoadBalance: return load_balance(oi, r, taint);
     case OpKind::Embedding: return embedding(oi, r, c, taint);
     case OpKind::CrossEntropyLoss: return cross_entropy(oi, {r});
     case OpKind::TopKGate: return topk(oi, r, taint);
@@ -345,7 +347,6 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::ZeROGatherParam:
     case OpKind::ZeROScatterGrad:
     case OpKind::RingRotate:
-    case OpKind::RingAttentionStep:
     case OpKind::RingAttention:
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:

@@ -156,6 +156,15 @@ class Runner {
   void norm(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void reduce_dims(int oi, std::int64_t r, const std::string& taint);
   void attention(int oi, std::int64_t r, const std::string& taint);
+
+  // ---- context parallelism (ops_cp.cpp) -------------------------------------------------------
+  static std::int64_t cp_position(std::int64_t g, std::int64_t len, std::int64_t n, bool zigzag);
+  std::int64_t cp_ring(const Op& op, int& axis) const;
+  void attend(const Op& op, const Tensor& q, const Tensor& k, const Tensor& v, const std::vector<std::int64_t>& qpos,
+              const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse);
+  void ring_group(int oi, const std::vector<std::int64_t>& members);
+  void ring_step(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void load_balance(int oi, std::int64_t r, const std::string& taint);
   void note_range(NameId n, std::int64_t limit);
   static std::int64_t as_index(double x, std::int64_t limit, const char* what);
   void embedding(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);

@@ -240,6 +240,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
     case AttrType::Int:
       if (n == "src" || n == "dst") a.rank = static_cast<std::int32_t>(attr_int(v, what, 0, 1 << 20));
       else if (n == "k") a.k = static_cast<std::int32_t>(attr_int(v, what, 1, 1 << 20));
+      else if (n == "step") a.k = static_cast<std::int32_t>(attr_int(v, what, 0, 1 << 20));
       else if (n == "concat_dim") a.dim2 = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
       else a.dim = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
       return;
@@ -320,6 +321,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       else if (n == "rng") a.rng_per_rank = s == "per_rank";
       else if (n == "reduction") a.reduction = s == "sum" ? Reduction::Sum : s == "none" ? Reduction::None : Reduction::Mean;
       else if (n == "layout") a.layout = s == "bshd" ? AttnLayout::BSHD : s == "sbhd" ? AttnLayout::SBHD : AttnLayout::BHSD;
+      else if (n == "order") a.order = s == "zigzag" ? 1 : 0;
       else a.choice = static_cast<std::uint8_t>(std::find(spec.choices.begin(), spec.choices.end(), s) - spec.choices.begin());
       return;
     }

@@ -8,6 +8,13 @@ namespace spmd::load_detail {
 // ---- training: loss, train, backward, grad_sync ---------------------------------------------
 void Loader::load_training(N root) {
   if (!root["loss"].IsDefined() && !root["train"].IsDefined() && !root["backward"].IsDefined() && !root["grad_sync"].IsDefined()) return;
+  // A backward appended after per-rank programs would belong to no rank's op range and never be checked:
+  // refuse it rather than pass it unchecked.
+  if (p_.per_rank)
+    for (const char* k : {"train", "backward", "grad_sync", "loss"})
+      if (root[k].IsDefined())
+        fail(find_key(root, k), std::string("`") + k + "` with per-rank `programs:` is not supported yet: the backward is derived and checked for " +
+                                    "one program run by every rank (`ops:`); write each rank's backward ops into its own program");
   std::unordered_set<NameId> defined;
   for (const auto& t : p_.tensors) defined.insert(t.name);
   for (const auto& op : p_.ops)

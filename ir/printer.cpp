@@ -62,6 +62,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     case AttrType::Int:
       if (n == "src" || n == "dst") return a.rank >= 0 ? std::optional(std::to_string(a.rank)) : std::nullopt;
       if (n == "k") return a.k > 0 ? std::optional(std::to_string(a.k)) : std::nullopt;
+      if (n == "step") return std::to_string(a.k);
       if (n == "concat_dim") return a.dim2 != kUnset ? std::optional(std::to_string(a.dim2)) : std::nullopt;
       return a.dim != kUnset ? std::optional(std::to_string(a.dim)) : std::nullopt;
     case AttrType::Ints: {
@@ -98,6 +99,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
       if (n == "rng") return a.rng_per_rank ? std::optional<std::string>("per_rank") : std::nullopt;
       if (n == "reduction")
         return a.reduction == Reduction::Mean ? std::nullopt : std::optional<std::string>(a.reduction == Reduction::Sum ? "sum" : "none");
+      if (n == "order") return a.order ? std::optional<std::string>("zigzag") : std::nullopt;
       if (n == "layout")
         return a.layout == AttnLayout::BHSD ? std::nullopt : std::optional<std::string>(a.layout == AttnLayout::BSHD ? "bshd" : "sbhd");
       return a.choice < spec.choices.size() ? std::optional(spec.choices[a.choice]) : std::nullopt;

@@ -75,7 +75,7 @@ struct OpAttrs {
   std::int16_t dim = kUnset;           // dim | split_dim | src/dst-free int attributes
   std::int16_t dim2 = kUnset;          // concat_dim
   std::int32_t rank = -1;              // src / dst rank index along the axis
-  std::int32_t k = 0;                  // TopKGate k
+  std::int32_t k = 0;                  // TopKGate k; RingAttentionStep `step`
   std::uint32_t dims = kNoIndex;       // `dims`: index into Program::int_lists
   std::uint32_t shape = kNoIndex;      // `shape`: index into Program::shapes
   std::uint32_t placements = kNoIndex; // `placement` map: index into Program::placement_maps
@@ -102,6 +102,7 @@ struct OpAttrs {
   bool dst_invariant : 1 = false;     // AllReduce/AllGather `dst: I`
   bool uneven : 1 = false;            // a shard-creating op's `uneven: true`: torch.chunk layout, need not divide
   std::uint8_t choice = kNoChoice;    // any other enum attribute (`of`, `wrt`): index into its choices
+  std::uint8_t order = 0;             // `order` of the context-parallel attention: 0 contiguous, 1 zigzag
 };
 
 struct Op {

@@ -35,6 +35,15 @@ struct Value {
   // the whole value computed from replicated ones (Convert R -> V): reading those copies as summands
   // counts it once per rank.
   std::uint32_t fresh = 0;
+  // Context parallelism (rules_cp.cpp): the dims in zigzag order over zz_axis (LoadBalance); a block RingRotate
+  // moved (rank r holds the block of rank r - ring_shift along ring_axis, its dim ring_dim sharded there before);
+  // a partial attention output of RingAttentionStep (ring_seen: the rotations of the key blocks merged in).
+  std::int8_t zz_axis = -1;
+  std::uint8_t zz_dims = 0;
+  std::int8_t ring_axis = -1;
+  std::int8_t ring_dim = -1;
+  std::int32_t ring_shift = 0;
+  std::uint64_t ring_seen = 0;
   Value() { origin.fill(-1); }
   std::span<const ExprId> dims() const { return {shape.data(), rank}; }
 };
@@ -149,6 +158,7 @@ class Checker {
   void softmax();
   void reduce_dims();
   void attention();
+  bool attention_shapes(int& b, int& h, int& s, int& dd);
   bool kv_heads_held_whole(int a, int h);
   void embedding();
   void cross_entropy();
@@ -220,6 +230,19 @@ class Checker {
   void embedding_grad();
   void cross_entropy_grad();
   void topk_grad();
+
+  // ---- context parallelism (rules_cp.cpp) ----------------------------------------------------
+  bool is_cp_op() const;
+  void carry_cp_tags(Value& v) const;
+  bool cp_inputs_ok();
+  int cp_axis();
+  std::optional<std::int64_t> ring_size(int a);
+  bool cp_order_ok(int i, int a, int s);
+  bool cp_other_axis(int a, int ring, int b, int h, int dd, Value& o);
+  void ring_rotate();
+  void ring_attention_step();
+  void ring_attention();
+  void load_balance();
 
   // ---- postconditions -----------------------------------------------------------------------
   // `outs`: (index into Program::outputs, slot) of the outputs the program holds, by index.

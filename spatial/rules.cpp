@@ -519,6 +519,7 @@ void Checker::step(int i) {
       v.poisoned = true;
     } else {
       v = out_[k];
+      carry_cp_tags(v);
       v.fresh = (v.fresh | fresh_in) & v_axes(v);
       if (op_->kind == OpKind::Recv || op_->kind == OpKind::Reinterpret) v.fresh = v_axes(v);  // another rank's value; a relabel
       if (!given && !check_local(v, p_.name(outs[k]), here())) v.poisoned = true;
@@ -590,6 +591,7 @@ void Checker::apply() {
                                   opname(), iname(i), d, order, opname()),
                       iname(i), std::move(notes));
       }
+  if (!cp_inputs_ok()) return;
   switch (op_->kind) {
     case OpKind::MatMul: return matmul();
     case OpKind::Add:
@@ -657,9 +659,10 @@ void Checker::apply() {
     case OpKind::ZeROGatherParam: return zero_gather();
     case OpKind::ZeROScatterGrad: return zero_scatter();
     case OpKind::ZeROPartitionOptState: return zero_partition();
-    case OpKind::RingRotate:
-    case OpKind::RingAttentionStep:
-    case OpKind::RingAttention:
+    case OpKind::RingRotate: return ring_rotate();
+    case OpKind::RingAttentionStep: return ring_attention_step();
+    case OpKind::RingAttention: return ring_attention();
+    case OpKind::LoadBalance: return load_balance();
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:
     case OpKind::ExpertCompute:

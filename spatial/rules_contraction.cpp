@@ -115,40 +115,56 @@ bool Checker::kv_heads_held_whole(int a, int h) {
   return obl_.decide(OblKind::Equal, in(1).shape[static_cast<std::size_t>(h)], n) == Decision::Holds;
 }
 
-void Checker::attention() {
-  int b = 0, h = 1, s = 2, dd = 3;
+// The shapes of q, k, v (inputs 0-2) of an attention op and its dims by `layout`; false after a report.
+bool Checker::attention_shapes(int& b, int& h, int& s, int& dd) {
+  b = 0, h = 1, s = 2, dd = 3;
   if (at().layout == AttnLayout::BSHD) s = 1, h = 2;
   if (at().layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
   const char* names[] = {"q", "k", "v"};
   for (int i = 0; i < 3; ++i)
     if (in(i).rank != 4)
-      return report(CheckId::ShapeMismatch, fmt::format("FlashAttention {} ({}) must have rank 4 ({}), got shape {}", names[i], iname(i),
+      return report(CheckId::ShapeMismatch, fmt::format("{} {} ({}) must have rank 4 ({}), got shape {}", opname(), names[i], iname(i),
                                                         at().layout == AttnLayout::BHSD ? "batch, heads, seq, head_dim" : "see `layout`",
                                                         sstr(in(i).dims())),
-                    iname(i));
+                    iname(i)), false;
   auto dim = [&](int i, int d) { return in(i).shape[static_cast<std::size_t>(d)]; };
   auto same = [&](int i, int di, int j, int dj, const char* what) {
-    return same_dim(dim(i, di), dim(j, dj), fmt::format("FlashAttention {} of {} and {}", what, iname(i), iname(j)), iname(j));
+    return same_dim(dim(i, di), dim(j, dj), fmt::format("{} {} of {} and {}", opname(), what, iname(i), iname(j)), iname(j));
   };
   if (!same(0, b, 1, b, "batch") || !same(1, b, 2, b, "batch") || !same(0, dd, 1, dd, "head_dim") || !same(1, s, 2, s, "key sequence") ||
       !same(1, h, 2, h, "heads"))
-    return;
+    return false;
   // Grouped-query attention: q's heads a multiple of k's, for every allowed size (an obligation when symbolic).
   if (dim(0, h) != dim(1, h)) {
-    std::string what = fmt::format("FlashAttention groups the query heads of {} ({}) over the kv heads of {} ({}), so {} must be a multiple of {}",
-                                   iname(0), dstr(dim(0, h)), iname(1), dstr(dim(1, h)), dstr(dim(0, h)), dstr(dim(1, h)));
+    std::string what = fmt::format("{} groups the query heads of {} ({}) over the kv heads of {} ({}), so {} must be a multiple of {}",
+                                   opname(), iname(0), dstr(dim(0, h)), iname(1), dstr(dim(1, h)), dstr(dim(0, h)), dstr(dim(1, h)));
     Decision dec = obl_.decide(OblKind::Divisible, dim(0, h), dim(1, h));
-    if (dec == Decision::Fails) return report(CheckId::ShapeMismatch, what + ", but it is not", iname(1));
+    if (dec == Decision::Fails) return report(CheckId::ShapeMismatch, what + ", but it is not", iname(1)), false;
     if (dec == Decision::Deferred && obl_.first_time(OblKind::Divisible, dim(0, h), dim(1, h)))
       obl_.push({OblKind::Divisible, dim(0, h), dim(1, h), CheckId::ShapeMismatch, here(), op_idx_, iname(1), what, {}});
   }
-  if (!invariant_ok({0, 1, 2})) return;
+  return invariant_ok({0, 1, 2});
+}
+
+void Checker::attention() {
+  int b, h, s, dd;
+  if (std::popcount(at().axes) > 1)
+    return illegal(fmt::format("FlashAttention's `cp` names {} axes; the causal mask's positions come from one sequence-sharding axis",
+                               std::popcount(at().axes)),
+                   -1, "name the context-parallel axis alone");
+  if (!attention_shapes(b, h, s, dd)) return;
+  auto dim = [&](int i, int d) { return in(i).shape[static_cast<std::size_t>(d)]; };
   Value& o = out() = in(0);
   o.shape[static_cast<std::size_t>(dd)] = dim(2, dd);
   for (int a = 0; a < axes(); ++a) {
     Placement q = pin(0, a), k = pin(1, a), v = pin(2, a);
     for (int i = 0; i < 3; ++i)
       if (pin(i, a).is_p()) return partial_misuse(i, a, "attention is nonlinear in q, k and v");
+    if (at().causal && (at().axes >> a & 1u) && !q.is_s(s))
+      return layout_conflict(fmt::format("FlashAttention offsets the causal mask by each rank's global positions over {} (`cp: {}`), but q is {} "
+                                         "there, not sharded on the sequence (S({})): the offsets would shift a whole sequence",
+                                         axn(a), axn(a), ps(q), s),
+                             iname(0), 0, a, fmt::format("drop `cp: {}`, or shard q on dim {} over {}", axn(a), s, axn(a)));
     if (q.is_i() && k.is_i() && v.is_i()) continue;
     if (q.is_s(dd) || k.is_s(dd)) return sharded_dim(q.is_s(dd) ? 0 : 1, a, dd, "the q.k scores contract head_dim, so each rank would softmax partial scores");
     if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) {
@@ -156,11 +172,16 @@ void Checker::attention() {
     } else if (q.is_s(h) && k.is_r() && v.is_r() && kv_heads_held_whole(a, h)) {
       set_from(o, a, q, 0);
     } else if (q.is_s(s) && k.is_r() && v.is_r()) {
-      if (at().causal)
-        return layout_conflict(fmt::format("causal FlashAttention with q sharded on the sequence (S({}) over {}) and whole k, v: a causal kernel aligns "
-                                           "the mask to the local q block, not to its global position, so every rank but one masks the wrong keys",
+      if (at().causal && !(at().axes >> a & 1u))
+        return layout_conflict(fmt::format("causal FlashAttention with q sharded on the sequence (S({}) over {}) and whole k, v, masking with local "
+                                           "positions: a causal kernel with no offsets aligns the mask to the local q block, not to its global "
+                                           "position, so every rank but one masks the wrong keys",
                                            s, axn(a)),
-                               iname(0), 0, a, fmt::format("use RingAttention over {} (it offsets the mask per rank), or gather q first", axn(a)));
+                               iname(0), 0, a,
+                               fmt::format("add `cp: {}` (the kernel then masks with the global positions of each rank's q block, as a kernel "
+                                           "given position offsets does), or use RingAttention over {}",
+                                           axn(a), axn(a)));
+      if (at().causal && (!cp_order_ok(0, a, s) || !cp_order_ok(1, a, s))) return;
       set_from(o, a, q, 0);
     } else if (q.is_r() && k.is_r() && v.is_s(dd)) {
       set_from(o, a, v, 2);

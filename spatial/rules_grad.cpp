@@ -91,7 +91,7 @@ void Checker::attention_grad() {
     Placement f, res[3] = {q, k, v};
     if (q.is_i() && k.is_i() && v.is_i()) f = q;
     else if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) f = q;
-    else if (q.is_s(s) && k.is_r() && v.is_r() && !at().causal) f = q, res[1] = res[2] = Placement::p();
+    else if (q.is_s(s) && k.is_r() && v.is_r() && (!at().causal || (at().axes >> a & 1u))) f = q, res[1] = res[2] = Placement::p();
     else if (q.is_r() && k.is_r() && v.is_s(dd)) f = v, res[0] = res[1] = Placement::p();
     else if ((q.is_v() || q.is_r()) && (k.is_v() || k.is_r()) && (v.is_v() || v.is_r())) f = Placement::v(), res[0] = res[1] = res[2] = Placement::v();
     else

@@ -179,7 +179,9 @@ void Checker::cross_entropy() {
         return layout_conflict(fmt::format("vocab-parallel CrossEntropyLoss over {} needs the labels {} whole over that axis, but they are {}", axn(a),
                                            iname(1), ps(pb)),
                                iname(1), 1, a, "");
-      tok.pl[static_cast<std::size_t>(a)] = Placement::r();
+      // R by default; `dst: I` states Megatron's contract (every rank computes the same loss from the all-reduced
+      // max, sum-exp and target logit, and its backward is local), so its gradient is I, not a pending sum.
+      tok.pl[static_cast<std::size_t>(a)] = at().dst_invariant ? Placement::i() : Placement::r();
       continue;
     }
     if (pl.is_s(vd)) {

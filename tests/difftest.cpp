@@ -279,7 +279,7 @@ class Gen {
   // ---- ops ------------------------------------------------------------------------------------
   void add_op() {
     static const std::vector<std::pair<int, int>> weights = {{0, 10}, {1, 14}, {2, 14}, {3, 8}, {4, 4}, {5, 7}, {6, 4}, {7, 8},
-                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}};
+                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}, {16, 10}};
     int total = 0;
     for (auto [k, w] : weights) total += w;
     int r = rng_.below(total), kind = 0;
@@ -306,6 +306,7 @@ class Gen {
       case 12: return ce_op();
       case 13: return attention_op();
       case 14: return topk_op();
+      case 16: return cp_op();
       default: return amax_op();
     }
   }
@@ -679,6 +680,84 @@ class Gen {
     }
     std::string q = new_input(shape, false, nullptr, p[0]), k = new_input(shape, false, nullptr, p[1]), v = new_input(shape, false, nullptr, p[2]);
     emit("FlashAttention", {q, k, v}, {GVal{fresh("att"), shape}}, rng_.chance(0.3) ? "causal: true" : "");
+  }
+
+  // Context parallelism over one axis: all-gather-KV attention with `cp`, RingAttention, a hand-rolled ring of
+  // RingRotate and RingAttentionStep (sometimes a step missing, a wrong `step`, v not rotated, or the partial
+  // outputs summed without the rescale), or a LoadBalance; sequences in zigzag order through LoadBalance.
+  void cp_op() {
+    int a = rng_.below(static_cast<int>(mesh_.size()));
+    const std::string ax = mesh_[static_cast<std::size_t>(a)].first;
+    int n = mesh_[static_cast<std::size_t>(a)].second;
+    if (rng_.chance(0.2)) {
+      const GVal* x = pick_value([](const GVal& v) { return v.shape.size() >= 2; });
+      if (!x) return;
+      GVal xv = *x;
+      emit("LoadBalance", {xv.name}, {GVal{fresh("lb"), xv.shape}},
+           fmt::format("axis: {}, dim: {}{}", ax, rng_.below(static_cast<int>(xv.shape.size())), rng_.chance(0.3) ? ", direction: inverse" : ""));
+      return;
+    }
+    std::int64_t b = 2, h = rng_.pick(std::vector<std::int64_t>{2, 4}), d = rng_.pick(std::vector<std::int64_t>{2, 4});
+    std::int64_t s = n * rng_.pick(std::vector<std::int64_t>{2, 2, 4, 3});
+    Dims shape = {b, h, s, d}, lshape = {b, h, s, 1};
+    int kind = rng_.chance(0.5) ? 2 : rng_.below(2);
+    bool zz = rng_.chance(0.4), causal = rng_.chance(0.7);
+    std::string attn = std::string(causal ? ", causal: true" : "") + (rng_.chance(zz ? 0.85 : 0.15) ? ", order: zigzag" : "");
+    Placements other{};
+    for (std::size_t c = 0; c < mesh_.size(); ++c) other[c] = rng_.chance(0.7) ? Placement::r() : rng_.chance(0.8) ? Placement::s(1) : random_placement(4);
+    // q, k, v: sharded on the sequence over the axis (k, v whole for the all-gather-KV kind), the same on the others
+    auto input = [&](bool seq_sharded) {
+      Placements p = other;
+      p[static_cast<std::size_t>(a)] = rng_.chance(0.9) ? Placement::r() : random_placement(4);
+      bool reorder = zz && p[static_cast<std::size_t>(a)].is_r();
+      std::string x = new_input(shape, false, nullptr, p);
+      if (reorder) {
+        std::string y = fresh("zz");
+        emit("LoadBalance", {x}, {GVal{y, shape}}, fmt::format("axis: {}, dim: 2", ax));
+        x = y;
+      }
+      if (seq_sharded && p[static_cast<std::size_t>(a)].is_r()) {
+        std::string y = fresh("cs");
+        emit("Convert", {x}, {GVal{y, shape}}, fmt::format("axis: {}, from: R, to: S(2)", ax));
+        x = y;
+      }
+      return x;
+    };
+    std::string q = input(true);
+    if (kind == 0) {
+      std::string k = input(false), v = input(false);
+      std::string at = (rng_.chance(0.85) ? ", cp: " + ax : std::string()) + attn;
+      emit("FlashAttention", {q, k, v}, {GVal{fresh("att"), shape}}, at.empty() ? at : at.substr(2));
+      return;
+    }
+    std::string k = input(true), v = input(true);
+    if (kind == 1) {
+      emit("RingAttention", {q, k, v}, {GVal{fresh("ring"), shape}}, "axis: " + ax + attn);
+      return;
+    }
+    int steps = rng_.chance(0.85) ? n : 1 + rng_.below(n + 1);
+    std::string o, l, prev_o;
+    for (int st = 0; st < steps; ++st) {
+      if (st > 0) {
+        std::string k2 = fresh("rk"), v2 = fresh("rv");
+        std::string dir = rng_.chance(0.05) ? ", direction: prev" : "";
+        emit("RingRotate", {k}, {GVal{k2, shape}}, "axis: " + ax + dir);
+        if (!rng_.chance(0.05)) emit("RingRotate", {v}, {GVal{v2, shape}}, "axis: " + ax + dir), v = v2;
+        k = k2;
+      }
+      int step_attr = rng_.chance(0.05) ? st + 1 : st;
+      std::string o2 = fresh("ro"), l2 = fresh("rl");
+      bool unrescaled = st > 0 && rng_.chance(0.08);
+      std::vector<std::string> ins = {q, k, v};
+      if (st > 0 && !unrescaled) ins.push_back(o), ins.push_back(l);
+      emit("RingAttentionStep", ins, {GVal{o2, shape}, GVal{l2, lshape}}, fmt::format("axis: {}, step: {}{}", ax, step_attr, attn));
+      if (unrescaled) {
+        std::string sum = fresh("sum");
+        emit("Add", {o, o2}, {GVal{sum, shape}});
+        o2 = sum;
+      }
+      o = o2, l = l2;
+    }
   }
 
   void topk_op() {

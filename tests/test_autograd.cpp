@@ -103,11 +103,11 @@ loss: loss
   w: {shape: [8, 16], placement: {a: S(0)}, param: true}
 ops:
   - {op: MatMul, in: [x, w], out: yp}
-  - {op: AllReduce, in: [yp], out: y, axis: a}
+  - {op: AllReduce, in: [yp], out: y, axis: a, dst: I}
   - {op: Sum, in: [y], out: loss, dims: [0, 1, 2]}
 loss: loss
 )",
-               {{"x.grad", "S(2)"}, {"w.grad", "S(0)"}}, {{"AllReduce", 1}});
+               {{"x.grad", "S(2)"}, {"w.grad", "S(0)"}}, {{"AllReduce", 0}, {"Convert", 1}});
   // a batched replicated operand against a batch shard: its gradient is the shard, made a pending sum
   expect_grads(std::string(kMesh) + R"(tensors:
   x: {shape: [4, 8, 16], placement: {a: S(0)}}
@@ -251,7 +251,7 @@ TEST_CASE("VJP Embedding: vocab-parallel table and data-parallel ids") {
   w: {shape: [32, 16], placement: {a: S(0)}, param: true}
 ops:
   - {op: Embedding, in: [ids, w], out: ep}
-  - {op: AllReduce, in: [ep], out: e, axis: a}
+  - {op: AllReduce, in: [ep], out: e, axis: a, dst: I}
   - {op: Sum, in: [e], out: loss, dims: [0, 1, 2]}
 loss: loss
 )",
@@ -493,9 +493,14 @@ TEST_CASE("unsynced-gradient: a replicated parameter's P gradient must be all-re
   CHECK(train(sum_loss + "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: dp, reduce: avg}\n").ids == one("illegal-collective"));
   // all-reduced over the other axis only: still unsynced over dp
   Trained wrong = train(std::string("mesh: {dp: 2, tp: 2}\n") + std::string(kDp).substr(std::string(kDp).find("tensors")) +
-                        "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: tp}\n");
+                        "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: tp, reduce: avg}\n");
   CHECK(wrong.ids == one("unsynced-gradient"));
   CHECK(wrong.messages.find("still P(avg) over dp") != std::string::npos);
+  // the loss is R over tp: every tp rank seeds 1 on its own copy, so each holds the whole gradient and summing
+  // over tp makes it tp times too large
+  Trained tp_sum = train(std::string("mesh: {dp: 2, tp: 2}\n") + std::string(kDp).substr(std::string(kDp).find("tensors")) +
+                         "grad_sync:\n  - {op: AllReduce, in: [w.grad], out: w.grad, axis: [dp, tp]}\n");
+  CHECK(tp_sum.ids == one("illegal-collective"));
   // the fix names the AllReduce, the axis and where
   auto d = check_training(load_program_string(kDp, "t.yaml")).diags;
   REQUIRE(d.size() == 1);

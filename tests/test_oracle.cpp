@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <regex>
 #include <sstream>
 
@@ -195,4 +197,27 @@ TEST_CASE("differential: the checker against the oracle on random programs (fixe
   CHECK(st.soundness.empty());
   CHECK(st.passed > count / 4);
   CHECK(st.rejected > count / 10);
+}
+
+TEST_CASE("differential: the generator covers the context-parallel ops") {
+  const std::vector<std::string> keys = {"RingRotate", "RingAttentionStep", "RingAttention,", "LoadBalance", "FlashAttention cp", "order: zigzag",
+                                         "direction: inverse"};
+  std::map<std::string, int> seen;
+  for (std::uint64_t s = 0; s < 3000; ++s) {
+    std::istringstream t(test::generate_program(s));
+    std::set<std::string> here;
+    for (std::string line; std::getline(t, line);) {
+      for (const auto& k : keys)
+        if (line.find(k) != std::string::npos) here.insert(k);
+      if (line.find("FlashAttention") != std::string::npos && line.find(", cp: ") != std::string::npos) here.insert("FlashAttention cp");
+    }
+    for (const auto& k : here) ++seen[k];
+  }
+  std::string counts;
+  for (const auto& k : keys) {
+    INFO(k);
+    CHECK(seen[k] >= 5);
+    counts += (counts.empty() ? "" : ", ") + k + " " + std::to_string(seen[k]);
+  }
+  MESSAGE("context-parallel ops in 3000 generated programs: " << counts);
 }
