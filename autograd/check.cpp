@@ -383,6 +383,13 @@ class TrainingChecker {
     if (op.kind == OpKind::Gather) need(OpKind::Scatter, d, kUnset, a.rank);
     if (op.kind == OpKind::MoEDispatch) need(OpKind::MoECombine);  // adjoint token exchanges over the same axis
     if (op.kind == OpKind::MoECombine) need(OpKind::MoEDispatch);
+    // ZeRO (section 4.4): a gather's dual is a reduce-scatter and back; written as ZeRO ops or as the plain collectives.
+    int zd = norm(a.dim == kUnset ? 0 : a.dim, x.rank);
+    if (op.kind == OpKind::ZeROGatherParam) need(OpKind::ZeROScatterGrad, zd), f.duals.push_back({OpKind::ReduceScatter, a.axes, zd, kUnset, -1});
+    if (op.kind == OpKind::ZeROScatterGrad) need(OpKind::ZeROGatherParam, zd), f.duals.push_back({OpKind::AllGather, a.axes, zd, kUnset, -1});
+    if (op.kind == OpKind::AllGather && !a.dst_invariant) f.duals.push_back({OpKind::ZeROScatterGrad, a.axes, d, kUnset, -1});
+    if (op.kind == OpKind::ReduceScatter) f.duals.push_back({OpKind::ZeROGatherParam, a.axes, d, kUnset, -1});
+    if (op.kind == OpKind::ZeROPartitionOptState) f.duals.push_back({OpKind::AllGather, a.axes, zd, kUnset, -1});
     if (op.kind == OpKind::Convert)
       for (int ax = 0; ax < p.axis_count(); ++ax) {
         if (!(a.axes & (1u << ax))) continue;
@@ -400,6 +407,7 @@ class TrainingChecker {
     Sig s{op.kind, op.attrs.axes, norm(op.attrs.dim, rank), norm(op.attrs.dim2, rank), -1};
     if (op.kind == OpKind::AllReduce || op.kind == OpKind::AllGather || op.kind == OpKind::ReduceScatter) s.dim2 = kUnset;
     if (op.kind == OpKind::AllReduce) s.dim = kUnset;
+    if (op.kind == OpKind::ZeROGatherParam || op.kind == OpKind::ZeROScatterGrad) s.dim = norm(op.attrs.dim == kUnset ? 0 : op.attrs.dim, rank), s.dim2 = kUnset;
     if (op.kind == OpKind::Broadcast || op.kind == OpKind::Reduce || op.kind == OpKind::Scatter || op.kind == OpKind::Gather)
       s.rank = std::max(0, op.attrs.rank);
     return s;
@@ -445,7 +453,7 @@ class TrainingChecker {
         hit->matched = true;
         continue;
       }
-      if ((op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter) && op.n_in && (is_param_grad(t, t.ins(op)[0]) || (op.n_out && is_param_grad(t, t.outs(op)[0]))))
+      if ((op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter || op.kind == OpKind::ZeROScatterGrad) && op.n_in && (is_param_grad(t, t.ins(op)[0]) || (op.n_out && is_param_grad(t, t.outs(op)[0]))))
         continue;  // a gradient synchronization written into the backward
       Forward* same_axes = nullptr;
       for (auto it = fwd.rbegin(); it != fwd.rend() && !same_axes; ++it)
@@ -493,6 +501,8 @@ class TrainingChecker {
       case OpKind::AllGather: return " (each rank's gradient of the gathered tensor is a partial sum that must be reduced, then split)";
       case OpKind::ReduceScatter: return " (every rank needs the whole gradient of the pending sum)";
       case OpKind::Convert: return " (Megatron's f: the input gradient is a partial sum over the axis)";
+      case OpKind::ZeROGatherParam: return " (each rank's gradient of the gathered parameter is a partial sum that must be reduce-scattered into its shard)";
+      case OpKind::ZeROScatterGrad: return " (every rank needs the whole gradient of the reduce-scattered shard)";
       default: return "";
     }
   }

@@ -111,11 +111,9 @@ void Deriver::vjp() {
     case OpKind::RingAttentionStep:
       no_vjp("the ring backward (the saved log-sum-exp, dk and dv rotating home) is not derived yet; in a training program use RingAttention "
              "(the whole loop), or write the backward by hand in `backward:`");
-    case OpKind::ZeROGatherParam:
-    case OpKind::ZeROScatterGrad:
-    case OpKind::ZeROPartitionOptState:
-      // The loader rejects these ("not supported yet"); reaching here is a bug, never a pass.
-      throw std::logic_error("autograd reached unsupported op " + std::string(op_name(op_->kind)));
+    case OpKind::ZeROGatherParam: return zero_gather();
+    case OpKind::ZeROScatterGrad: return zero_scatter();
+    case OpKind::ZeROPartitionOptState: return conversion();  // R -> S(d): the dual is S(d) -> P per axis, as Convert's
   }
 }
 

@@ -158,11 +158,17 @@ class Deriver {
     return !std::exchange(used_[i], 1);
   }
   // A backward op runs where its forward op ran (as PyTorch's autograd runs a backward on its forward's stream).
+  // A shard the backward creates of a value that is uneven in the forward keeps its torch.chunk layout
+  // (`uneven: true`, docs/semantics.md section 1): the gradient of an uneven shard is as uneven as the shard.
   Op make(OpKind k) const {
     Op o;
     o.kind = k;
     o.loc = op_->loc;
     o.attrs.stream = op_->attrs.stream;
+    bool uneven = false;
+    for (int i = 0; i < op_->n_in && !uneven; ++i) uneven = tin(i).uneven;
+    for (int i = 0; i < op_->n_out && !uneven; ++i) uneven = tout(i).uneven;
+    o.attrs.uneven = uneven;
     return o;
   }
   NameId emit(Op o, std::initializer_list<NameId> ins, NameId out) {
@@ -343,6 +349,9 @@ class Deriver {
   void reduce();
   void scatter();
   void gather();
+  // ZeRO / FSDP (vjp_zero.cpp)
+  void zero_gather();
+  void zero_scatter();
   void conversion();
   void moe_dispatch();  // vjp_moe.cpp
   void moe_combine();

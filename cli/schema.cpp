@@ -29,7 +29,9 @@ json placement_schema() {
 }
 // {axis: placement}, a list in mesh order, or one placement on a one-axis mesh.
 json placements_schema() {
-  return {{"anyOf", json::array({{{"type", "object"}, {"additionalProperties", placement_schema()}},
+  return {{"anyOf", json::array({{{"type", "object"},
+                                  {"properties", {{"order", {{"type", "array"}, {"items", {{"type", "string"}}}}}}},  // shard order (docs/format.md)
+                                  {"additionalProperties", placement_schema()}},
                                  {{"type", "array"}, {"items", placement_schema()}},
                                  placement_schema()})}};
 }

@@ -203,6 +203,33 @@ Assembled assemble(const Program& p, Runner& run, NameId name, const Placements&
     }
     cur = std::move(next);
   }
+  // The pieces went in mesh order; a dim cut in another shard order (`order:`, ir/placement.h) has its blocks
+  // moved to their places: the block of coordinates c sits at c flattened in the dim's order, not mesh order.
+  int n_axes = static_cast<int>(axes);
+  for (int d = 0; d < rank && has_strided(pl.data(), n_axes); ++d) {
+    int ord[kMaxAxes];
+    int k = shard_order(pl.data(), n_axes, d, ord);
+    if (k < 2 || !pl[static_cast<std::size_t>(ord[0])].ord) continue;
+    int mesh[kMaxAxes];
+    std::copy(ord, ord + k, mesh);
+    std::sort(mesh, mesh + k);
+    std::int64_t n = 1;
+    for (int i = 0; i < k; ++i) n *= sizes[static_cast<std::size_t>(mesh[i])];
+    const Tensor& g = cur[0];
+    std::int64_t len = g.shape[static_cast<std::size_t>(d)];
+    if (len % n) return res.problem = "an uneven dim cut in a shard order other than mesh order is not modelled by the oracle", res;
+    std::int64_t b = len / n;
+    std::vector<Tensor> blocks(static_cast<std::size_t>(n));
+    std::vector<std::int64_t> c(axes, 0);
+    for (std::int64_t km = 0; km < n; ++km) {
+      std::int64_t r = km;
+      for (int i = k - 1; i >= 0; --i) c[static_cast<std::size_t>(mesh[i])] = r % sizes[static_cast<std::size_t>(mesh[i])], r /= sizes[static_cast<std::size_t>(mesh[i])];
+      std::int64_t ko = 0;
+      for (int i = 0; i < k; ++i) ko = ko * sizes[static_cast<std::size_t>(ord[i])] + c[static_cast<std::size_t>(ord[i])];
+      blocks[static_cast<std::size_t>(ko)] = slice(g, d, km * b, (km + 1) * b);
+    }
+    cur[0] = concat(blocks, d);
+  }
   res.ok = true;
   res.t = std::move(cur[0]);
   return res;

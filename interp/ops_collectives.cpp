@@ -75,7 +75,9 @@ void Runner::convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c,
       if (!axes) continue;
       std::int64_t n, idx, lo, hi;
       part(axes, c, n, idx);
-      std::int64_t piece = v.t.shape[static_cast<std::size_t>(d)], full = piece * n;
+      // the whole dim: the global size when these axes are all that cut it (an uneven shard's pieces differ in size)
+      std::int64_t piece = v.t.shape[static_cast<std::size_t>(d)];
+      std::int64_t full = v.mask[static_cast<std::size_t>(d)] == axes ? v.gshape[static_cast<std::size_t>(d)] : piece * n;
       chunk_range(full, n, idx, lo, hi);
       Shape zs = v.t.shape;
       zs[static_cast<std::size_t>(d)] = full;
@@ -164,28 +166,37 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     if (s >= n) throw InterpError(std::string(what) + " rank " + std::to_string(s) + " is outside a group of " + std::to_string(n));
     return s;
   };
-  auto dim_of = [&](int d, const Val& v) { return norm_dim(d, static_cast<int>(v.gshape.size())); };
+  auto dim_of = [&](int d, const Val& v) { return norm_dim(d == kUnset ? 0 : d, static_cast<int>(v.gshape.size())); };  // ZeRO: dim 0 by default
   switch (op.kind) {
     case OpKind::AllReduce: {
       Tensor red = reduce_all(xs, at.rop);
       for (std::size_t k = 0; k < n; ++k) outs[k] = *xs[k], outs[k].t = red;
       break;
     }
-    case OpKind::AllGather: {
+    case OpKind::AllGather:
+    case OpKind::ZeROGatherParam: {  // ops_zero.cpp: ZeRO's gather is an AllGather
       int d = dim_of(at.dim, *xs[0]);
       std::vector<Tensor> parts;
       for (auto* x : xs) parts.push_back(x->t);
       Tensor all = concat(parts, d);
-      for (std::size_t k = 0; k < n; ++k) outs[k] = *xs[k], outs[k].t = all, outs[k].mask[static_cast<std::size_t>(d)] &= ~axes;
+      for (std::size_t k = 0; k < n; ++k) {
+        outs[k] = *xs[k], outs[k].t = all, outs[k].mask[static_cast<std::size_t>(d)] &= ~axes;
+        if (static_cast<std::size_t>(d) < outs[k].ord.size()) outs[k].ord[static_cast<std::size_t>(d)] = drop_from_order(outs[k].ord[static_cast<std::size_t>(d)], axes);
+      }
       break;
     }
-    case OpKind::ReduceScatter: {
+    case OpKind::ReduceScatter:
+    case OpKind::ZeROScatterGrad: {  // ops_zero.cpp: ZeRO's gradient scatter is a ReduceScatter (torch.chunk slices)
       int d = dim_of(at.dim, *xs[0]);
       Tensor red = reduce_all(xs, at.rop);
       for (std::size_t k = 0; k < n; ++k) {
         std::int64_t lo, hi;
         chunk_range(red.shape[static_cast<std::size_t>(d)], static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), lo, hi);
-        outs[k] = *xs[k], outs[k].t = slice(red, d, lo, hi), outs[k].mask[static_cast<std::size_t>(d)] |= axes;
+        outs[k] = *xs[k], outs[k].t = slice(red, d, lo, hi);
+        auto du = static_cast<std::size_t>(d);
+        std::uint32_t w = add_to_order(ord_of(outs[k], du), outs[k].mask[du], axes);
+        if (w || du < outs[k].ord.size()) outs[k].ord.resize(std::max(outs[k].ord.size(), outs[k].mask.size()), 0), outs[k].ord[du] = w;
+        outs[k].mask[du] |= axes;
       }
       break;
     }
@@ -318,8 +329,6 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::Reinterpret:
     case OpKind::Convert:
     case OpKind::SPMDGuard:
-    case OpKind::ZeROGatherParam:
-    case OpKind::ZeROScatterGrad:
     case OpKind::ZeROPartitionOptState:
     case OpKind::RingRotate:
     case OpKind::RingAttentionStep:

@@ -31,15 +31,21 @@ std::int64_t Runner::rank_of(const std::vector<std::int64_t>& c) const {
 }
 
 // Number of parts and this rank's part index for a set of axes (flattened in mesh order).
-void Runner::part(std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& n, std::int64_t& idx) const {
+// With `ord` (a packed shard order, runner.h) the axes it lists come first, major first, then the rest in mesh order.
+void Runner::part(std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& n, std::int64_t& idx, std::uint32_t ord) const {
   n = 1, idx = 0;
+  std::uint32_t done = 0;
+  for (; ord; ord >>= 4) {
+    auto a = static_cast<std::size_t>((ord & 15u) - 1);
+    if (a < sizes_.size() && (axes & (1u << a))) n *= sizes_[a], idx = idx * sizes_[a] + c[a], done |= 1u << a;
+  }
   for (std::size_t a = 0; a < sizes_.size(); ++a)
-    if (axes & (1u << a)) n *= sizes_[a], idx = idx * sizes_[a] + c[a];
+    if ((axes & (1u << a)) && !(done & (1u << a))) n *= sizes_[a], idx = idx * sizes_[a] + c[a];
 }
 
-void Runner::block(std::int64_t gsize, std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& lo, std::int64_t& hi) const {
+void Runner::block(std::int64_t gsize, std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& lo, std::int64_t& hi, std::uint32_t ord) const {
   std::int64_t n, idx;
-  part(axes, c, n, idx);
+  part(axes, c, n, idx, ord);
   chunk_range(gsize, n, idx, lo, hi);
 }
 
@@ -47,7 +53,7 @@ Shape Runner::local_shape(const Val& v, const std::vector<std::int64_t>& c) cons
   Shape s(v.gshape.size());
   for (std::size_t d = 0; d < s.size(); ++d) {
     std::int64_t lo, hi;
-    block(v.gshape[d], v.mask[d], c, lo, hi);
+    block(v.gshape[d], v.mask[d], c, lo, hi, ord_of(v, d));
     s[d] = hi - lo;
   }
   return s;
@@ -70,6 +76,10 @@ void Runner::declare(const TensorDecl& t, std::int64_t range, std::uint64_t seed
       if (pl.is_s() && pl.dim >= 0 && pl.dim < static_cast<int>(g.size())) v.mask[static_cast<std::size_t>(pl.dim)] |= 1u << a;
       if (pl.is_p() || pl.is_v()) pv = mix(pv ^ (static_cast<std::uint64_t>(a) << 40) ^ static_cast<std::uint64_t>(c[a] + 1));
     }
+    if (!global_ && has_strided(t.placement.data(), static_cast<int>(p_.mesh.size()))) {
+      v.ord.assign(g.size(), 0);
+      for (std::size_t d = 0; d < g.size(); ++d) v.ord[d] = pack_order(t.placement, static_cast<int>(p_.mesh.size()), static_cast<int>(d));
+    }
     if (global_) {
       for (std::size_t a = 0; a < t.placement.size() && a < p_.mesh.size(); ++a)
         if (t.placement[a].is_v()) v.taint = p_.name(t.name) + " is declared V over " + p_.mesh[a].name, v.vlabel |= 1u << a;
@@ -79,7 +89,7 @@ void Runner::declare(const TensorDecl& t, std::int64_t range, std::uint64_t seed
     Shape lo(g.size());
     for (std::size_t d = 0; d < g.size(); ++d) {
       std::int64_t h;
-      block(g[d], v.mask[d], c, lo[d], h);
+      block(g[d], v.mask[d], c, lo[d], h, ord_of(v, d));
     }
     Shape gst = strides_of(g);
     Shape idx(ls.size(), 0);
@@ -306,6 +316,7 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::Reinterpret:
       return set_out(oi, r, 0, in(oi, r, 0), global_ ? std::string(1, kExcluded) + "it passes through Reinterpret, which changes the global value on purpose" : "");
     case OpKind::Convert: return convert(oi, r, c, taint);
+    case OpKind::ZeROPartitionOptState: return zero_partition(oi, r, c, taint);
     case OpKind::SPMDGuard:
       if (op.n_out) set_out(oi, r, 0, in(oi, r, 0), taint);
       return;
@@ -347,7 +358,6 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::OverlapRegion:
     case OpKind::ZeROGatherParam:
     case OpKind::ZeROScatterGrad:
-    case OpKind::ZeROPartitionOptState:
     case OpKind::RingRotate:
     case OpKind::RingAttention:
     case OpKind::MoEDispatch:

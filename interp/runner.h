@@ -29,10 +29,57 @@ struct Val {
   Tensor t;
   Shape gshape;                      // global shape
   std::vector<std::uint32_t> mask;   // per dim: the mesh axes that shard it (mesh order = outer major)
+  // Per dim (empty: none): 0 when its axes cut it in mesh order, else its shard order packed (axis + 1 per
+  // 4 bits, major first in the low bits): DTensor's _StridedShard, a `order:` placement (ir/placement.h).
+  std::vector<std::uint32_t> ord;
   std::string taint;                 // single-device run only: why the global value is undefined
   std::uint32_t vlabel = 0;          // single-device run only: axes the program labels V (a declaration, Convert to V)
   bool defined = false;
 };
+
+inline std::uint32_t ord_of(const Val& v, std::size_t d) { return d < v.ord.size() ? v.ord[d] : 0; }
+// The packed shard order of dim d of a placement (0: mesh order).
+inline std::uint32_t pack_order(const Placements& pl, int n_axes, int d) {
+  int axes[kMaxAxes];
+  int n = shard_order(pl.data(), n_axes, d, axes);
+  if (n < 2 || !pl[static_cast<std::size_t>(axes[0])].ord) return 0;
+  std::uint32_t w = 0;
+  for (int k = n - 1; k >= 0; --k) w = (w << 4) | static_cast<std::uint32_t>(axes[k] + 1);
+  return w;
+}
+// The packed order without `axes` (0 once what is left is in mesh order).
+inline std::uint32_t drop_from_order(std::uint32_t w, std::uint32_t axes) {
+  std::uint32_t out = 0, shift = 0;
+  int last = -1;
+  bool mesh = true;
+  for (; w; w >>= 4) {
+    int a = static_cast<int>(w & 15u) - 1;
+    if (axes & (1u << a)) continue;
+    mesh &= a > last;
+    last = a;
+    out |= static_cast<std::uint32_t>(a + 1) << shift, shift += 4;
+  }
+  return mesh ? 0 : out;
+}
+
+// The packed order of a dim cut by `mask` (order `w`, 0: mesh order) once `added` axes cut its local piece
+// (innermost, in mesh order among themselves); 0 when the result is mesh order.
+inline std::uint32_t add_to_order(std::uint32_t w, std::uint32_t mask, std::uint32_t added) {
+  int list[32], n = 0;
+  if (w)
+    for (; w; w >>= 4) list[n++] = static_cast<int>(w & 15u) - 1;
+  else
+    for (int a = 0; a < 32; ++a)
+      if (mask & (1u << a)) list[n++] = a;
+  for (int a = 0; a < 32; ++a)
+    if ((added & (1u << a)) && !(mask & (1u << a))) list[n++] = a;
+  bool mesh = true;
+  for (int i = 1; i < n; ++i) mesh &= list[i - 1] < list[i];
+  if (mesh) return 0;
+  std::uint32_t out = 0;
+  for (int i = n - 1; i >= 0; --i) out = (out << 4) | static_cast<std::uint32_t>(list[i] + 1);
+  return out;
+}
 
 inline std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -62,8 +109,8 @@ class Runner {
   std::int64_t rank_of(const std::vector<std::int64_t>& c) const;
   Val& at(std::int64_t r, NameId n) { return env_[static_cast<std::size_t>(r)][static_cast<std::size_t>(n)]; }
 
-  void part(std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& n, std::int64_t& idx) const;
-  void block(std::int64_t gsize, std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& lo, std::int64_t& hi) const;
+  void part(std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& n, std::int64_t& idx, std::uint32_t ord = 0) const;
+  void block(std::int64_t gsize, std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& lo, std::int64_t& hi, std::uint32_t ord = 0) const;
   Shape local_shape(const Val& v, const std::vector<std::int64_t>& c) const;
 
   // ---- inputs ---------------------------------------------------------------------------------
@@ -123,6 +170,8 @@ class Runner {
   void topk(int oi, std::int64_t r, const std::string& taint);
   void reshape(int oi, std::int64_t r, const std::string& taint);
   void convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  // ZeRO (ops_zero.cpp); ZeROGatherParam and ZeROScatterGrad run in step_group as AllGather and ReduceScatter
+  void zero_partition(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
 
   // ---- FP8 (ops_fp8.cpp) ------------------------------------------------------------------------
   void amax(int oi, std::int64_t r, const std::string& taint);

@@ -6,6 +6,8 @@
 // again as one tree and loaded in the fixed order, so messages never depend on the order of the keys.
 #include "ir/loader.h"
 
+#include <optional>
+
 #include "ir/loader_impl.h"
 #include "ir/ranks.h"
 #include "ir/source_file.h"
@@ -243,11 +245,15 @@ Placements Loader::load_placements(N n, int rank, const What& what) {
     if (pl.dim < 0) pl.dim = static_cast<std::int16_t>(pl.dim + rank);
   };
   if (n.IsMap()) {
+    bool order_key = std::none_of(p_.mesh.begin(), p_.mesh.end(), [](const MeshAxis& m) { return m.name == "order"; });
+    std::optional<N> order;
     for_each_key(n, {}, What("the placement of ", what), [&](N k, N v) {
+      if (order_key && k.Scalar() == "order") return void(order = v);
       int a = axis_index(k);
       out[static_cast<std::size_t>(a)] = one_placement(v);
       normalize(out[static_cast<std::size_t>(a)], v);
     });
+    if (order) load_shard_order(*order, out, what.str());
   } else if (n.IsSequence()) {
     if (n.size() != p_.mesh.size())
       fail(n, "the placement list of " + what.str() + " has " + std::to_string(n.size()) + (n.size() == 1 ? " entry" : " entries") + " but the mesh has " +
@@ -263,6 +269,37 @@ Placements Loader::load_placements(N n, int rank, const What& what) {
     fail(n, "the placement of " + what.str() + " must be a mapping {axis: placement} or a list in mesh order");
   }
   return out;
+}
+
+// `order: [tp, dp]` in a placement map: the shard order (major first) of the dims cut by several axes
+// (docs/format.md, "Shard order"). Every listed axis is S(d) here, and a dim's axes are listed all or none.
+void Loader::load_shard_order(N n, Placements& pl, const std::string& what) {
+  if (!n.IsSequence() || n.size() < 2)
+    fail(n, "`order` in the placement of " + what + " must list at least two mesh axes that shard one dim, major first, e.g. [tp, dp]");
+  std::vector<int> listed;
+  for (const auto& x : n) {
+    if (!x.IsScalar()) fail(x, "`order` must list mesh axis names");
+    int a = axis_index(x, "`order`");
+    if (std::find(listed.begin(), listed.end(), a) != listed.end()) fail(x, "`order` lists axis '" + x.Scalar() + "' twice");
+    Placement q = pl[static_cast<std::size_t>(a)];
+    if (!q.is_s())
+      fail(x, "`order` lists axis '" + x.Scalar() + "', which is " + to_string(q) + " in the placement of " + what + ", not S(d): only axes that shard a dim have a shard order");
+    listed.push_back(a);
+  }
+  for (int d = -kMaxRank; d < kMaxRank; ++d) {
+    int axes[kMaxAxes], k = 0;
+    for (int a : listed)
+      if (pl[static_cast<std::size_t>(a)].is_s(d)) axes[k++] = a;
+    if (!k) continue;
+    for (std::size_t a = 0; a < p_.mesh.size(); ++a)
+      if (pl[a].is_s(d) && std::find(listed.begin(), listed.end(), static_cast<int>(a)) == listed.end())
+        fail(n, "`order` lists " + p_.mesh[static_cast<std::size_t>(axes[0])].name + " but not " + p_.mesh[a].name + ", which also shards dim " +
+                    std::to_string(d) + " of " + what + ": list every axis of the dim, major first");
+    if (k < 2)
+      fail(n, "`order` lists " + p_.mesh[static_cast<std::size_t>(axes[0])].name + ", the only axis that shards dim " + std::to_string(d) + " of " + what +
+                  ": an order needs two or more axes on one dim");
+    set_shard_order(pl.data(), static_cast<int>(p_.mesh.size()), d, axes, k);
+  }
 }
 
 std::vector<ExprId> Loader::load_shape(N n, const What& what, std::vector<Loc>* locs) {

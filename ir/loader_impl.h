@@ -133,6 +133,7 @@ class Loader {
   void load_mesh(N n);
   // ---- placements ---------------------------------------------------------------------------
   int axis_index(N k, const std::string& what = "placement");
+  void load_shard_order(N n, Placements& pl, const std::string& what);
   Placement one_placement(N v);
   // A placement map {axis: P} or a list in mesh order. `rank` < 0: S(d) range checked later.
   Placements load_placements(N n, int rank, const What& what);

@@ -414,6 +414,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       else if (n == "vocab_parallel") a.vocab_parallel = b;
       else if (n == "dropless") a.dropless = b;
       else if (n == "inverse") a.inverse = b;
+      else if (n == "uneven") a.uneven = b;
       return;
     }
     case AttrType::Placement: {

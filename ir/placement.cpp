@@ -3,6 +3,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <utility>
 
 namespace spmd {
 
@@ -108,6 +109,35 @@ std::optional<Placement> parse_placement(std::string_view text, std::string* err
     return Placement::s(d);
   }
   return fail("bad placement '" + std::string(text) + "'; expected R, I, V, P, P(sum|avg|max|min) or S(d)");
+}
+
+int shard_order(const Placement* pl, int n_axes, int d, int* out) {
+  int n = 0;
+  for (int a = 0; a < n_axes; ++a)
+    if (pl[a].is_s(d)) out[n++] = a;
+  // ord 0 (mesh order) sorts by mesh index; explicit positions by position (insertion sort: n <= 8)
+  for (int i = 1; i < n; ++i)
+    for (int j = i; j > 0; --j) {
+      auto key = [&](int a) { return pl[a].ord ? pl[a].ord : 64 + a; };
+      if (key(out[j]) < key(out[j - 1])) std::swap(out[j], out[j - 1]);
+      else break;
+    }
+  return n;
+}
+
+void set_shard_order(Placement* pl, int n_axes, int d, const int* axes, int n) {
+  bool mesh = true;
+  for (int i = 1; i < n; ++i) mesh &= axes[i - 1] < axes[i];
+  for (int a = 0; a < n_axes; ++a)
+    if (pl[a].is_s(d)) pl[a].ord = 0;
+  if (mesh) return;
+  for (int i = 0; i < n; ++i) pl[axes[i]].ord = static_cast<std::uint8_t>(i + 1);
+}
+
+bool has_strided(const Placement* pl, int n_axes) {
+  for (int a = 0; a < n_axes; ++a)
+    if (pl[a].is_s() && pl[a].ord) return true;
+  return false;
 }
 
 }  // namespace spmd

@@ -13,16 +13,21 @@ std::optional<ReduceOp> parse_reduce(std::string_view text);
 
 enum class PKind : std::uint8_t { R, I, V, P, S };
 
+// Four bytes (it is copied everywhere): kind, reduce op, dim, and the shard order of a dim cut by several axes.
 struct Placement {
   PKind kind = PKind::R;
   ReduceOp op = ReduceOp::Sum;  // meaningful for P
-  std::int16_t dim = 0;         // meaningful for S (normalized to >= 0 once the rank is known)
+  std::int8_t dim = 0;          // meaningful for S (normalized to >= 0 once the rank is known; |dim| < 128)
+  // Meaningful for S: 0 when the axes that shard this dim cut it in mesh order (outer axis major, the
+  // default); otherwise this axis's 1-based position in the dim's shard order (1 = major), the same for no
+  // two axes of the dim (DTensor's _StridedShard, JAX's P(('z', 'y'))). See shard_order below.
+  std::uint8_t ord = 0;
 
-  static Placement r() { return {PKind::R, ReduceOp::Sum, 0}; }
-  static Placement i() { return {PKind::I, ReduceOp::Sum, 0}; }
-  static Placement v() { return {PKind::V, ReduceOp::Sum, 0}; }
-  static Placement p(ReduceOp op = ReduceOp::Sum) { return {PKind::P, op, 0}; }
-  static Placement s(int d) { return {PKind::S, ReduceOp::Sum, static_cast<std::int16_t>(d)}; }
+  static Placement r() { return {PKind::R, ReduceOp::Sum, 0, 0}; }
+  static Placement i() { return {PKind::I, ReduceOp::Sum, 0, 0}; }
+  static Placement v() { return {PKind::V, ReduceOp::Sum, 0, 0}; }
+  static Placement p(ReduceOp op = ReduceOp::Sum) { return {PKind::P, op, 0, 0}; }
+  static Placement s(int d) { return {PKind::S, ReduceOp::Sum, static_cast<std::int8_t>(d), 0}; }
 
   bool is_r() const { return kind == PKind::R; }
   bool is_i() const { return kind == PKind::I; }
@@ -38,10 +43,21 @@ struct Placement {
   friend bool operator==(const Placement& a, const Placement& b) {
     if (a.kind != b.kind) return false;
     if (a.kind == PKind::P) return a.op == b.op;
-    if (a.kind == PKind::S) return a.dim == b.dim;
+    if (a.kind == PKind::S) return a.dim == b.dim && a.ord == b.ord;
     return true;
   }
 };
+static_assert(sizeof(Placement) == 4, "Placement is copied everywhere: keep it four bytes");
+
+// ---- shard order: several axes on one dim ------------------------------------------------------------
+// The axes (mesh indices) that shard dim d in `pl` (one entry per mesh axis), major first, into `out`;
+// returns how many. With every ord 0 that is mesh order.
+int shard_order(const Placement* pl, int n_axes, int d, int* out);
+// Writes the shard order of dim d: `axes` (major first) must be exactly the axes that are S(d) in `pl`.
+// Mesh order is stored as ord 0 on every one of them (the canonical form, so == compares layouts).
+void set_shard_order(Placement* pl, int n_axes, int d, const int* axes, int n);
+// Whether some dim of `pl` has a shard order other than mesh order.
+bool has_strided(const Placement* pl, int n_axes);
 
 // ---- what commutes with a pending reduction (the one place this is decided) ------------------------
 // A pointwise map f applied to a value pending under op (every rank applies it to its own summand) keeps

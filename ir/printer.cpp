@@ -15,6 +15,16 @@ std::string placements_map(const Program& p, const Placements& pl) {
     if (pl[static_cast<std::size_t>(a)].is_r()) continue;
     s += (s.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(a)].name + ": " + to_string(pl[static_cast<std::size_t>(a)]);
   }
+  if (has_strided(pl.data(), p.axis_count())) {  // the shard order of each dim cut out of mesh order (docs/format.md)
+    std::string o;
+    for (int d = 0; d < kMaxRank; ++d) {
+      int axes[kMaxAxes];
+      int n = shard_order(pl.data(), p.axis_count(), d, axes);
+      if (n < 2 || !pl[static_cast<std::size_t>(axes[0])].ord) continue;
+      for (int k = 0; k < n; ++k) o += (o.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(axes[k])].name;
+    }
+    s += ", order: [" + o + "]";
+  }
   return "{" + s + "}";
 }
 
@@ -63,7 +73,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     }
     case AttrType::Number: return a.has_number ? std::optional(number(a.number)) : std::nullopt;
     case AttrType::Bool: {
-      bool v = n == "keepdim" ? a.keepdim : n == "causal" ? a.causal : n == "dropless" ? a.dropless : n == "inverse" ? a.inverse : a.vocab_parallel;
+      bool v = n == "keepdim" ? a.keepdim : n == "causal" ? a.causal : n == "dropless" ? a.dropless : n == "inverse" ? a.inverse : n == "uneven" ? a.uneven : a.vocab_parallel;
       return v ? std::optional<std::string>("true") : std::nullopt;
     }
     case AttrType::Placement:

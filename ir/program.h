@@ -149,6 +149,7 @@ struct OpAttrs {
   bool rng_per_rank : 1 = false;
   bool dst_invariant : 1 = false;     // AllReduce/AllGather `dst: I`
   bool inverse : 1 = false;           // RoPE `inverse: true` (rotate by -angle: its VJP)
+  bool uneven : 1 = false;            // a shard-creating op's `uneven: true`: torch.chunk layout, need not divide
   std::uint8_t choice = kNoChoice;    // any other enum attribute (`of`, `wrt`): index into its choices
   std::uint8_t order = 0;             // `order` of the context-parallel attention: 0 contiguous, 1 zigzag
 };

@@ -188,6 +188,10 @@ class Checker {
   void all_to_all();
   void scatter();
   void gather();
+  // ZeRO / FSDP (rules_zero.cpp)
+  void zero_gather();
+  void zero_scatter();
+  void zero_partition();
   bool recv_waits(int i) const;
   void recv();
 

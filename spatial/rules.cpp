@@ -239,9 +239,32 @@ int Checker::new_origin(Loc l, std::string tensor, Placement pl, int a, std::str
 
 // Sets a placement that this op creates (not one inherited from an input). A new shard must divide evenly.
 void Checker::set_new(Value& v, int a, Placement pl, std::string why) {
+  Placement before = v.pl[static_cast<std::size_t>(a)];
   v.pl[static_cast<std::size_t>(a)] = pl;
+  if (before.is_s() && before.ord && !(pl == before)) {  // a shard left a dim cut in a shard order: the rest keep theirs, canonically
+    int ord[kMaxAxes], k = 0, rest[kMaxAxes], n = 0;
+    v.pl[static_cast<std::size_t>(a)] = before;
+    k = shard_order(v.pl.data(), axes(), before.dim, ord);
+    for (int i = 0; i < k; ++i)
+      if (ord[i] != a) rest[n++] = ord[i];
+    v.pl[static_cast<std::size_t>(a)] = pl;
+    set_shard_order(v.pl.data(), axes(), before.dim, rest, n);
+  }
   v.origin[static_cast<std::size_t>(a)] = pl.is_r() ? -1 : new_origin(here(), oname(0), pl, a, std::move(why));
-  if (pl.is_s()) v.strict = static_cast<std::uint8_t>(v.strict | (1u << pl.dim));
+  if (!pl.is_s()) return;
+  if (op_->kind == OpKind::ZeROScatterGrad || op_->kind == OpKind::ZeROPartitionOptState) {  // the innermost of its dim's order (FSDP2)
+    int ord[kMaxAxes], n = 0;
+    v.pl[static_cast<std::size_t>(a)] = before;
+    int k = shard_order(v.pl.data(), axes(), pl.dim, ord);
+    v.pl[static_cast<std::size_t>(a)] = pl;
+    for (int i = 0; i < k; ++i) n += ord[i] != a ? (ord[n] = ord[i], 1) : 0;
+    ord[n++] = a;
+    set_shard_order(v.pl.data(), axes(), pl.dim, ord, n);
+  }
+  // `uneven: true`: the torch.chunk layout is asked for (section 1), on a dim no other axis cuts (nested uneven
+  // chunks of several axes are not modelled: such a shard must divide evenly)
+  if (at().uneven && shard_mask(v, pl.dim) == (1u << a)) v.uneven = true;
+  else v.strict = static_cast<std::uint8_t>(v.strict | (1u << pl.dim));
 }
 
 // Sets a placement inherited from input `i`: keeps where it arose, unless this op moves a shard to another dim.
@@ -344,7 +367,10 @@ bool Checker::check_local(Value& v, const std::string& name, Loc loc, std::vecto
     dg.message = fmt::format("dim {} of {} has size {}, sharded over {} ({} ranks), but {}; {}", d, name, a ? std::to_string(*a) : dstr(dim),
                              mask_names(m), b ? std::to_string(*b) : dstr(div),
                              a && b ? failure_words(OblKind::Divisible, *a, *b) : "it does not divide evenly",
-                             strict ? "a shard created here must be even (choose sizes divisible by the axis, or shard another dim)"
+                             strict ? (op_ && op_info(op_->kind).find_attr("uneven")
+                                           ? "a shard created here must be even unless asked for: choose sizes divisible by the axis, shard another dim, or "
+                                             "add `uneven: true` to this op for the torch.chunk layout (ceil-div chunks, the last smaller)"
+                                           : "a shard created here must be even (choose sizes divisible by the axis, or shard another dim)")
                                     : "declare `uneven: true` on the input if padded shards are intended");
     dg.notes = std::move(notes);
     diags_.push_back(std::move(dg));
@@ -532,6 +558,18 @@ void Checker::undefined(NameId n) {
   report(CheckId::UndefinedTensor, msg, name, std::move(notes));
 }
 
+// Ops that read a value whose dim is cut in a shard order other than mesh order (`order:`, DTensor's
+// _StridedShard): those that keep every placement as it is, and the gathers (which take off the innermost
+// axis of the order). Any other op is conservative: layout-conflict, gather first (docs/semantics.md, 4.4).
+namespace {
+bool strided_ok(OpKind k) {
+  static constexpr OpKind ok[] = {OpKind::AllGather, OpKind::ZeROGatherParam, OpKind::AllReduce, OpKind::SPMDGuard, OpKind::Cast, OpKind::LossScale,
+                                  OpKind::SiLU,      OpKind::GELU,            OpKind::ReLU,      OpKind::Neg,       OpKind::Exp,  OpKind::Log,
+                                  OpKind::Sqrt,      OpKind::Rsqrt,           OpKind::FP8Quantize, OpKind::FP8Dequantize};
+  return std::find(std::begin(ok), std::end(ok), k) != std::end(ok);
+}
+}  // namespace
+
 void Checker::apply() {
   if (at().bad_axis != kNoIndex) {
     const auto& bad = p_.bad_axes[at().bad_axis];
@@ -543,6 +581,24 @@ void Checker::apply() {
                               best ? fmt::format("; did you mean '{}'?", *best) : "", axes),
                   n_in() ? iname(0) : "", {{bad.loc, best ? fmt::format("fix: axis: {}", *best) : "fix: name one of the mesh axes"}});
   }
+  if (!strided_ok(op_->kind))
+    for (int i = 0; i < n_in(); ++i)
+      for (int d = 0; d < in(i).rank; ++d) {
+        int ord[kMaxAxes];
+        int k = shard_order(in(i).pl.data(), axes(), d, ord);
+        if (k < 2 || !pl_of(in(i), ord[0]).ord) continue;
+        std::string order;
+        for (int j = 0; j < k; ++j) order += (j ? ", " : "") + axn(ord[j]);
+        std::vector<Note> notes;
+        origin_note(notes, in(i), ord[0]);
+        notes.push_back(fix(fmt::format("gather {} over {} first (ZeROGatherParam or AllGather, dim: {}), or cut the dim in mesh order", iname(i),
+                                        axn(ord[k - 1]), d)));
+        return report(CheckId::LayoutConflict,
+                      fmt::format("{} reads {}, whose dim {} is cut in the shard order [{}] (not mesh order, a strided shard); {} is checked only on "
+                                  "dims cut in mesh order",
+                                  opname(), iname(i), d, order, opname()),
+                      iname(i), std::move(notes));
+      }
   if (!cp_inputs_ok()) return;
   if (!fp8_exchange_ok()) return;
   switch (op_->kind) {
@@ -624,15 +680,13 @@ void Checker::apply() {
     case OpKind::RoPE: return rope();
     case OpKind::IndexSelect: return index_select();
     case OpKind::IndexAdd: return index_add();
+    case OpKind::ZeROGatherParam: return zero_gather();
+    case OpKind::ZeROScatterGrad: return zero_scatter();
+    case OpKind::ZeROPartitionOptState: return zero_partition();
     case OpKind::RingRotate: return ring_rotate();
     case OpKind::RingAttentionStep: return ring_attention_step();
     case OpKind::RingAttention: return ring_attention();
     case OpKind::LoadBalance: return load_balance();
-    case OpKind::ZeROGatherParam:
-    case OpKind::ZeROScatterGrad:
-    case OpKind::ZeROPartitionOptState:
-      // The loader rejects these ("not supported yet"); reaching here is a bug, never a pass.
-      throw std::logic_error("spatial rule reached for unsupported op " + opname());
   }
 }
 

@@ -17,6 +17,18 @@ std::vector<int> Checker::coll_axes(bool innermost_first) const {
 
 // Adding a shard of axis a to dim d keeps mesh order only if a is inner to every axis already there.
 bool Checker::can_add_shard(const Value& v, int d, int a) {
+  // FSDP2 shards the local shard: a ZeRO op appends its axis innermost to the dim's shard order, whatever the
+  // mesh order (DTensor's _StridedShard; set_new records the order)
+  if (op_->kind == OpKind::ZeROScatterGrad || op_->kind == OpKind::ZeROPartitionOptState) return true;
+  int ord[kMaxAxes];
+  int k = shard_order(v.pl.data(), axes(), d, ord);
+  if (k >= 2 && pl_of(v, ord[0]).ord) {  // conservative: a shard is added only to a dim cut in mesh order
+    illegal(fmt::format("{} over {} would shard dim {} of {} again, but that dim is cut in a shard order other than mesh order ({} major); adding a "
+                        "shard to it is not supported",
+                        opname(), axn(a), d, iname(0), axn(ord[0])),
+            -1, fmt::format("gather over {} first", axn(ord[k - 1])));
+    return false;
+  }
   std::uint32_t m = shard_mask(v, d);
   for (int b = a + 1; b < axes(); ++b)
     if (m & (1u << b)) {
@@ -30,6 +42,18 @@ bool Checker::can_add_shard(const Value& v, int d, int a) {
 }
 
 bool Checker::can_remove_shard(const Value& v, int d, int a) {
+  int ord[kMaxAxes];
+  int k = shard_order(v.pl.data(), axes(), d, ord);
+  if (k >= 2 && pl_of(v, ord[0]).ord) {  // a shard order other than mesh order: only its innermost (last) axis comes off
+    if (ord[k - 1] == a) return true;
+    std::string order;
+    for (int i = 0; i < k; ++i) order += (i ? ", " : "") + axn(ord[i]);
+    illegal(fmt::format("{} over {} gathers dim {} of {}, whose shard order is [{}] (major first): {} is not the innermost axis of that order, so the "
+                        "gathered pieces would not be contiguous (a strided result, DTensor's _StridedShard)",
+                        opname(), axn(a), d, iname(0), order, axn(a)),
+            -1, fmt::format("gather over {} first", axn(ord[k - 1])));
+    return false;
+  }
   std::uint32_t m = shard_mask(v, d);
   for (int b = a + 1; b < axes(); ++b)
     if (m & (1u << b)) {

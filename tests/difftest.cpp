@@ -107,6 +107,14 @@ class Gen {
       if (x.is_s() && (x.dim < 0 || static_cast<std::size_t>(x.dim) >= rank)) x = Placement::r();
       s += (a ? ", " : "") + mesh_[a].first + ": " + to_string(x);
     }
+    std::string o;  // the shard order of dims cut out of mesh order (`order:`)
+    for (int d = 0; d < static_cast<int>(rank); ++d) {
+      int axes[kMaxAxes];
+      int n = shard_order(p.data(), static_cast<int>(mesh_.size()), d, axes);
+      if (n < 2 || !p[static_cast<std::size_t>(axes[0])].ord) continue;
+      for (int k = 0; k < n; ++k) o += (o.empty() ? "" : ", ") + mesh_[static_cast<std::size_t>(axes[k])].first;
+    }
+    if (!o.empty()) s += ", order: [" + o + "]";
     return s + "}";
   }
   std::string yaml(const std::vector<std::string>& outs) const {
@@ -191,6 +199,15 @@ class Gen {
           if (!q.is_s() || (q.dim >= 0 && q.dim < static_cast<int>(shape.size()))) p[a] = q.is_p() ? Placement::r() : q;
         }
       }
+    }
+    for (int dd = 0; dd < static_cast<int>(shape.size()) && !integer; ++dd) {  // now and then a dim cut out of mesh order
+      int axes[kMaxAxes];
+      for (auto& q : p)
+        if (q.is_s(dd)) q.ord = 0;  // a copied placement's order is redrawn here
+      int n = shard_order(p.data(), static_cast<int>(mesh_.size()), dd, axes);
+      if (n < 2 || !rng_.chance(0.4)) continue;
+      std::reverse(axes, axes + n);
+      set_shard_order(p.data(), static_cast<int>(mesh_.size()), dd, axes, n);
     }
     if (forced) p = *forced;
     std::string d = name + ": {shape: " + dims_text(shape) + ", placement: " + pl_text(p, shape.size());
@@ -646,14 +663,20 @@ class Gen {
     GVal o{fresh("c"), xv.shape};
     auto reduce_attr = [](Placement p) { return p.is_p() && p.op != ReduceOp::Sum ? fmt::format(", reduce: {}", reduce_name(p.op)) : std::string(); };
     bool wrong = !q || rng_.chance(0.12);
+    // A shard-creating op asks for the torch.chunk layout now and then (`uneven: true`), and the ZeRO ops stand
+    // for their plain collectives (ZeROGatherParam: AllGather, ZeROScatterGrad: ReduceScatter, ZeROPartitionOptState:
+    // Convert R -> S(d)).
+    auto unev = [&]() { return rng_.chance(0.25) ? std::string(", uneven: true") : std::string(); };
+    auto rs_name = [&]() { return rng_.chance(0.3) ? "ZeROScatterGrad" : "ReduceScatter"; };
     if (!wrong && q->is_p()) {
       double c = rng_.unit();
       if (c < 0.6) return emit("AllReduce", {xv.name}, {o}, ax + reduce_attr(*q) + (rng_.chance(0.1) ? ", dst: I" : ""));
-      if (c < 0.92) return emit("ReduceScatter", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)) + reduce_attr(*q));
+      if (c < 0.92) return emit(rs_name(), {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)) + reduce_attr(*q) + unev());
       return emit("Reduce", {xv.name}, {o}, ax + ", dst: 0" + reduce_attr(*q));
     }
     if (!wrong && q->is_s()) {
       double c = rng_.unit();
+      if (c < 0.2) return emit("ZeROGatherParam", {xv.name}, {o}, ax + (q->dim || rng_.chance(0.5) ? fmt::format(", dim: {}", q->dim) : std::string()));
       if (c < 0.65 || r < 2) return emit("AllGather", {xv.name}, {o}, ax + fmt::format(", dim: {}", q->dim) + (rng_.chance(0.1) ? ", dst: I" : ""));
       if (c < 0.95) {
         int s = (q->dim + 1 + rng_.below(r - 1)) % r;
@@ -662,19 +685,20 @@ class Gen {
           if (rng_.chance(0.3)) std::reverse(sh.begin(), sh.end());
           ax = "axis: " + axes_text(sh);
         }
-        return emit("AllToAll", {xv.name}, {o}, ax + fmt::format(", split_dim: {}, concat_dim: {}", s, q->dim));
+        return emit("AllToAll", {xv.name}, {o}, ax + fmt::format(", split_dim: {}, concat_dim: {}", s, q->dim) + unev());
       }
       return emit("Gather", {xv.name}, {o}, ax + fmt::format(", dim: {}, dst: 0", q->dim));
     }
     if (!wrong && (q->is_r() || q->is_i())) {
       double c = rng_.unit();
-      if (c < 0.28) return emit("Convert", {xv.name}, {o}, ax + fmt::format(", to: S({})", rng_.below(r)));
-      if (c < 0.42) return emit("Scatter", {xv.name}, {o}, ax + fmt::format(", dim: {}, src: 0", rng_.below(r)));
+      if (c < 0.1) return emit("ZeROPartitionOptState", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)) + unev());
+      if (c < 0.28) return emit("Convert", {xv.name}, {o}, ax + fmt::format(", to: S({})", rng_.below(r)) + unev());
+      if (c < 0.42) return emit("Scatter", {xv.name}, {o}, ax + fmt::format(", dim: {}, src: 0", rng_.below(r)) + unev());
       if (c < 0.52) return emit("Broadcast", {xv.name}, {o}, ax + ", src: 0");
       if (c < 0.6 && q->is_i()) return emit("Convert", {xv.name}, {o}, ax + ", to: R");
       if (c < 0.68) return emit("Convert", {xv.name}, {o}, "axis: " + mesh_[a].first + ", to: V");
       if (c < 0.76) return emit("Convert", {xv.name}, {o}, "axis: " + mesh_[a].first + ", to: " + rng_.pick(std::vector<std::string>{"P(avg)", "P(max)", "P(min)", "P"}));
-      if (c < 0.84) return emit("ReduceScatter", {xv.name}, {o}, ax + fmt::format(", dim: {}, reduce: {}", rng_.below(r), rop_text()));
+      if (c < 0.84) return emit(rs_name(), {xv.name}, {o}, ax + fmt::format(", dim: {}, reduce: {}", rng_.below(r), rop_text()) + unev());
       if (c < 0.93) return emit("AllReduce", {xv.name}, {o}, ax + ", reduce: " + rop_text());
       return emit("AllReduce", {xv.name}, {o}, ax);
     }
@@ -682,12 +706,15 @@ class Gen {
       double c = rng_.unit();
       std::string rop = rng_.chance(0.6) ? "" : ", reduce: " + rop_text();
       if (c < 0.45) return emit("AllReduce", {xv.name}, {o}, ax + rop);
-      if (c < 0.7) return emit("ReduceScatter", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)) + rop);
+      if (c < 0.7) return emit(rs_name(), {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)) + rop + unev());
       if (c < 0.85) return emit("Convert", {xv.name}, {o}, "axis: " + mesh_[a].first + ", to: " + rng_.pick(std::vector<std::string>{"P", "P", "P(avg)", "P(max)"}));
       return emit("Broadcast", {xv.name}, {o}, ax + ", src: 1");
     }
     // a random collective, whatever the input
-    switch (rng_.below(6)) {
+    switch (rng_.below(9)) {
+      case 6: return emit("ZeROGatherParam", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)));
+      case 7: return emit("ZeROScatterGrad", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)) + unev());
+      case 8: return emit("ZeROPartitionOptState", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)) + unev());
       case 0: return emit("AllReduce", {xv.name}, {o}, ax);
       case 1: return emit("AllGather", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)));
       case 2: return emit("ReduceScatter", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)));
