@@ -70,11 +70,13 @@ void Deriver::vjp() {
     case OpKind::WaitStream:
     case OpKind::RecordEvent:
     case OpKind::WaitEvent: return;  // no values
-    case OpKind::Cast:
-    case OpKind::FP8Quantize:  // straight-through
-    case OpKind::FP8Dequantize: return identity();
+    case OpKind::Cast: return identity();
+    case OpKind::FP8Quantize:
+    case OpKind::FP8Dequantize: return fp8();
     case OpKind::LossScale: return loss_scale();
-    case OpKind::AmaxUpdate: return;  // a scaling statistic: no gradient flows through it
+    case OpKind::AmaxUpdate:
+    case OpKind::AmaxHistory:
+    case OpKind::FP8Scale: return;  // scaling statistics: no gradient flows through them (autograd/vjp_fp8.cpp)
     case OpKind::Reshape: return reshape();
     case OpKind::Transpose: return transpose();
     case OpKind::Reinterpret:

@@ -331,6 +331,7 @@ class Deriver {
   // ---- the VJPs (derive.cpp: the switch; vjp_compute.cpp, vjp_comm.cpp: the bodies) -------------
   void vjp();
   void identity();
+  void fp8();  // vjp_fp8.cpp
   void matmul();
   void elementwise();
   void neg();

@@ -310,6 +310,8 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::FP8Quantize:
     case OpKind::FP8Dequantize:
     case OpKind::AmaxUpdate:
+    case OpKind::AmaxHistory:
+    case OpKind::FP8Scale:
     case OpKind::Reshape:
     case OpKind::Transpose:
     case OpKind::Reinterpret:

@@ -1,7 +1,7 @@
 // interp/ops_elementwise.cpp - the numeric oracle: elementwise ops.
 //
-// Ops: SiLU/GELU/ReLU/FP8Quantize/Cast/LossScale/FP8Dequantize/Neg/Exp/Log/Sqrt/Rsqrt, Add/Sub/Multiply/Div/
-// Maximum/Minimum, Where, Dropout, AmaxUpdate.
+// Ops: SiLU/GELU/ReLU/Cast/LossScale/Neg/Exp/Log/Sqrt/Rsqrt, Add/Sub/Multiply/Div/Maximum/Minimum, Where,
+// Dropout (the FP8 ops are in ops_fp8.cpp).
 #include "interp/runner.h"
 
 #include <algorithm>
@@ -26,7 +26,7 @@ std::string leaves_reals(bool global, const Tensor& out, std::initializer_list<c
 
 }  // namespace
 
-// SiLU, GELU, ReLU, FP8Quantize, Cast, LossScale, FP8Dequantize, Neg, Exp, Log, Sqrt, Rsqrt: a function of each element.
+// SiLU, GELU, ReLU, Cast, LossScale, Neg, Exp, Log, Sqrt, Rsqrt: a function of each element.
 void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   const OpAttrs& at = op.attrs;
@@ -38,12 +38,6 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
       case OpKind::SiLU: return x / (1 + std::exp(-x));
       case OpKind::GELU: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
       case OpKind::ReLU: return x > 0 ? x : 0.0;
-      case OpKind::FP8Quantize: {  // e4m3-like: 3 mantissa bits, round to nearest
-        if (x == 0 || !std::isfinite(x)) return x;
-        int e = std::ilogb(x);
-        double q = std::ldexp(1.0, e - 3);
-        return std::round(x / q) * q;
-      }
       case OpKind::Cast:
         if (!at.has_dtype || !is_int(dt)) return x;
         return dt == DType::Bool ? (x != 0 ? 1.0 : 0.0) : std::trunc(x);
@@ -53,7 +47,6 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
       case OpKind::Log: return std::log(x);
       case OpKind::Sqrt: return std::sqrt(x);
       case OpKind::Rsqrt: return 1 / std::sqrt(x);
-      case OpKind::FP8Dequantize: return x;
       case OpKind::MatMul:
       case OpKind::Add:
       case OpKind::Sub:
@@ -100,6 +93,10 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
       case OpKind::WaitEvent:
       case OpKind::OverlapRegion:
       case OpKind::AmaxUpdate:
+      case OpKind::FP8Quantize:
+      case OpKind::FP8Dequantize:
+      case OpKind::AmaxHistory:
+      case OpKind::FP8Scale:
       case OpKind::Reshape:
       case OpKind::Transpose:
       case OpKind::Reinterpret:
@@ -121,14 +118,6 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   });
   std::string t = was_finite ? leaves_reals(true, v.t, {}, taint) : taint;
   return set_out(oi, r, 0, std::move(v), t);
-}
-
-void Runner::amax(int oi, std::int64_t r, const std::string& taint) {
-  const Val& x = in(oi, r, 0);
-  Val v;
-  v.t = Tensor({}, 0.0);
-  for (double e : x.t.data) v.t.data[0] = std::max(v.t.data[0], std::abs(e));
-  return set_out(oi, r, 0, std::move(v), taint);
 }
 
 void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint) {
@@ -193,6 +182,8 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
       case OpKind::FP8Quantize:
       case OpKind::FP8Dequantize:
       case OpKind::AmaxUpdate:
+      case OpKind::AmaxHistory:
+      case OpKind::FP8Scale:
       case OpKind::Reshape:
       case OpKind::Transpose:
       case OpKind::Reinterpret:

@@ -278,10 +278,12 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::SiLU:
     case OpKind::GELU:
     case OpKind::ReLU:
-    case OpKind::FP8Quantize:
     case OpKind::Cast:
-    case OpKind::LossScale:
-    case OpKind::FP8Dequantize: return pointwise(oi, r, taint);
+    case OpKind::LossScale: return pointwise(oi, r, taint);
+    case OpKind::FP8Quantize: return fp8_quantize(oi, r, taint);
+    case OpKind::FP8Dequantize: return fp8_dequantize(oi, r, taint);
+    case OpKind::AmaxHistory: return amax_history(oi, r, taint);
+    case OpKind::FP8Scale: return fp8_scale(oi, r, taint);
     case OpKind::Dropout: return dropout(oi, r, c, taint);
     case OpKind::LayerNorm:
     case OpKind::RMSNorm: return norm(oi, r, c, taint);

@@ -95,7 +95,6 @@ class Runner {
   void step_local(int oi, std::int64_t r);
   void pointwise(int oi, std::int64_t r, const std::string& taint);
   void softmax(int oi, std::int64_t r, const std::string& taint);
-  void amax(int oi, std::int64_t r, const std::string& taint);
   void transpose_dims(int oi, std::int64_t r, const std::string& taint);
   void send(int oi, std::int64_t r);
   void recv(int oi, std::int64_t r, const std::vector<std::int64_t>& c);
@@ -124,6 +123,13 @@ class Runner {
   void topk(int oi, std::int64_t r, const std::string& taint);
   void reshape(int oi, std::int64_t r, const std::string& taint);
   void convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+
+  // ---- FP8 (ops_fp8.cpp) ------------------------------------------------------------------------
+  void amax(int oi, std::int64_t r, const std::string& taint);
+  void amax_history(int oi, std::int64_t r, const std::string& taint);
+  void fp8_scale(int oi, std::int64_t r, const std::string& taint);
+  void fp8_quantize(int oi, std::int64_t r, const std::string& taint);
+  void fp8_dequantize(int oi, std::int64_t r, const std::string& taint);
 
   // ---- collectives (and the vocab-parallel loss, whose max and sum all-reduce inside) ----------------
   std::vector<std::int64_t> group(const Op& op, std::int64_t r);

@@ -40,8 +40,8 @@ std::string suggestion(const std::string& word, const std::vector<std::string>& 
 
 Loader::Loader(Program& p, std::string file) : p_(p), file_(std::move(file)) {}
 
-void Loader::prelude(N root) {
-  prelude_done_ = true;
+void Loader::prelude_head(N root) {
+  head_done_ = true;
   if (auto n = root["name"]; n.IsDefined()) {
     if (!n.IsScalar()) fail(n, "`name` must be a string");
     p_.title = n.Scalar();
@@ -50,7 +50,17 @@ void Loader::prelude(N root) {
   auto mesh = root["mesh"];
   if (!mesh.IsDefined()) fail(root, "missing key `mesh` (e.g. mesh: {dp: 2, tp: 4})");
   load_mesh(mesh);
-  if (auto n = root["tensors"]; n.IsDefined() && !n.IsNull()) load_tensors(n);
+}
+
+void Loader::prelude(N root) {
+  prelude_done_ = true;
+  if (!head_done_) {
+    prelude_head(root);
+  } else if (auto n = root["name"]; n.IsDefined()) {  // read after the head ran (errors take the fixed-order pass)
+    if (!n.IsScalar()) fail(n, "`name` must be a string");
+    p_.title = n.Scalar();
+  }
+  if (auto n = root["tensors"]; n.IsDefined() && !n.IsNull() && !n.streamed()) load_tensors(n);
   if (auto n = root["include"]; n.IsDefined()) {
     include_stack_ = {file_};
     load_includes(n, include_stack_);
@@ -99,9 +109,21 @@ NameId Loader::name_id(std::string_view written) {
 }
 
 // ---- sizes and expressions ----------------------------------------------------------------
-ExprId Loader::parse_expr(N n, const std::string& what) {
-  if (!n.IsScalar()) fail(n, what + " must be an int or a size expression, got " + kind_of(n));
-  const std::string& text = n.Scalar();
+ExprId Loader::constant(std::int64_t v) {
+  auto& c = const_cache_[static_cast<std::uint64_t>(v) % 64];
+  if (c.second == 0 || c.first != v) c = {v, p_.exprs.constant(v)};  // id 0 is never a cached constant's (see below)
+  return c.second;
+}
+
+ExprId Loader::parse_expr(N n, const What& what) {
+  if (!n.IsScalar()) fail(n, what.str() + " must be an int or a size expression, got " + kind_of(n));
+  std::string_view sv = n.sv();
+  if (!sv.empty() && sv.size() <= 12 && std::all_of(sv.begin(), sv.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    std::int64_t v = 0;  // a plain literal, what generators write: no parse
+    for (char c : sv) v = v * 10 + (c - '0');
+    return constant(v);
+  }
+  const std::string text(sv);
   std::vector<std::string> known;
   try {
     return p_.exprs.parse(text, [&](std::string_view name) -> std::optional<ExprId> {
@@ -109,11 +131,11 @@ ExprId Loader::parse_expr(N n, const std::string& what) {
       if (it != p_.sizes.end()) return it->second;
       for (const auto& [k, v] : p_.sizes) known.push_back(k);
       std::sort(known.begin(), known.end());
-      fail(n, "unknown size '" + std::string(name) + "' in " + what + suggestion(std::string(name), known) +
+      fail(n, "unknown size '" + std::string(name) + "' in " + what.str() + suggestion(std::string(name), known) +
                   (known.empty() ? " (declare it under `sizes`)" : " (known sizes: " + join(known) + ")"));
     });
   } catch (const ExprError& e) {
-    fail(n, "bad size expression in " + what + " ('" + (text.size() > 60 ? text.substr(0, 60) + "..." : text) + "'): " + e.what());
+    fail(n, "bad size expression in " + what.str() + " ('" + (text.size() > 60 ? text.substr(0, 60) + "..." : text) + "'): " + e.what());
   }
 }
 
@@ -211,25 +233,24 @@ Placement Loader::one_placement(N v) {
 }
 
 // A placement map {axis: P} or a list in mesh order. `rank` < 0: S(d) range checked later.
-Placements Loader::load_placements(N n, int rank, const std::string& what) {
+Placements Loader::load_placements(N n, int rank, const What& what) {
   Placements out{};
-  std::vector<Loc> locs(p_.mesh.size());
   auto normalize = [&](Placement& pl, N at) {
     if (!pl.is_s() || rank < 0) return;
     if (pl.dim < -rank || pl.dim >= rank)
-      fail(at, "S(" + std::to_string(pl.dim) + ") is out of range for " + what + " of rank " + std::to_string(rank) +
+      fail(at, "S(" + std::to_string(pl.dim) + ") is out of range for " + what.str() + " of rank " + std::to_string(rank) +
                    " (dims are 0.." + std::to_string(rank - 1) + " or -" + std::to_string(rank) + "..-1)");
     if (pl.dim < 0) pl.dim = static_cast<std::int16_t>(pl.dim + rank);
   };
   if (n.IsMap()) {
-    for_each_key(n, {}, "the placement of " + what, [&](N k, N v) {
+    for_each_key(n, {}, What("the placement of ", what), [&](N k, N v) {
       int a = axis_index(k);
       out[static_cast<std::size_t>(a)] = one_placement(v);
       normalize(out[static_cast<std::size_t>(a)], v);
     });
   } else if (n.IsSequence()) {
     if (n.size() != p_.mesh.size())
-      fail(n, "the placement list of " + what + " has " + std::to_string(n.size()) + (n.size() == 1 ? " entry" : " entries") + " but the mesh has " +
+      fail(n, "the placement list of " + what.str() + " has " + std::to_string(n.size()) + (n.size() == 1 ? " entry" : " entries") + " but the mesh has " +
                   std::to_string(p_.mesh.size()) + " axes (" + join(p_.axis_names()) + ")");
     for (std::size_t i = 0; i < n.size(); ++i) {
       out[i] = one_placement(n[i]);
@@ -239,23 +260,23 @@ Placements Loader::load_placements(N n, int rank, const std::string& what) {
     out[0] = one_placement(n);
     normalize(out[0], n);
   } else {
-    fail(n, "the placement of " + what + " must be a mapping {axis: placement} or a list in mesh order");
+    fail(n, "the placement of " + what.str() + " must be a mapping {axis: placement} or a list in mesh order");
   }
   return out;
 }
 
-std::vector<ExprId> Loader::load_shape(N n, const std::string& what, std::vector<Loc>* locs) {
-  if (!n.IsSequence()) fail(n, "the shape of " + what + " must be a list of sizes, e.g. [B, 128, H]");
-  if (n.size() > static_cast<std::size_t>(kMaxRank)) fail(n, what + " has rank " + std::to_string(n.size()) + "; the limit is 8");
+std::vector<ExprId> Loader::load_shape(N n, const What& what, std::vector<Loc>* locs) {
+  if (!n.IsSequence()) fail(n, "the shape of " + what.str() + " must be a list of sizes, e.g. [B, 128, H]");
+  if (n.size() > static_cast<std::size_t>(kMaxRank)) fail(n, what.str() + " has rank " + std::to_string(n.size()) + "; the limit is 8");
   std::vector<ExprId> shape;
   std::int64_t elems = 1;
   for (const auto& d : n) {
-    ExprId e = parse_expr(d, "a dim of " + what);
+    ExprId e = parse_expr(d, What("a dim of ", what));
     if (p_.exprs.is_const(e)) {
       std::int64_t v = p_.exprs.value(e);
-      if (v < 1) fail(d, "dims of " + what + " must be positive, got " + std::to_string(v));
+      if (v < 1) fail(d, "dims of " + what.str() + " must be positive, got " + std::to_string(v));
       if (__builtin_mul_overflow(elems, v, &elems) || elems > kMaxValue)
-        fail(d, what + " has too many elements (more than 2^62)");
+        fail(d, what.str() + " has too many elements (more than 2^62)");
     }
     shape.push_back(e);
     if (locs) locs->push_back(d.loc());
@@ -267,29 +288,32 @@ std::vector<ExprId> Loader::load_shape(N n, const std::string& what, std::vector
 void Loader::load_tensors(N n) {
   if (!n.IsMap()) fail(n, "`tensors` must be a mapping of name -> {shape, placement, ...}");
   p_.tensors.reserve(p_.tensors.size() + n.size());
-  for_each_key(n, {}, "`tensors`", [&](N k, N v) {
-    TensorDecl t;
-    const std::string& name = k.Scalar();
-    t.name = name_id(name);
-    t.loc = k.loc();
-    if (!v.IsMap()) fail(v.IsNull() ? k : v, "tensor '" + name + "' must be a mapping like {shape: [B, H], placement: {tp: S(1)}}");
-    static const std::vector<std::string> keys = {"shape", "placement", "dtype", "param", "uneven"};
-    for_each_key(v, keys, "tensor '" + name + "'", [](N, N) {});
-    auto shape = v["shape"];
-    if (!shape.IsDefined()) fail(v, "tensor '" + name + "' needs a `shape`");
-    t.shape_loc = shape.loc();
-    t.shape = load_shape(shape, "tensor '" + name + "'", &t.dim_locs);
-    if (auto pl = v["placement"]; pl.IsDefined() && !pl.IsNull()) {
-      t.placement_loc = pl.loc();
-      t.placement = load_placements(pl, static_cast<int>(t.shape.size()), "tensor '" + name + "'");
-    } else {
-      t.placement_loc = t.loc;
-    }
-    if (auto d = v["dtype"]; d.IsDefined()) t.dtype = load_dtype(d);
-    if (auto b = v["param"]; b.IsDefined()) t.param = load_bool(b, "`param`");
-    if (auto b = v["uneven"]; b.IsDefined()) t.uneven = load_bool(b, "`uneven`");
-    p_.tensors.push_back(std::move(t));
-  });
+  for_each_key(n, {}, "`tensors`", [&](N k, N v) { load_tensor(k, v); });
+}
+
+void Loader::load_tensor(N k, N v) {
+  TensorDecl t;
+  std::string_view name = k.sv();
+  t.name = name_id(name);
+  t.loc = k.loc();
+  const What what("tensor '", name, "'");
+  if (!v.IsMap()) fail(v.IsNull() ? k : v, what.str() + " must be a mapping like {shape: [B, H], placement: {tp: S(1)}}");
+  static const std::vector<std::string> keys = {"shape", "placement", "dtype", "param", "uneven"};
+  for_each_key(v, keys, what, [](N, N) {});
+  auto shape = v["shape"];
+  if (!shape.IsDefined()) fail(v, what.str() + " needs a `shape`");
+  t.shape_loc = shape.loc();
+  t.shape = load_shape(shape, what, &t.dim_locs);
+  if (auto pl = v["placement"]; pl.IsDefined() && !pl.IsNull()) {
+    t.placement_loc = pl.loc();
+    t.placement = load_placements(pl, static_cast<int>(t.shape.size()), what);
+  } else {
+    t.placement_loc = t.loc;
+  }
+  if (auto d = v["dtype"]; d.IsDefined()) t.dtype = load_dtype(d);
+  if (auto b = v["param"]; b.IsDefined()) t.param = load_bool(b, "`param`");
+  if (auto b = v["uneven"]; b.IsDefined()) t.uneven = load_bool(b, "`uneven`");
+  p_.tensors.push_back(std::move(t));
 }
 
 DType Loader::load_dtype(N d) {
@@ -341,7 +365,7 @@ Program load_streaming(EventSource& src, const std::string& filename, std::size_
   src.next(e);
   if (e.type != EvType::MapStart) throw Restart{};
   std::uint32_t root = doc.open(NodeKind::Map, e.loc);
-  bool mesh = false, streamed = false, has_list = false;
+  bool mesh = false, streamed = false, has_list = false, tensors_streamed = false;
   for (;;) {
     src.next(e);
     if (e.type == EvType::MapEnd) break;
@@ -349,7 +373,31 @@ Program load_streaming(EventSource& src, const std::string& filename, std::size_
     std::string key(e.text);
     std::uint32_t k = read_node(src, e, doc, 1);
     if (streamed && before_ops(key)) throw Restart{};
+    if (tensors_streamed && (key == "sizes" || key == "mesh" || key == "tensors")) throw Restart{};
     src.next(e);
+    if (key == "tensors" && mesh && !has_list && e.type == EvType::MapStart) {
+      // Each entry is loaded as it is parsed (a generated program declares a weight per layer: half a million
+      // entries at 10^6 ops); a duplicate or a key that is not a name leaves it to the fixed-order pass.
+      close_at(doc, root, k);
+      loader.prelude_head(doc.at(root));
+      std::uint32_t v = doc.open(NodeKind::Map, e.loc);
+      for (;;) {
+        src.next(e);
+        if (e.type == EvType::MapEnd) break;
+        item.clear();
+        std::uint32_t ki = read_node(src, e, item, 2);
+        src.next(e);
+        std::uint32_t vi = read_node(src, e, item, 2);
+        if (!item.at(ki).IsScalar()) throw Restart{};
+        std::size_t names = p.names.size();
+        loader.load_tensor(item.at(ki), item.at(vi));
+        if (p.names.size() == names) throw Restart{};  // the name was declared before
+      }
+      doc.close(v);
+      doc.nodes[v].streamed = true;
+      tensors_streamed = true;
+      continue;
+    }
     if ((key == "ops" || key == "programs") && mesh && !has_list && e.type == EvType::SeqStart) {
       close_at(doc, root, k);
       loader.prelude(doc.at(root));

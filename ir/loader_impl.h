@@ -26,6 +26,18 @@ inline std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// A message part built only when an error needs it: pre + (inner ? inner's text : mid) + post. Converts from a
+// string (which must outlive the call it is passed to), so the success path of a million ops builds no strings.
+struct What {
+  std::string_view pre, mid, post;
+  const What* inner = nullptr;
+  What(const std::string& s) : mid(s) {}  // NOLINT(google-explicit-constructor)
+  What(const char* s) : mid(s) {}         // NOLINT(google-explicit-constructor)
+  What(std::string_view a, std::string_view m, std::string_view b) : pre(a), mid(m), post(b) {}
+  What(std::string_view a, const What& in) : pre(a), inner(&in) {}
+  std::string str() const { return std::string(pre) + (inner ? inner->str() : std::string(mid)) + std::string(post); }
+};
+
 // "; did you mean 'x'?" for a near miss: a known synonym (inputs -> in) or a small edit distance.
 std::string suggestion(const std::string& word, const std::vector<std::string>& cands);
 
@@ -38,7 +50,7 @@ inline std::string kind_of(N n) {
 
 // Iterates a mapping, rejecting duplicate and unknown keys. `fn(key, value)`.
 template <class Fn>
-void for_each_key(N map, const std::vector<std::string>& allowed, const std::string& where, Fn fn) {
+void for_each_key(N map, const std::vector<std::string>& allowed, const What& where, Fn fn) {
   std::string_view seen[32];  // a few keys: a linear scan; many (a big `tensors:`): a hash set
   std::size_t n_seen = 0;
   std::unordered_set<std::string_view> many;
@@ -46,16 +58,16 @@ void for_each_key(N map, const std::vector<std::string>& allowed, const std::str
     const N k = *it;
     ++it;
     const N v = *it;
-    if (!k.IsScalar()) fail(k, "a key in " + where + " must be a plain name");
+    if (!k.IsScalar()) fail(k, "a key in " + where.str() + " must be a plain name");
     std::string_view key = k.sv();
     bool dup = many.empty() ? std::find(seen, seen + n_seen, key) != seen + n_seen : !many.insert(key).second;
-    if (dup) fail(k, "duplicate key '" + k.Scalar() + "' in " + where);
+    if (dup) fail(k, "duplicate key '" + k.Scalar() + "' in " + where.str());
     if (many.empty()) {
       if (n_seen == 32) many.insert(seen, seen + n_seen), many.insert(key);
       else seen[n_seen++] = key;
     }
     if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), key) == allowed.end())
-      fail(k, "unknown key '" + k.Scalar() + "' in " + where + suggestion(k.Scalar(), allowed) + " (allowed: " + join(allowed) + ")");
+      fail(k, "unknown key '" + k.Scalar() + "' in " + where.str() + suggestion(k.Scalar(), allowed) + " (allowed: " + join(allowed) + ")");
     fn(k, v);
   }
 }
@@ -102,14 +114,19 @@ class Loader {
   void load(N root);
   // Name, sizes, mesh, tensors, include and modules: what the ops depend on.
   void prelude(N root);
+  // Its first part (name, sizes, mesh): what `tensors` depends on, run early when tensors are streamed.
+  void prelude_head(N root);
   // One item of an op list: an op, a module instance (`use:`) or a repeat.
   void load_item(N item);
+  // One entry of `tensors` (its key and value).
+  void load_tensor(N k, N v);
   // One item of `programs:`.
   void load_program_item(N item);
 
  private:
   // ---- sizes and expressions ----------------------------------------------------------------
-  ExprId parse_expr(N n, const std::string& what);
+  ExprId parse_expr(N n, const What& what);
+  ExprId constant(std::int64_t v);  // p_.exprs.constant through a small cache
   std::int64_t size_int(N n, const std::string& what);
   void load_sizes(N n);
   ExprId load_symbolic(const std::string& name, N v);
@@ -118,8 +135,8 @@ class Loader {
   int axis_index(N k, const std::string& what = "placement");
   Placement one_placement(N v);
   // A placement map {axis: P} or a list in mesh order. `rank` < 0: S(d) range checked later.
-  Placements load_placements(N n, int rank, const std::string& what);
-  std::vector<ExprId> load_shape(N n, const std::string& what, std::vector<Loc>* locs);
+  Placements load_placements(N n, int rank, const What& what);
+  std::vector<ExprId> load_shape(N n, const What& what, std::vector<Loc>* locs);
   // ---- tensors ------------------------------------------------------------------------------
   void load_tensors(N n);
   DType load_dtype(N d);
@@ -159,7 +176,8 @@ class Loader {
   Program& p_;
   std::string file_;
   std::vector<Op>* target_ = &p_.ops;  // where load_op appends
-  bool prelude_done_ = false;
+  bool prelude_done_ = false, head_done_ = false;
+  std::pair<std::int64_t, ExprId> const_cache_[64] = {};  // constant(): value -> id, direct-mapped
   std::unordered_map<std::string, Module> modules_;
   std::vector<std::unique_ptr<Doc>> docs_;  // included files and parameter-substituted module bodies
   std::vector<std::string> include_stack_;

@@ -241,6 +241,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       if (n == "src" || n == "dst") a.rank = static_cast<std::int32_t>(attr_int(v, what, 0, 1 << 20));
       else if (n == "k") a.k = static_cast<std::int32_t>(attr_int(v, what, 1, 1 << 20));
       else if (n == "step") a.k = static_cast<std::int32_t>(attr_int(v, what, 0, 1 << 20));
+      else if (n == "margin") a.k = static_cast<std::int32_t>(attr_int(v, what, 0, 64));  // FP8Scale: scale / 2^margin
       else if (n == "concat_dim") a.dim2 = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
       else a.dim = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
       return;
@@ -292,6 +293,8 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
     case AttrType::DType:
       a.dtype = load_dtype(v);
       a.has_dtype = true;
+      if ((op.kind == OpKind::FP8Quantize || op.kind == OpKind::FP8Scale) && a.dtype != DType::FP8E4M3 && a.dtype != DType::FP8E5M2)
+        fail(v, what + " must be an fp8 dtype (fp8_e4m3 or fp8_e5m2), got " + v.Scalar());
       return;
     case AttrType::Shape:
       a.shape = static_cast<std::uint32_t>(p_.shapes.size());

@@ -1,6 +1,8 @@
 // ir/program.cpp - small Program helpers and dtypes.
 #include "ir/program.h"
 
+#include <cstring>
+
 namespace spmd {
 
 namespace {
@@ -35,11 +37,83 @@ std::vector<std::string> dtype_names() {
   return v;
 }
 
+std::uint32_t NameTable::hash_of(std::string_view key) {
+  // FNV-1a over 8-byte words, then a 64-bit mix: names are short and alike (q2_17, q2_18).
+  std::uint64_t h = 0xcbf29ce484222325ull ^ key.size();
+  std::size_t i = 0;
+  for (; i + 8 <= key.size(); i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, key.data() + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 29;
+  }
+  std::uint64_t w = 0;
+  std::memcpy(&w, key.data() + i, key.size() - i);
+  h = (h ^ w) * 0xff51afd7ed558ccdull;
+  h ^= h >> 32;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  h ^= h >> 29;
+  return static_cast<std::uint32_t>(h);
+}
+
+const NameTable::Entry* NameTable::find_entry(std::string_view key, std::uint32_t h) const {
+  if (slots_.empty()) return nullptr;
+  std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = h & mask;; i = (i + 1) & mask) {
+    const Entry& e = slots_[i];
+    if (e.len == kEmpty) return nullptr;
+    if (e.hash == h && e.len == key.size() && std::memcmp(chars_.data() + e.off, key.data(), key.size()) == 0) return &e;
+  }
+}
+
+NameTable::Iter NameTable::find(std::string_view key) const {
+  const Entry* e = find_entry(key, hash_of(key));
+  return e ? Iter({std::string(chars_.data() + e->off, e->len), e->id}) : Iter();
+}
+
+void NameTable::grow(std::size_t slots) {
+  std::vector<Entry> old(slots, Entry{0, 0, kEmpty, -1});
+  old.swap(slots_);
+  std::size_t mask = slots_.size() - 1;
+  for (const Entry& e : old) {
+    if (e.len == kEmpty) continue;
+    std::size_t i = e.hash & mask;
+    while (slots_[i].len != kEmpty) i = (i + 1) & mask;
+    slots_[i] = e;
+  }
+}
+
+void NameTable::reserve(std::size_t n) {
+  std::size_t want = 16;
+  while (want / 8 * 7 < n) want *= 2;
+  if (want > slots_.size()) grow(want);
+}
+
+NameId NameTable::find_or_insert(std::string_view key, NameId id) {
+  if ((size_ + 1) * 8 > slots_.size() * 7) grow(slots_.empty() ? 16 : slots_.size() * 2);
+  std::uint32_t h = hash_of(key);
+  std::size_t mask = slots_.size() - 1;
+  std::size_t i = h & mask;
+  for (; slots_[i].len != kEmpty; i = (i + 1) & mask) {
+    const Entry& e = slots_[i];
+    if (e.hash == h && e.len == key.size() && std::memcmp(chars_.data() + e.off, key.data(), key.size()) == 0) return e.id;
+  }
+  slots_[i] = {h, static_cast<std::uint32_t>(chars_.size()), static_cast<std::uint32_t>(key.size()), id};
+  chars_.append(key);
+  ++size_;
+  return id;
+}
+
+void NameTable::clear() {
+  slots_.clear();
+  chars_.clear();
+  size_ = 0;
+}
+
 NameId Program::intern(std::string_view n) {
-  if (auto it = name_ids.find(n); it != name_ids.end()) return it->second;  // no node built for a known name
-  auto id = static_cast<NameId>(names.size());
-  name_ids.emplace(std::string(n), id);
-  names.emplace_back(n);
+  auto next = static_cast<NameId>(names.size());
+  NameId id = name_ids.find_or_insert(n, next);
+  if (id == next) names.emplace_back(n);
   return id;
 }
 

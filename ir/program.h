@@ -41,6 +41,52 @@ struct StringHash {
   std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 
+// Name -> NameId, open addressing: the keys' bytes in one arena, 16-byte slots (hash, offset, length, id), so a
+// million names cost two flat arrays, not a node and a string each. Finds by string_view; copies stay valid
+// (offsets, not pointers). The interface is the part of std::unordered_map the code uses.
+class NameTable {
+ public:
+  struct Entry {
+    std::uint32_t hash, off, len;
+    NameId id;
+  };
+  // What find gives: `it->first` the key, `it->second` the id; compares equal to end() when absent.
+  struct Found {
+    std::string first;  // a copy: finds are rare (interning uses find_or_insert)
+    NameId second = -1;
+  };
+  class Iter {
+   public:
+    Iter() = default;
+    explicit Iter(Found f) : f_(std::move(f)), ok_(true) {}
+    const Found* operator->() const { return &f_; }
+    const Found& operator*() const { return f_; }
+    bool operator==(const Iter& o) const { return ok_ == o.ok_ && (!ok_ || f_.second == o.f_.second); }
+
+   private:
+    Found f_;
+    bool ok_ = false;
+  };
+  Iter find(std::string_view key) const;
+  Iter end() const { return {}; }
+  std::size_t count(std::string_view key) const { return find(key) == end() ? 0 : 1; }
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  void reserve(std::size_t n);
+  // The id of `key`; absent, `key` is added with `id` (then the result is `id`).
+  NameId find_or_insert(std::string_view key, NameId id);
+  void clear();
+
+ private:
+  static std::uint32_t hash_of(std::string_view key);
+  const Entry* find_entry(std::string_view key, std::uint32_t h) const;
+  void grow(std::size_t slots);
+  std::vector<Entry> slots_;  // len == kEmpty: free; size a power of two, at most 7/8 full
+  std::string chars_;
+  std::size_t size_ = 0;
+  static constexpr std::uint32_t kEmpty = 0xFFFFFFFFu;
+};
+
 struct MeshAxis {
   std::string name;
   ExprId size;
@@ -150,7 +196,7 @@ struct Program {
   std::unordered_map<std::string, Loc> size_locs;
   ExprPool exprs;
   std::vector<std::string> names;          // NameId -> text
-  std::unordered_map<std::string, NameId, StringHash, std::equal_to<>> name_ids;  // finds by string_view too
+  NameTable name_ids;                      // text -> NameId
   std::vector<TensorDecl> tensors;
   std::vector<Op> ops;
   ScheduleSpec schedule;

@@ -35,6 +35,15 @@ struct Value {
   // the whole value computed from replicated ones (Convert R -> V): reading those copies as summands
   // counts it once per rank.
   std::uint32_t fresh = 0;
+  // FP8 (spatial/rules_fp8.cpp). `def` names this value (each declaration and op output gets its own). FP8
+  // data remembers the scale it was quantized with (fp8_scale: that value's def; -1 unknown, -2 none, a plain
+  // cast, -3 data of several scales mixed), the axes over which the value is in per-rank units (fp8_local: a
+  // per-rank scale), those its input already was in (fp8_under, what FP8Dequantize gives back), the
+  // FP8Quantize op, and the amax tensor the scale came from (fp8_amax, a NameId; scales carry it, for the fix).
+  // fp8_amax_op is the AmaxUpdate that made that amax and fp8_amax_pmax the axes its result was P(max) over
+  // (the machine fix reduces it right after that op).
+  std::int32_t def = -1, fp8_scale = -1, fp8_qop = -1, fp8_amax = -1, fp8_amax_op = -1;
+  std::uint32_t fp8_local = 0, fp8_under = 0, fp8_amax_pmax = 0;
   // Context parallelism (rules_cp.cpp): the dims in zigzag order over zz_axis (LoadBalance); a block RingRotate
   // moved (rank r holds the block of rank r - ring_shift along ring_axis, its dim ring_dim sharded there before);
   // a partial attention output of RingAttentionStep (ring_seen: the rotations of the key blocks merged in).
@@ -216,7 +225,19 @@ class Checker {
   void convert();
   void reinterpret();
   void guard();
+
+  // ---- FP8 (rules_fp8.cpp) -------------------------------------------------------------------
   void amax();
+  void amax_history();
+  void fp8_scale();
+  void fp8_quantize();
+  void fp8_dequantize();
+  bool fp8_scale_ok(int i, std::uint32_t& per_rank);
+  bool fp8_exchange_ok();                      // a collective may not exchange per-rank-scaled FP8 data
+  void fp8_carry(Value& v) const;              // FP8 tags flow from the inputs into other ops' outputs
+  bool fp8_output_ok(const OutputDecl& od, const Value& v);
+  std::string fp8_amax_fix(const Value& v, std::uint32_t mask) const;
+  Fix fp8_machine_fix(const Value& v, std::uint32_t mask) const;
 
   // ---- gradient ops (the VJPs derived backward programs are made of) --------------------------
   void expand();
@@ -265,6 +286,7 @@ class Checker {
   std::vector<const Value*> in_;
   std::array<Value, 2> out_{};
   bool failed_ = false;
+  std::int32_t next_def_ = 0;  // Value::def of the next declaration or op output
   std::unordered_map<int, std::vector<int>> recv_sends_;  // Recv op -> the Send ops it pairs with (on some rank)
   std::unordered_map<int, Value> sent_;                   // Send op -> the value it sends, once reached
   std::unordered_map<int, Value> watched_;                // collective op -> its input (ops matched across programs)

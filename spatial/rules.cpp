@@ -401,6 +401,7 @@ void Checker::declare(const TensorDecl& t, std::size_t slot) {
     if (!v.pl[static_cast<std::size_t>(a)].is_r())
       v.origin[static_cast<std::size_t>(a)] = new_origin(t.placement_loc, t.name, v.pl[static_cast<std::size_t>(a)], a, "");
   v.fresh = v_axes(v);
+  v.def = next_def_++;
   for (std::size_t d = 0; d < t.shape.size(); ++d)
     check_expr(t.shape[d], d < t.dim_locs.size() ? t.dim_locs[d] : t.shape_loc, fmt::format("dim {} of {}", d, name));
   op_idx_ = -1;
@@ -503,6 +504,8 @@ void Checker::step(int i) {
       if (op_->kind == OpKind::Recv || op_->kind == OpKind::Reinterpret) v.fresh = v_axes(v);  // another rank's value; a relabel
       if (!given && !check_local(v, p_.name(outs[k]), here())) v.poisoned = true;
       v.strict = 0;
+      v.def = next_def_++;
+      fp8_carry(v);
     }
     v.defined = true;
     env_[slot(op_->first + op_->n_in + static_cast<std::uint32_t>(k))] = v;
@@ -541,6 +544,7 @@ void Checker::apply() {
                   n_in() ? iname(0) : "", {{bad.loc, best ? fmt::format("fix: axis: {}", *best) : "fix: name one of the mesh axes"}});
   }
   if (!cp_inputs_ok()) return;
+  if (!fp8_exchange_ok()) return;
   switch (op_->kind) {
     case OpKind::MatMul: return matmul();
     case OpKind::Add:
@@ -557,8 +561,8 @@ void Checker::apply() {
     case OpKind::Rsqrt: return math_unary();
     case OpKind::SiLU:
     case OpKind::GELU:
-    case OpKind::ReLU:
-    case OpKind::FP8Quantize: return nonlinear();
+    case OpKind::ReLU: return nonlinear();
+    case OpKind::FP8Quantize: return fp8_quantize();
     case OpKind::Step: return step_rule();
     case OpKind::Dropout: return dropout();
     case OpKind::LayerNorm:
@@ -589,10 +593,12 @@ void Checker::apply() {
     case OpKind::WaitEvent:
     case OpKind::OverlapRegion: return;  // no new value; their order is the temporal checks' concern
     case OpKind::Recv: return recv();
-    case OpKind::Cast:
-    case OpKind::FP8Dequantize: return linear();
+    case OpKind::Cast: return linear();
+    case OpKind::FP8Dequantize: return fp8_dequantize();
     case OpKind::LossScale: return loss_scale();
     case OpKind::AmaxUpdate: return amax();
+    case OpKind::AmaxHistory: return amax_history();
+    case OpKind::FP8Scale: return fp8_scale();
     case OpKind::Reshape: return reshape();
     case OpKind::Transpose: return transpose();
     case OpKind::Reinterpret: return reinterpret();
@@ -746,7 +752,7 @@ void Checker::check_outputs(const std::vector<std::pair<std::uint32_t, std::uint
     const Value& v = env_[slot];
     const std::string& name = p_.name(od.name);
     if (inferred_ && !v.poisoned && v.defined) (*inferred_)[j] = v.pl;
-    if (v.poisoned || !v.defined) continue;
+    if (v.poisoned || !v.defined || !fp8_output_ok(od, v)) continue;
     for (int a = 0; a < axes(); ++a) {
       Placement want = od.has_placement ? od.placement[static_cast<std::size_t>(a)] : Placement::r();
       if (want.is_s()) {

@@ -1,7 +1,7 @@
 // spatial/rules_elementwise.cpp - placement and shape rules of the pointwise compute ops
 //
-// Ops: SiLU/GELU/ReLU/FP8Quantize, Step, Cast/FP8Dequantize, LossScale, Dropout, Add/Sub/Multiply,
-// AmaxUpdate. Dispatched from Checker::apply() in rules.cpp.
+// Ops: SiLU/GELU/ReLU, Step, Cast, LossScale, Dropout, Add/Sub/Multiply (the FP8 ops are in
+// rules_fp8.cpp). Dispatched from Checker::apply() in rules.cpp.
 #include "spatial/checker.h"
 
 namespace spmd::detail {
@@ -34,9 +34,7 @@ bool Checker::map_partials(Value& o, int i, PointwiseMap f, const std::string& w
 
 void Checker::nonlinear() {
   Value& o = out() = in(0);
-  if (op_->kind == OpKind::FP8Quantize) o.dtype = at().has_dtype ? at().dtype : DType::FP8E4M3;
-  // ReLU is monotone non-decreasing: it keeps a pending max or min. FP8Quantize is not taken as monotone: a
-  // real FP8 recipe scales by each rank's own amax first, which does not commute with the reduction.
+  // ReLU is monotone non-decreasing: it keeps a pending max or min.
   bool up = op_->kind == OpKind::ReLU;
   map_partials(o, 0, up ? PointwiseMap::monotone_up() : PointwiseMap::opaque(), opname());
 }
@@ -49,13 +47,11 @@ void Checker::step_rule() {
       if (pin(i, a).is_p()) return partial_misuse(i, a, "an opaque compute step is not known to be linear in a pending sum");
 }
 
-// Cast and FP8Dequantize. A cast to a float dtype is the identity (rounding is outside the promise); to an
-// integer dtype it truncates (monotone, not affine); to bool it is x != 0 (neither). FP8Dequantize
-// multiplies by a positive scale.
+// Cast. A cast to a float dtype is the identity (rounding is outside the promise); to an integer dtype it
+// truncates (monotone, not affine); to bool it is x != 0 (neither).
 void Checker::linear() {
   Value& o = out() = in(0);
   if (at().has_dtype) o.dtype = at().dtype;
-  else if (op_->kind == OpKind::FP8Dequantize) o.dtype = DType::F32;
   if (op_->kind != OpKind::Cast || !at().has_dtype) return (void)map_partials(o, 0, PointwiseMap::identity(), opname());
   DType t = o.dtype;
   if (t == DType::Bool) return (void)map_partials(o, 0, PointwiseMap::opaque(), "a cast to bool (x != 0)");
@@ -250,17 +246,6 @@ bool Checker::combine_layout(Value& o, int a, int i, Placement x, int j, Placeme
     set_new(o, a, Placement::v(), fmt::format("{} of {} and {} gives per-rank values", opname(), ps(x), ps(y)));  // V with S or V
   }
   return true;
-}
-
-void Checker::amax() {
-  Value& o = out() = in(0);
-  o.rank = 0;
-  o.dtype = DType::F32;
-  for (int a = 0; a < axes(); ++a) {
-    Placement p = pin(0, a);
-    if (p.is_p()) return partial_misuse(0, a, "the max of a pending sum is not the max of its summands");
-    if (p.is_s()) set_new(o, a, Placement::p(ReduceOp::Max), fmt::format("AmaxUpdate of a tensor sharded {} over {} is each rank's own max", ps(p), axn(a)));
-  }
 }
 
 }  // namespace spmd::detail

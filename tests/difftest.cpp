@@ -262,7 +262,7 @@ class Gen {
   // ---- ops ------------------------------------------------------------------------------------
   void add_op() {
     static const std::vector<std::pair<int, int>> weights = {{0, 10}, {1, 14}, {2, 14}, {3, 8}, {4, 4}, {5, 7}, {6, 4}, {7, 8},
-                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}, {16, 10}};
+                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}, {16, 10}, {17, 5}};
     int total = 0;
     for (auto [k, w] : weights) total += w;
     int r = rng_.below(total), kind = 0;
@@ -289,8 +289,9 @@ class Gen {
       case 12: return ce_op();
       case 13: return attention_op();
       case 14: return topk_op();
+      case 15: return amax_op();
       case 16: return cp_op();
-      default: return amax_op();
+      default: return fp8_op();
     }
   }
 
@@ -749,6 +750,99 @@ class Gen {
     if (!x) return;
     GVal xv = *x;
     emit("AmaxUpdate", {xv.name}, {GVal{fresh("amax"), {}}});
+  }
+
+  // A scalar placement for a declared FP8 scale or amax history: mostly agreed (R), else per-rank or wrong.
+  Placements scale_placements(int rank) {
+    Placements p{};
+    for (std::size_t a = 0; a < mesh_.size(); ++a) {
+      double r = rng_.unit();
+      p[a] = r < 0.6 ? Placement::r()
+             : r < 0.7 ? Placement::v()
+             : r < 0.8 ? Placement::p(ReduceOp::Max)
+             : r < 0.87 ? Placement::p(ReduceOp::Min)
+             : r < 0.93 ? Placement::p()
+             : rank > 0 ? Placement::s(0)
+                        : Placement::i();
+    }
+    return p;
+  }
+
+  // FP8: a scale from an amax (reduced over some of the axes its tensor is sharded over, or none), maybe
+  // through an amax history, or a declared scale, or none; a quantize, maybe an FP8 collective, a dequantize
+  // with the same scale (mostly) or another one.
+  void fp8_op() {
+    const GVal* x = pick_value([](const GVal&) { return true; });
+    if (!x) return;
+    GVal xv = *x;
+    std::string scale;
+    double c = rng_.unit();
+    if (c < 0.6) {
+      const GVal* src = rng_.chance(0.8) ? x : pick_value([](const GVal&) { return true; });
+      GVal sv = src ? *src : xv;
+      GVal amax{fresh("amax"), {}};
+      emit("AmaxUpdate", {sv.name}, {amax});
+      std::string a = amax.name;
+      std::vector<std::size_t> sharded;
+      for (std::size_t b = 0; b < mesh_.size(); ++b) {
+        auto q = pl_of(sv, b);
+        if (q && q->is_s() && (rng_.chance(0.7) || sharded.empty())) sharded.push_back(b);
+      }
+      if (!sharded.empty() && rng_.chance(0.65)) {
+        GVal r{fresh("amax"), {}};
+        emit("AllReduce", {a}, {r}, "axis: " + axes_text(sharded) + ", reduce: max");
+        a = r.name;
+      }
+      if (rng_.chance(0.4)) {
+        std::int64_t len = rng_.pick(std::vector<std::int64_t>{1, 2, 4});
+        std::string h = new_input({len}, false, nullptr, rng_.chance(0.7) ? Placements{} : scale_placements(1));
+        GVal h2{fresh("hist"), {len}};
+        emit("AmaxHistory", {h, a}, {h2});
+        a = h2.name;
+        if (rng_.chance(0.2)) {
+          GVal r{fresh("hist"), {len}};
+          emit("AllReduce", {a}, {r}, "axis: " + axis_attr(static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size())))) + ", reduce: max");
+          a = r.name;
+        }
+      }
+      GVal s{fresh("scale"), {}};
+      std::string attrs = rng_.pick(std::vector<std::string>{"", "", "dtype: fp8_e5m2", "margin: 1", "algo: most_recent", "dtype: fp8_e4m3, margin: 2"});
+      emit("FP8Scale", {a}, {s}, attrs);
+      scale = s.name;
+    } else if (c < 0.85) {
+      scale = new_input({}, false, nullptr, scale_placements(0));
+    }
+    GVal q{fresh("q"), xv.shape};
+    std::vector<std::string> ins = {xv.name};
+    if (!scale.empty()) ins.push_back(scale);
+    emit("FP8Quantize", ins, {q}, rng_.chance(0.3) ? "dtype: fp8_e5m2" : "");
+    if (!rng_.chance(0.75)) return;
+    std::string cur = q.name;
+    if (rng_.chance(0.55)) {  // an FP8 collective on the quantized data
+      std::size_t a = static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size())));
+      auto pq = pl_of(xv, a);
+      GVal g{fresh("qc"), xv.shape};
+      int r = static_cast<int>(xv.shape.size());
+      if (pq && pq->is_s() && pq->dim < r) {
+        if (r >= 2 && rng_.chance(0.3)) emit("AllToAll", {cur}, {g}, fmt::format("axis: {}, split_dim: {}, concat_dim: {}", mesh_[a].first, (pq->dim + 1) % r, pq->dim));
+        else emit("AllGather", {cur}, {g}, fmt::format("axis: {}, dim: {}", mesh_[a].first, pq->dim));
+      } else if (pq && pq->is_r() && r >= 1) {
+        emit("Broadcast", {cur}, {g}, fmt::format("axis: {}, src: 0", mesh_[a].first));
+      } else {
+        emit("AllReduce", {cur}, {g}, fmt::format("axis: {}", mesh_[a].first));
+      }
+      cur = g.name;
+    }
+    std::vector<std::string> dins = {cur};
+    double d = rng_.unit();
+    if (d < 0.85) {
+      if (!scale.empty()) dins.push_back(scale);
+    } else if (d < 0.95) {
+      dins.push_back(new_input({}, false, nullptr, scale_placements(0)));
+    } else if (scale.empty()) {
+      dins.push_back(new_input({}, false, nullptr, Placements{}));
+    }
+    emit("FP8Dequantize", dins, {GVal{fresh("dq"), xv.shape}});
   }
 
   Rng rng_;

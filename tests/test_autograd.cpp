@@ -316,6 +316,40 @@ loss: loss
                {{"b.grad", "P(sum)"}, {"x.grad", "S(0)"}});
 }
 
+TEST_CASE("VJP FP8 with scales: straight-through to the data, nothing to the scale or the amax") {
+  // A per-rank scale (the amax of the a-shard, not reduced) on data that stays local: the gradient passes
+  // through both ops; AmaxUpdate, FP8Scale and the scale get no gradient.
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(0)}}
+  h: {shape: [4]}
+ops:
+  - {op: AmaxUpdate, in: [x], out: amax}
+  - {op: AmaxHistory, in: [h, amax], out: h2}
+  - {op: FP8Scale, in: [h2], out: s, margin: 1}
+  - {op: FP8Quantize, in: [x, s], out: q, dtype: fp8_e5m2}
+  - {op: FP8Dequantize, in: [q, s], out: dq}
+  - {op: Sum, in: [dq], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}}, {{"AllReduce", 0}});
+  // The FP8 all-gather of a weight with a shared scale: its backward is the reduce-scatter of the gradient.
+  expect_grads(std::string(kMesh) + R"(tensors:
+  w: {shape: [8, 4], placement: {a: S(0)}, param: true}
+  x: {shape: [2, 8], placement: {a: S(0)}}
+ops:
+  - {op: AmaxUpdate, in: [w], out: amax}
+  - {op: AllReduce, in: [amax], out: amax, axis: a, reduce: max}
+  - {op: FP8Scale, in: [amax], out: s}
+  - {op: FP8Quantize, in: [w, s], out: q}
+  - {op: AllGather, in: [q], out: qf, axis: a, dim: 0}
+  - {op: FP8Dequantize, in: [qf, s], out: wf}
+  - {op: MatMul, in: [x, wf], out: y}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"w.grad", "S(0)"}}, {{"ReduceScatter", 1}});
+}
+
 TEST_CASE("VJP collectives map to their duals") {
   // AllReduce P -> I (Megatron's g): identity backward, typed I -> R
   expect_grads(std::string(kMesh) + R"(tensors:

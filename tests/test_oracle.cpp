@@ -221,3 +221,17 @@ TEST_CASE("differential: the generator covers the context-parallel ops") {
   }
   MESSAGE("context-parallel ops in 3000 generated programs: " << counts);
 }
+
+TEST_CASE("differential: the generator covers the FP8 ops (scales, histories, FP8 collectives)") {
+  int history = 0, scale_op = 0, exchanged = 0;
+  for (std::uint64_t s = 0; s < 3000; ++s) {
+    std::string t = test::generate_program(20240601 + s);
+    history += t.find("op: AmaxHistory") != std::string::npos;
+    scale_op += t.find("op: FP8Scale") != std::string::npos;
+    exchanged += t.find("in: [q") != std::string::npos && t.find("out: qc") != std::string::npos;
+  }
+  MESSAGE(history << " amax histories, " << scale_op << " FP8Scale, " << exchanged << " FP8 collectives");
+  CHECK(history > 10);
+  CHECK(scale_op > 30);
+  CHECK(exchanged > 20);
+}
