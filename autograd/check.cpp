@@ -381,6 +381,8 @@ class TrainingChecker {
     if (op.kind == OpKind::Reduce) need(OpKind::Broadcast, kUnset, kUnset, a.rank);
     if (op.kind == OpKind::Scatter) need(OpKind::Gather, d, kUnset, a.rank);
     if (op.kind == OpKind::Gather) need(OpKind::Scatter, d, kUnset, a.rank);
+    if (op.kind == OpKind::MoEDispatch) need(OpKind::MoECombine);  // adjoint token exchanges over the same axis
+    if (op.kind == OpKind::MoECombine) need(OpKind::MoEDispatch);
     if (op.kind == OpKind::Convert)
       for (int ax = 0; ax < p.axis_count(); ++ax) {
         if (!(a.axes & (1u << ax))) continue;

@@ -88,9 +88,13 @@ void Deriver::vjp() {
     case OpKind::AttentionGrad:
     case OpKind::EmbeddingGrad:
     case OpKind::CrossEntropyGrad:
-    case OpKind::TopKGrad: no_vjp("it is itself a gradient op, and second derivatives are not supported");
+    case OpKind::TopKGrad:
+    case OpKind::MoEGateGrad: no_vjp("it is itself a gradient op, and second derivatives are not supported");
     case OpKind::Step: no_vjp("it is an opaque pipeline-schedule step with no known derivative");
     case OpKind::OverlapRegion: no_vjp("it is an opaque block of compute; write its backward by hand in `backward:`");
+    case OpKind::MoEDispatch: return moe_dispatch();
+    case OpKind::MoECombine: return moe_combine();
+    case OpKind::ExpertCompute: return matmul();  // a batched MatMul: its VJP is MatMul's
     case OpKind::LoadBalance: return load_balance();
     case OpKind::RingRotate: return ring_rotate();
     case OpKind::RingAttention: return ring_attention();
@@ -100,9 +104,6 @@ void Deriver::vjp() {
     case OpKind::ZeROGatherParam:
     case OpKind::ZeROScatterGrad:
     case OpKind::ZeROPartitionOptState:
-    case OpKind::MoEDispatch:
-    case OpKind::MoECombine:
-    case OpKind::ExpertCompute:
       // The loader rejects these ("not supported yet"); reaching here is a bug, never a pass.
       throw std::logic_error("autograd reached unsupported op " + std::string(op_name(op_->kind)));
   }

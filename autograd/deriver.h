@@ -358,6 +358,8 @@ class Deriver {
   void scatter();
   void gather();
   void conversion();
+  void moe_dispatch();  // vjp_moe.cpp
+  void moe_combine();
   void load_balance();  // vjp_cp.cpp
   void ring_rotate();
   void ring_attention();

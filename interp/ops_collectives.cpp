@@ -149,6 +149,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
   failed_op = oi;
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   if (op.kind == OpKind::CrossEntropyLoss) return cross_entropy(oi, members);
+  if (op.kind == OpKind::MoEDispatch || op.kind == OpKind::MoECombine) return moe(oi, members);
   if (op.kind == OpKind::RingRotate || op.kind == OpKind::RingAttention) return ring_group(oi, members);
   const OpAttrs& at = op.attrs;
   std::size_t n = members.size();
@@ -327,6 +328,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:
     case OpKind::ExpertCompute:
+    case OpKind::MoEGateGrad:
       throw std::logic_error("step_group: not a collective: " + std::string(op_name(op.kind)));
   }
   // After the collective the value is no longer labelled V over its axes (AllToAll of V keeps the label).

@@ -112,6 +112,7 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
       case OpKind::MoEDispatch:
       case OpKind::MoECombine:
       case OpKind::ExpertCompute:
+      case OpKind::MoEGateGrad:
         break;  // not dispatched here
     }
     return x;
@@ -199,6 +200,7 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
       case OpKind::MoEDispatch:
       case OpKind::MoECombine:
       case OpKind::ExpertCompute:
+      case OpKind::MoEGateGrad:
         break;  // Multiply (the rest are not dispatched here)
     }
     return a * b;

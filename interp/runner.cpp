@@ -270,6 +270,7 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::Maximum:
     case OpKind::Minimum: return elementwise(oi, r, c, taint);
     case OpKind::Where: return where(oi, r, c, taint);
+    case OpKind::ExpertCompute: return matmul(oi, r, c, taint);
     case OpKind::Neg:
     case OpKind::Exp:
     case OpKind::Log:
@@ -342,7 +343,7 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::RingAttention:
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:
-    case OpKind::ExpertCompute:
+    case OpKind::MoEGateGrad:
       throw InterpError(std::string(op_name(op.kind)) + " has no numeric kernel in the oracle");
   }
 }

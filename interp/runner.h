@@ -139,6 +139,9 @@ class Runner {
 
   void step_group(int oi, const std::vector<std::int64_t>& members);
   void cross_entropy(int oi, const std::vector<std::int64_t>& members);
+  // ---- mixture of experts (ops_moe.cpp) -------------------------------------------------------
+  std::vector<std::int64_t> moe_slots(const Val& idx, std::int64_t E, std::int64_t G, std::int64_t c, NameId idx_name);
+  void moe(int oi, const std::vector<std::int64_t>& members);
 
   const Program& p_;
   const std::vector<std::int64_t>& vars_;

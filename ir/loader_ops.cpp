@@ -183,6 +183,8 @@ void Loader::load_op(N item) {
   for (const auto& a : info.attrs)
     if (a.required && !(given >> (&a - info.attrs.data()) & 1))
       fail(item, where + " needs attribute `" + a.name + "` (" + attr_type_name(a) + ")");
+  if (op.kind == OpKind::MoEDispatch && op.attrs.dropless && op.attrs.has_number)
+    fail(item["capacity_factor"], where + " is `dropless: true`, so it drops no token and takes no `capacity_factor`; remove one of them");
   std::vector<NameId>& ins = ins_;
   std::vector<NameId>& outs = outs_;
   load_names_into(item["in"], "`in` of ", where, ins);
@@ -263,6 +265,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(d)) fail(v, what + " must be a finite number, got " + kind_of(v));
       if (n == "p" && (d < 0 || d >= 1)) fail(v, what + " must be in [0, 1)");
       if (n == "scalar" && d == 0 && op.kind == OpKind::Div) fail(v, what + " must not be 0 (Div divides by it)");
+      if (n == "capacity_factor" && (d <= 0 || d > 1e6)) fail(v, what + " must be in (0, 1e6], got " + s);
       a.number = d;
       a.has_number = true;
       return;
@@ -272,6 +275,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       if (n == "keepdim") a.keepdim = b;
       else if (n == "causal") a.causal = b;
       else if (n == "vocab_parallel") a.vocab_parallel = b;
+      else if (n == "dropless") a.dropless = b;
       return;
     }
     case AttrType::Placement: {
@@ -299,6 +303,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
     case AttrType::Shape:
       a.shape = static_cast<std::uint32_t>(p_.shapes.size());
       p_.shapes.push_back(load_shape(v, "`" + n + "` of " + where, nullptr));
+      if (n == "buffer" && p_.shapes.back().size() != 2) fail(v, what + " must list two sizes, [experts, capacity], got " + std::to_string(p_.shapes.back().size()));
       return;
     case AttrType::Name:
       if (!v.IsScalar() || v.Scalar().empty()) fail(v, what + " must be a name");

@@ -63,7 +63,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     }
     case AttrType::Number: return a.has_number ? std::optional(number(a.number)) : std::nullopt;
     case AttrType::Bool: {
-      bool v = n == "keepdim" ? a.keepdim : n == "causal" ? a.causal : a.vocab_parallel;
+      bool v = n == "keepdim" ? a.keepdim : n == "causal" ? a.causal : n == "dropless" ? a.dropless : a.vocab_parallel;
       return v ? std::optional<std::string>("true") : std::nullopt;
     }
     case AttrType::Placement:

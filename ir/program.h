@@ -144,6 +144,7 @@ struct OpAttrs {
   bool keepdim : 1 = false;
   bool causal : 1 = false;
   bool vocab_parallel : 1 = false;
+  bool dropless : 1 = false;          // MoEDispatch
   bool rng_per_rank : 1 = false;
   bool dst_invariant : 1 = false;     // AllReduce/AllGather `dst: I`
   std::uint8_t choice = kNoChoice;    // any other enum attribute (`of`, `wrt`): index into its choices

@@ -249,6 +249,20 @@ class Checker {
   void cross_entropy_grad();
   void topk_grad();
 
+  // ---- mixture of experts (rules_moe.cpp) ---------------------------------------------------
+  struct MoEDispatchRecord {
+    int op;              // the MoEDispatch
+    std::uint32_t axes;  // its axis
+    ExprId E, C;         // its buffer
+    bool weighted;       // it applied the routing weights
+  };
+  int moe_axis();
+  bool moe_leading(int i, int j, int nl);
+  bool moe_routing_ok(int a, int first, int data, int nl);
+  void moe_dispatch();
+  void moe_combine();
+  void expert_compute();
+  void moe_gate_grad();
   // ---- context parallelism (rules_cp.cpp) ----------------------------------------------------
   bool is_cp_op() const;
   void carry_cp_tags(Value& v) const;
@@ -295,6 +309,8 @@ class Checker {
   std::vector<std::optional<Placements>>* inferred_ = nullptr;
   const SpatialTypes* prefix_ = nullptr;  // types of ops [0, prefix_ops_), checked before
   std::size_t prefix_ops_ = 0;
+  std::unordered_map<NameId, MoEDispatchRecord> moe_dispatches_;
+  std::unordered_map<NameId, ExprId> topk_experts_;  // TopKGate indices -> the experts they pick among  // routing indices -> the latest MoEDispatch by them
 };
 
 }  // namespace spmd::detail

@@ -449,6 +449,8 @@ void Checker::step(int i) {
     else if (v.poisoned) poisoned = true;
     in_.push_back(&v);
   }
+  if (!moe_dispatches_.empty() || !topk_experts_.empty())  // a name written again no longer holds the routing they recorded
+    for (NameId o : p_.outs(*op_)) moe_dispatches_.erase(o), topk_experts_.erase(o);
   if (!failed_ && !poisoned) {
     for (auto& o : out_) o = Value();
     if (given) {  // checked before (the forward of a training step): its outputs' types as they were
@@ -611,6 +613,10 @@ void Checker::apply() {
     case OpKind::EmbeddingGrad: return embedding_grad();
     case OpKind::CrossEntropyGrad: return cross_entropy_grad();
     case OpKind::TopKGrad: return topk_grad();
+    case OpKind::MoEDispatch: return moe_dispatch();
+    case OpKind::MoECombine: return moe_combine();
+    case OpKind::ExpertCompute: return expert_compute();
+    case OpKind::MoEGateGrad: return moe_gate_grad();
     case OpKind::RingRotate: return ring_rotate();
     case OpKind::RingAttentionStep: return ring_attention_step();
     case OpKind::RingAttention: return ring_attention();
@@ -618,9 +624,6 @@ void Checker::apply() {
     case OpKind::ZeROGatherParam:
     case OpKind::ZeROScatterGrad:
     case OpKind::ZeROPartitionOptState:
-    case OpKind::MoEDispatch:
-    case OpKind::MoECombine:
-    case OpKind::ExpertCompute:
       // The loader rejects these ("not supported yet"); reaching here is a bug, never a pass.
       throw std::logic_error("spatial rule reached for unsupported op " + opname());
   }

@@ -266,6 +266,7 @@ void Checker::topk() {
     o.shape[static_cast<std::size_t>(e)] = pool_.constant(at().k);
     o.dtype = i == 0 ? x.dtype : DType::I64;
   }
+  if (op_->n_out == 2) topk_experts_[p_.outs(*op_)[1]] = x.shape[static_cast<std::size_t>(e)];
 }
 
 }  // namespace spmd::detail

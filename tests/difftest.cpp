@@ -262,7 +262,7 @@ class Gen {
   // ---- ops ------------------------------------------------------------------------------------
   void add_op() {
     static const std::vector<std::pair<int, int>> weights = {{0, 10}, {1, 14}, {2, 14}, {3, 8}, {4, 4}, {5, 7}, {6, 4}, {7, 8},
-                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}, {16, 10}, {17, 5}};
+                                                             {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}, {16, 10}, {17, 4}, {18, 5}};
     int total = 0;
     for (auto [k, w] : weights) total += w;
     int r = rng_.below(total), kind = 0;
@@ -291,6 +291,7 @@ class Gen {
       case 14: return topk_op();
       case 15: return amax_op();
       case 16: return cp_op();
+      case 17: return moe_op();
       default: return fp8_op();
     }
   }
@@ -743,6 +744,90 @@ class Gen {
     os.back() = k;
     GVal idx{fresh("topi"), os, true};
     emit("TopKGate", {xv.name}, {GVal{fresh("topv"), os}, idx}, fmt::format("k: {}", k));
+  }
+
+  // A mixture-of-experts layer: tokens (usually split over the expert axis), routing by TopKGate or declared
+  // indices, MoEDispatch (dropless, capacity, capacity factor; weighted or not), ExpertCompute, MoECombine
+  // (usually by the same indices over the same axis).
+  void moe_op() {
+    std::size_t a = static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size())));
+    std::int64_t n = mesh_[a].second;
+    bool lead = rng_.chance(0.3);
+    std::int64_t T = n * rng_.pick(std::vector<std::int64_t>{1, 2, 3}) + (rng_.chance(0.05) ? 1 : 0), H = rng_.pick(std::vector<std::int64_t>{2, 4});
+    std::int64_t E = n * rng_.pick(std::vector<std::int64_t>{1, 2}) + (rng_.chance(0.05) ? 1 : 0);
+    std::int64_t K = 1 + rng_.below(static_cast<int>(std::min<std::int64_t>(2, E)));
+    int nl = lead ? 1 : 0;
+    Dims xs = lead ? Dims{2, T, H} : Dims{T, H};
+    Placements px{};
+    for (std::size_t b = 0; b < mesh_.size(); ++b) {
+      double r = rng_.unit();
+      if (b == a) px[b] = r < 0.85 ? Placement::s(nl) : random_placement(nl + 2);
+      else px[b] = r < 0.55 ? Placement::r() : r < 0.7 && lead ? Placement::s(0) : r < 0.8 ? Placement::s(nl + 1) : random_placement(nl + 2);
+    }
+    std::string x = new_input(xs, false, nullptr, px);
+    Placements pr{};
+    for (std::size_t b = 0; b < mesh_.size(); ++b)
+      pr[b] = rng_.chance(0.08) ? random_placement(nl + 2) : px[b].is_s() && px[b].dim <= nl ? px[b] : Placement::r();
+    Dims rs = xs;
+    rs.back() = K;
+    std::string idx, w;
+    if (rng_.chance(0.6)) {
+      Dims ls = xs;
+      ls.back() = E;
+      std::string lg = new_input(ls, false, nullptr, pr);
+      idx = fresh("gi"), w = fresh("gw");
+      emit("TopKGate", {lg}, {GVal{w, rs}, GVal{idx, rs, true}}, fmt::format("k: {}", K));
+    } else {
+      idx = new_input(rs, true, nullptr, pr);
+      w = new_input(rs, false, nullptr, pr);
+    }
+    std::int64_t C = T;
+    std::string attrs = "axis: " + (rng_.chance(0.05) ? axis_attr(a) : mesh_[a].first);
+    double r = rng_.unit();
+    if (r < 0.4) {
+      attrs += ", dropless: true";
+      if (rng_.chance(0.1)) C = std::max<std::int64_t>(n, T - n);
+    } else if (r < 0.7) {
+      std::int64_t per = T / n;
+      C = n * ((per * K + E - 1) / E);
+      if (rng_.chance(0.1)) C += n;
+      attrs += ", capacity_factor: 1.0";
+    } else {
+      C = n * rng_.pick(std::vector<std::int64_t>{1, 2}) + (rng_.chance(0.05) ? 1 : 0);
+    }
+    attrs += fmt::format(", buffer: [{}, {}]", E, C);
+    bool wd = rng_.chance(0.3);
+    std::vector<std::string> din = {x, idx};
+    if (wd) din.push_back(w);
+    Dims bs = lead ? Dims{2, E, C, H} : Dims{E, C, H};
+    std::string buf = fresh("buf");
+    emit("MoEDispatch", din, {GVal{buf, bs}}, attrs);
+    std::string y = buf;
+    std::int64_t F = H;
+    if (rng_.chance(0.6)) {
+      F = rng_.pick(std::vector<std::int64_t>{2, 4});
+      Placements pw{};
+      for (std::size_t b = 0; b < mesh_.size(); ++b) {
+        double q = rng_.unit();
+        if (b == a) pw[b] = q < 0.85 ? Placement::s(0) : Placement::r();
+        else pw[b] = q < 0.6 ? Placement::r() : q < 0.75 ? Placement::s(2) : q < 0.9 ? Placement::s(1) : random_placement(3);
+      }
+      std::string wt = new_input(Dims{E, H, F}, false, nullptr, pw);
+      Dims hs = bs;
+      hs.back() = F;
+      y = fresh("eh");
+      emit("ExpertCompute", {buf, wt}, {GVal{y, hs}});
+      if (rng_.chance(0.4)) {
+        std::string a2 = fresh("ea");
+        emit("SiLU", {y}, {GVal{a2, hs}});
+        y = a2;
+      }
+    }
+    if (rng_.chance(0.15)) return;
+    std::vector<std::string> cin = {y, rng_.chance(0.05) ? new_input(rs, true, nullptr, pr) : idx};
+    if (!wd && rng_.chance(0.8)) cin.push_back(w);
+    Dims os = lead ? Dims{2, T, F} : Dims{T, F};
+    emit("MoECombine", cin, {GVal{fresh("moe"), os}}, "axis: " + (rng_.chance(0.07) ? mesh_[static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size())))].first : mesh_[a].first));
   }
 
   void amax_op() {

@@ -350,6 +350,31 @@ loss: loss
                {{"w.grad", "S(0)"}}, {{"ReduceScatter", 1}});
 }
 
+TEST_CASE("VJP MoE: dispatch and combine are each other's gradient, the gate weights get MoEGateGrad, experts MatMul's") {
+  const char* body = R"(mesh: {ep: 2, tp: 2}
+tensors:
+  x:      {shape: [8, 4], placement: {ep: S(0)}}
+  router: {shape: [4, 4], param: true}
+  w1:     {shape: [4, 4, 6], placement: {ep: S(0), tp: S(2)}, param: true}
+  w2:     {shape: [4, 6, 4], placement: {ep: S(0), tp: S(1)}, param: true}
+ops:
+  - {op: MatMul, in: [x, router], out: logits}
+  - {op: TopKGate, in: [logits], out: [gw, gi], k: 2}
+  - {op: MoEDispatch, in: [x, gi], out: buf, axis: ep, buffer: [4, 8], dropless: true}
+  - {op: ExpertCompute, in: [buf, w1], out: h}
+  - {op: SiLU, in: [h], out: a}
+  - {op: ExpertCompute, in: [a, w2], out: yb}
+  - {op: MoECombine, in: [yb, gi, gw], out: yp, axis: ep}
+  - {op: AllReduce, in: [yp], out: y, axis: tp, dst: I}
+  - {op: Sum, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+)";
+  // The expert weights' gradients stay split over ep (the backward all-to-all summed every ep rank's tokens);
+  // the router's is pending over ep (tokens) and tp (the experts' output was pending at the combine).
+  expect_grads(body, {{"x.grad", "S(0),P(sum)"}, {"w1.grad", "S(0),S(2)"}, {"w2.grad", "S(0),S(1)"}, {"router.grad", "P(sum),P(sum)"}},
+               {{"MoEDispatch", 1}, {"MoECombine", 1}, {"MoEGateGrad", 1}, {"TopKGrad", 1}});
+}
+
 TEST_CASE("VJP collectives map to their duals") {
   // AllReduce P -> I (Megatron's g): identity backward, typed I -> R
   expect_grads(std::string(kMesh) + R"(tensors:

@@ -34,7 +34,7 @@ TEST_CASE("load errors are located and suggest names") {
         std::string::npos);
   CHECK(load_error("mesh: {tp: 2\nops: []\n", &l).find("invalid YAML") != std::string::npos);
   CHECK(load_error("", &l).find("empty program") != std::string::npos);
-  CHECK(load_error("mesh: {tp: 2}\nops:\n  - {op: MoEDispatch, in: [x, r], out: o, axis: tp}\n", &l).find("not supported yet") != std::string::npos);
+  CHECK(load_error("mesh: {tp: 2}\nops:\n  - {op: ZeROGatherParam, in: [x], out: o, axis: tp}\n", &l).find("not supported yet") != std::string::npos);
   CHECK(load_error("mesh: {tp: 2}\nprograms: []\n", &l).find("non-empty list") != std::string::npos);
   CHECK(load_error("mesh: {pp: 2}\nschedule: {kind: GPipe, microbatches: 2}\nops: []\n", &l).find("instead of `ops`") != std::string::npos);
   CHECK(load_error("mesh: {tp: 2}\ntrain: true\nops: []\n", &l).find("loss") != std::string::npos);

@@ -199,6 +199,30 @@ TEST_CASE("differential: the checker against the oracle on random programs (fixe
   CHECK(st.rejected > count / 10);
 }
 
+TEST_CASE("differential: the generator covers the MoE ops, and the checker passes some of them") {
+  int dispatch = 0, combine = 0, expert = 0, passed = 0, agree = 0;
+  for (std::uint64_t s = 0; s < 600; ++s) {
+    std::string t = test::generate_program(s);
+    bool d = t.find("op: MoEDispatch") != std::string::npos;
+    dispatch += d;
+    combine += t.find("op: MoECombine") != std::string::npos;
+    expert += t.find("op: ExpertCompute") != std::string::npos;
+    if (!d) continue;
+    RunReport r = run_program_text(t, "gen.yaml", RunOptions{});
+    bool clean = !r.load_error && r.checker_ids.empty();
+    passed += clean;
+    agree += clean && r.oracle.verdict == OracleVerdict::Agree;
+    INFO(t);
+    CHECK_FALSE((clean && (r.oracle.verdict == OracleVerdict::Differ || r.oracle.verdict == OracleVerdict::GlobalError)));
+  }
+  MESSAGE(dispatch << " programs with MoEDispatch (" << passed << " pass the checker, " << agree << " agree numerically), " << combine
+                    << " with MoECombine, " << expert << " with ExpertCompute");
+  CHECK(dispatch > 15);
+  CHECK(combine > 10);
+  CHECK(expert > 8);
+  CHECK(passed > 3);
+}
+
 TEST_CASE("differential: the generator covers the context-parallel ops") {
   const std::vector<std::string> keys = {"RingRotate", "RingAttentionStep", "RingAttention,", "LoadBalance", "FlashAttention cp", "order: zigzag",
                                          "direction: inverse"};
