@@ -521,8 +521,9 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
   for (const auto& row : s.rows) n_actions += row.size();
   reserve_huge(p.ops, 4 * n_actions + 16);
   reserve_huge(p.operands, 12 * n_actions + 16);
-  p.name_ids.reserve(2 * static_cast<std::size_t>(std::max(1, s.stages)) * static_cast<std::size_t>(std::max(1, s.microbatches)) + 16);
-  reserve_huge(p.names, p.name_ids.bucket_count());
+  std::size_t n_names = 2 * static_cast<std::size_t>(std::max(1, s.stages)) * static_cast<std::size_t>(std::max(1, s.microbatches)) + 16;
+  p.name_ids.reserve(n_names);
+  reserve_huge(p.names, n_names);
   int ranks = static_cast<int>(s.rows.size());
   p.mesh.push_back({"pp", p.exprs.constant(std::max(1, ranks)), {1, 1}});
   p.has_p2p_model = true;
