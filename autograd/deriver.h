@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -141,13 +142,23 @@ class Deriver {
   // ---- names and emission ---------------------------------------------------------------------
   // A name no forward value and no earlier derived value has: `base`, else `base.1`, `base.2`, ...
   // Flags and counters are indexed by NameId (no hashing beyond interning the name itself).
-  NameId fresh(const std::string& base) {
-    NameId id = P().intern(base);
+  // The text is built in one reused buffer (no string made and freed per temporary).
+  NameId fresh(std::string_view base) { return fresh(base, {}); }
+  NameId fresh(std::string_view base, std::string_view tag) {
+    buf_.assign(base);  // copied before interning, which may move the name `base` points into
+    buf_ += tag;
+    NameId id = P().intern(buf_);
     if (claim(id)) return id;
     if (suffix_.size() <= static_cast<std::size_t>(id)) suffix_.resize(static_cast<std::size_t>(id) + 1, 0);
+    std::size_t len = buf_.size();
     for (;;) {
       int n = ++suffix_[static_cast<std::size_t>(id)];
-      NameId k = P().intern(base + "." + std::to_string(n));
+      char digits[16];
+      auto end = std::to_chars(digits, digits + sizeof digits, n).ptr;
+      buf_.resize(len);
+      buf_ += '.';
+      buf_.append(digits, end);
+      NameId k = P().intern(buf_);
       if (claim(k)) return k;
     }
   }
@@ -185,7 +196,11 @@ class Deriver {
     P().shapes.emplace_back(s.begin(), s.end());
     return static_cast<std::uint32_t>(P().shapes.size() - 1);
   }
-  NameId tmp(NameId of, const char* tag) { return fresh(P().name(of) + "." + tag); }
+  NameId tmp(NameId of, const char* tag) {
+    tag_.assign(".");
+    tag_ += tag;
+    return fresh(P().name(of), tag_);
+  }
 
   // ---- contributions --------------------------------------------------------------------------
   std::vector<Step> fixups(const Placements& have, const Placements& want) const {
@@ -210,12 +225,12 @@ class Deriver {
     std::vector<Step> steps = fixups(have, dual_pl(type(v)));
     bool first = grad_[v] < 0;
     NameId base = ver_name_[v];
-    if (first) grad_[v] = fresh(f_.name(base) + ".grad");
-    NameId target = first ? grad_[v] : fresh(f_.name(base) + ".grad.c");
-    NameId cur = steps.empty() ? target : fresh(f_.name(base) + ".grad.c");
+    if (first) grad_[v] = fresh(f_.name(base), ".grad");
+    NameId target = first ? grad_[v] : fresh(f_.name(base), ".grad.c");
+    NameId cur = steps.empty() ? target : fresh(f_.name(base), ".grad.c");
     body(cur);
     for (std::size_t i = 0; i < steps.size(); ++i) {
-      NameId o = i + 1 == steps.size() ? target : fresh(f_.name(base) + ".grad.c");
+      NameId o = i + 1 == steps.size() ? target : fresh(f_.name(base), ".grad.c");
       Op op = make(steps[i].all_reduce ? OpKind::AllReduce : OpKind::Convert);
       op.attrs.axes = 1u << steps[i].axis;
       if (steps[i].all_reduce) {
@@ -420,6 +435,7 @@ class Deriver {
   std::vector<NameId> ver_name_;
   std::vector<char> used_;   // per NameId: taken (a forward name or a derived one)
   std::vector<int> suffix_;  // per NameId of a base: the last numeric suffix tried
+  std::string buf_, tag_;    // fresh's and tmp's name buffers
   const Op* op_ = nullptr;
   int op_idx_ = -1;
 };

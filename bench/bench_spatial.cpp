@@ -11,6 +11,7 @@
 //        spmd_bench --pipeline [EVENTS...] (temporal check of an 8-stage pipeline: 8 ranks x 2 streams, p2p, both models)
 //        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
 //        spmd_bench --training-yaml OPS > f.yaml (the training program as YAML: `spmdcheck check f.yaml` end to end)
+//        spmd_bench --training-json OPS > f.json (the same training program as JSON, the form a generator writes)
 //        spmd_bench --ranks-local [RANKS...] (spatial and temporal check of per-rank programs with rank-local names)
 //        spmd_bench --ranks-local-yaml RANKS > f.yaml (the same program as YAML)
 //        spmd_bench --phases FILE [--backward] (time each phase of `spmdcheck check FILE`: load, spatial, temporal, training)
@@ -120,10 +121,12 @@ int main(int argc, char** argv) {
                 ms(t2, t3), peak_rss_mib());
     return 0;
   }
-  if (argc == 3 && std::string(argv[1]) == "--training-yaml") {
+  if (argc == 3 && (std::string(argv[1]) == "--training-yaml" || std::string(argv[1]) == "--training-json")) {
     spmd::bench::GenOptions g;
     g.layers = static_cast<int>(std::max(1L, std::atol(argv[2]) / 22));
-    std::fputs(spmd::print_program(spmd::bench::make_training(g)).c_str(), stdout);
+    std::string text = spmd::print_program(spmd::bench::make_training(g));
+    if (std::string(argv[1]) == "--training-json") text = spmd::bench::yaml_to_json(text);
+    std::fputs(text.c_str(), stdout);
     return 0;
   }
   if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--symbolic-yaml") {

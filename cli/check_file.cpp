@@ -138,8 +138,10 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
       if (p.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
       TrainingCheck t = check_training(p, {opt.z3_timeout_ms, so.types, forward_ok});
       for (auto& d : t.diags) r.diags.push_back(std::move(d));
+      TemporalOptions step_to;  // the CLI's `--p2p-model` holds for the step too (no second DOT graph)
+      step_to.p2p_model = to.p2p_model;
       if (t.built)
-        for (auto& d : check_temporal(t.program))
+        for (auto& d : check_temporal(t.program, step_to))
           if (d.op >= static_cast<int>(t.first_backward)) r.diags.push_back(std::move(d));
     } catch (const LoadError& e) {
       r.load_failed = true;

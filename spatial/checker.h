@@ -60,7 +60,7 @@ struct Value {
 
 struct Origin {
   Loc loc;
-  std::string tensor;  // the value the placement arose on
+  NameId tensor;       // the value the placement arose on (its text only when a note or the types need it)
   Placement pl;
   int axis;
   std::string why;     // empty for a declaration
@@ -83,6 +83,7 @@ class Checker {
   int n_in() const { return static_cast<int>(in_.size()); }
   const std::string& iname(int i) const { return p_.name(p_.ins(*op_)[static_cast<std::size_t>(i)]); }
   std::string oname(int i) const;
+  NameId oid(int i) const;  // the NameId oname(i) names
   Loc here() const { return op_->loc; }
   const OpAttrs& at() const { return op_->attrs; }
   std::string ps(Placement pl) const { return to_string(pl); }
@@ -93,7 +94,7 @@ class Checker {
   Note fix(const std::string& text) const { return {here(), "fix: " + text}; }
 
   void origin_note(std::vector<Note>& notes, const Value& v, int a) const;
-  int new_origin(Loc l, std::string tensor, Placement pl, int a, std::string why);
+  int new_origin(Loc l, NameId tensor, Placement pl, int a, std::string why);
   void set_new(Value& v, int a, Placement pl, std::string why);
   void set_from(Value& v, int a, Placement pl, int i);
 

@@ -198,9 +198,11 @@ std::vector<Diagnostic> Checker::run() {
   return std::move(diags_);
 }
 
-std::string Checker::oname(int i) const {
+std::string Checker::oname(int i) const { return p_.name(oid(i)); }
+
+NameId Checker::oid(int i) const {
   auto outs = p_.outs(*op_);
-  return static_cast<std::size_t>(i) < outs.size() ? p_.name(outs[static_cast<std::size_t>(i)]) : iname(0);
+  return static_cast<std::size_t>(i) < outs.size() ? outs[static_cast<std::size_t>(i)] : p_.ins(*op_)[0];
 }
 
 std::string Checker::sstr(std::span<const ExprId> shape) const {
@@ -227,13 +229,13 @@ void Checker::origin_note(std::vector<Note>& notes, const Value& v, int a) const
   if (o < 0) return;
   const Origin& org = origins_[static_cast<std::size_t>(o)];
   if (org.why.empty())
-    notes.push_back({org.loc, fmt::format("{} is declared {} over {} here", org.tensor, ps(org.pl), axn(org.axis))});
+    notes.push_back({org.loc, fmt::format("{} is declared {} over {} here", p_.name(org.tensor), ps(org.pl), axn(org.axis))});
   else
-    notes.push_back({org.loc, fmt::format("{} became {} over {} here: {}", org.tensor, ps(org.pl), axn(org.axis), org.why)});
+    notes.push_back({org.loc, fmt::format("{} became {} over {} here: {}", p_.name(org.tensor), ps(org.pl), axn(org.axis), org.why)});
 }
 
-int Checker::new_origin(Loc l, std::string tensor, Placement pl, int a, std::string why) {
-  origins_.push_back({l, std::move(tensor), pl, a, std::move(why), op_idx_});
+int Checker::new_origin(Loc l, NameId tensor, Placement pl, int a, std::string why) {
+  origins_.push_back({l, tensor, pl, a, std::move(why), op_idx_});
   return static_cast<int>(origins_.size() - 1);
 }
 
@@ -250,7 +252,7 @@ void Checker::set_new(Value& v, int a, Placement pl, std::string why) {
     v.pl[static_cast<std::size_t>(a)] = pl;
     set_shard_order(v.pl.data(), axes(), before.dim, rest, n);
   }
-  v.origin[static_cast<std::size_t>(a)] = pl.is_r() ? -1 : new_origin(here(), oname(0), pl, a, std::move(why));
+  v.origin[static_cast<std::size_t>(a)] = pl.is_r() ? -1 : new_origin(here(), oid(0), pl, a, std::move(why));
   if (!pl.is_s()) return;
   if (op_->kind == OpKind::ZeROScatterGrad || op_->kind == OpKind::ZeROPartitionOptState) {  // the innermost of its dim's order (FSDP2)
     int ord[kMaxAxes], n = 0;
@@ -275,7 +277,7 @@ void Checker::set_from(Value& v, int a, Placement pl, int i) {
     v.origin[static_cast<std::size_t>(a)] = pl.is_r() ? -1 : in(i).origin[static_cast<std::size_t>(a)];
   else
     v.origin[static_cast<std::size_t>(a)] =
-        new_origin(here(), oname(0), pl, a, fmt::format("{} maps {} of {} to {}", opname(), ps(before), iname(i), ps(pl)));
+        new_origin(here(), oid(0), pl, a, fmt::format("{} maps {} of {} to {}", opname(), ps(before), iname(i), ps(pl)));
 }
 
 void Checker::set_shape(Value& v, std::span<const ExprId> s) {
@@ -423,7 +425,7 @@ void Checker::declare(const TensorDecl& t, std::size_t slot) {
   const std::string& name = p_.name(t.name);
   for (int a = 0; a < axes(); ++a)
     if (!v.pl[static_cast<std::size_t>(a)].is_r())
-      v.origin[static_cast<std::size_t>(a)] = new_origin(t.placement_loc, name, v.pl[static_cast<std::size_t>(a)], a, "");
+      v.origin[static_cast<std::size_t>(a)] = new_origin(t.placement_loc, t.name, v.pl[static_cast<std::size_t>(a)], a, "");
   v.fresh = v_axes(v);
   v.def = next_def_++;
   for (std::size_t d = 0; d < t.shape.size(); ++d)
@@ -442,7 +444,7 @@ void Checker::record(bool decl, const Value& v) {
     int k = v.origin[static_cast<std::size_t>(a)];
     if (k < 0) continue;
     const Origin& org = origins_[static_cast<std::size_t>(k)];
-    o[static_cast<std::size_t>(a)] = {org.loc, org.tensor, org.why, true};
+    o[static_cast<std::size_t>(a)] = {org.loc, p_.name(org.tensor), org.why, true};
   }
   (decl ? types_->decl_origins : types_->out_origins).push_back(std::move(o));
 }

@@ -372,7 +372,7 @@ void Checker::recv() {
       o.pl[static_cast<std::size_t>(a)] = pl;
       if (!pl.is_r())
         o.origin[static_cast<std::size_t>(a)] =
-            new_origin(here(), oname(0), pl, a, fmt::format("received from the Send at line {}", line_of(send_op)));
+            new_origin(here(), oid(0), pl, a, fmt::format("received from the Send at line {}", line_of(send_op)));
     }
     check_declared(*sent, send_op);
     return;
