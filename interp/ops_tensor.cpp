@@ -52,6 +52,10 @@ void Runner::slice_op(int oi, std::int64_t r, const std::vector<std::int64_t>& c
   std::int64_t parts, idx;
   part(o.mask[du], c, parts, idx);
   std::int64_t lo = start, hi = end;
+  if (start == 0 && end == n) {  // the whole dim: every rank keeps its shard, even or torch.chunk-uneven
+    set_out(oi, r, 0, std::move(o), taint);
+    return;
+  }
   local_cut(n, parts, lo, hi, "Slice");
   o.t = slice(o.t, d, lo, hi);
   o.gshape[du] = end - start;
