@@ -265,6 +265,8 @@ void Runner::index_add(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   std::int64_t outer, inner, n = xa.shape[du], k = sa.shape[du];
   dims3(xa.shape, d, outer, inner);
   if (k != ix.t.shape[0]) throw InterpError("IndexAdd source and index lengths differ");
+  for (std::size_t e = 0; e < xa.shape.size(); ++e)  // a program the checker rejects may still reach here (the oracle runs every program)
+    if (e != du && xa.shape[e] != sa.shape[e]) throw InterpError("IndexAdd source and x differ outside the indexed dim");
   for (std::int64_t j = 0; j < k; ++j) {
     std::int64_t row = as_index(ix.t.data[static_cast<std::size_t>(j)], n, "an IndexAdd index");
     for (std::int64_t a = 0; a < outer; ++a)

@@ -220,6 +220,12 @@ class Checker {
   Mono mono(ExprId e) const;
   static bool divides(const Mono& x, const Mono& y);
   bool is_one(ExprId e) const { return pool_.is_const(e) && pool_.value(e) == 1; }
+  // An uneven (torch.chunk) value whose dim d over axis a is not provably an even split: ranks' slices differ in size.
+  bool uneven_on(const Value& v, int d, int a) const {
+    if (!v.uneven) return false;
+    ExprId n = v.shape[static_cast<std::size_t>(d)], k = axis_size(a);
+    return !(pool_.is_const(n) && pool_.is_const(k) && pool_.value(k) != 0 && pool_.value(n) % pool_.value(k) == 0);
+  }
 
   void reshape();
   bool prefix_whole_per_rank(const Value& x, int from, int to);

@@ -175,6 +175,13 @@ void Checker::cross_entropy() {
                                   axn(a), iname(0), vd, ps(pl), axsize(a)),
                       iname(0), std::move(notes));
       }
+      if (uneven_on(lg, vd, a))
+        return report(CheckId::ShapeMismatch,
+                      fmt::format("vocab-parallel CrossEntropyLoss over {} needs the vocab dim of {} split evenly, but it is an uneven (torch.chunk) "
+                                  "shard: each rank's label range is its index times the local vocab size, as in Megatron's vocab_range_from_per_"
+                                  "partition_vocab_size",
+                                  axn(a), iname(0)),
+                      iname(0), {fix("pad the vocabulary to a multiple of the axis size (Megatron's make_vocab_size_divisible_by)")});
       if (!(pb.is_r() || pb.is_i()))
         return layout_conflict(fmt::format("vocab-parallel CrossEntropyLoss over {} needs the labels {} whole over that axis, but they are {}", axn(a),
                                            iname(1), ps(pb)),
