@@ -223,12 +223,23 @@ class TrainingChecker {
                             loss, ax, d.tensor, to_string(have), ax, ax);
     d.notes.clear();
     d.notes.push_back({decl->loc, fmt::format("parameter {} is declared {} over {} here", p_.name(decl->name), to_string(pp), ax)});
-    ExprId n = t.mesh[static_cast<std::size_t>(a)].size;
-    std::string scale = t.exprs.is_const(n) ? fmt::format("{}", 1.0 / static_cast<double>(t.exprs.value(n))) : "1/" + ax;
+    // LossScale must name every axis the loss is a per-rank mean over (its rule), so the fix lists them all.
+    std::uint32_t mean_axes = avg_axes_ & ~repl_axes_;
+    double n = 1;
+    bool concrete = true;
+    std::string prod;
+    for (int b = 0; b < t.axis_count(); ++b) {
+      if (!(mean_axes & (1u << b))) continue;
+      ExprId e = t.mesh[static_cast<std::size_t>(b)].size;
+      if (t.exprs.is_const(e)) n *= static_cast<double>(t.exprs.value(e));
+      else concrete = false;
+      prod += (prod.empty() ? "" : "*") + t.mesh[static_cast<std::size_t>(b)].name;
+    }
+    std::string scale = concrete ? fmt::format("{}", 1.0 / n) : std::popcount(mean_axes) > 1 ? "1/(" + prod + ")" : "1/" + prod;
     d.notes.push_back({p_.loss_loc, fmt::format("fix: make the per-rank losses summands of the mean before the backward: insert {{op: LossScale, in: "
                                                 "[{}], out: {}_scaled, scale: {}, axis: {}}} after the op that produces {} and use {}_scaled as the "
                                                 "loss; or keep the gradient a pending sum over {} until grad_sync reduces it with `reduce: avg`",
-                                                loss, loss, scale, ax, loss, loss, ax)});
+                                                loss, loss, scale, axis_attr(t, mean_axes), loss, loss, ax)});
     return true;
   }
   // The forward op at which the loss became R over axis a: follow the loss back through ops whose output

@@ -38,6 +38,14 @@ std::string write_tmp(const std::string& name, const std::string& text) {
 
 }  // namespace
 
+TEST_CASE("loss-scaling's LossScale fix names every axis the loss is a per-rank mean over") {
+  // the MoE loss is a per-rank mean over dp and ep; LossScale must list both, or applying the fix is loss-scaling again
+  Run r = run({"check", src("examples/moe/deepseek_v3_moe_train_expert_grad_scale.yaml")});
+  CHECK(r.code == 1);
+  CHECK(r.out.find("error[loss-scaling]") != std::string::npos);
+  CHECK(r.out.find("axis: [dp, ep]} after the op that produces loss") != std::string::npos);
+}
+
 TEST_CASE("exit codes: 0 clean, 1 findings, 2 bad input") {
   CHECK(run({"check", src("examples/tp/mlp.yaml")}).code == 0);
   Run bad = run({"check", src("examples/tp/mlp_bias_before_allreduce.yaml")});
