@@ -33,196 +33,35 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   Val v = in(oi, r, 0);
   DType dt = at.has_dtype ? at.dtype : DType::F32;
   const bool was_finite = global_ && all_finite(v.t);  // only the single-device run is tainted
-  v.t = unary(v.t, [&](double x) {
-    switch (op.kind) {
-      case OpKind::SiLU: return x / (1 + std::exp(-x));
-      case OpKind::GELU: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
-      case OpKind::ReLU: return x > 0 ? x : 0.0;
-      case OpKind::Cast:
-        if (!at.has_dtype || !is_int(dt)) return x;
-        return dt == DType::Bool ? (x != 0 ? 1.0 : 0.0) : std::trunc(x);
-      case OpKind::LossScale: return x * at.number;
-      case OpKind::Neg: return -x;
-      case OpKind::Exp: return std::exp(x);
-      case OpKind::Log: return std::log(x);
-      case OpKind::Sqrt: return std::sqrt(x);
-      case OpKind::Rsqrt: return 1 / std::sqrt(x);
-      case OpKind::MatMul:
-      case OpKind::Add:
-      case OpKind::Sub:
-      case OpKind::Multiply:
-      case OpKind::Div:
-      case OpKind::Maximum:
-      case OpKind::Minimum:
-      case OpKind::Where:
-      case OpKind::Dropout:
-      case OpKind::LayerNorm:
-      case OpKind::RMSNorm:
-      case OpKind::Softmax:
-      case OpKind::Sum:
-      case OpKind::Mean:
-      case OpKind::ReduceMax:
-      case OpKind::ReduceMin:
-      case OpKind::LogSumExp:
-      case OpKind::FlashAttention:
-      case OpKind::Embedding:
-      case OpKind::CrossEntropyLoss:
-      case OpKind::Step:
-      case OpKind::TopKGate:
-      case OpKind::Expand:
-      case OpKind::PointwiseGrad:
-      case OpKind::NormGrad:
-      case OpKind::AttentionGrad:
-      case OpKind::EmbeddingGrad:
-      case OpKind::CrossEntropyGrad:
-      case OpKind::TopKGrad:
-      case OpKind::AllReduce:
-      case OpKind::AllGather:
-      case OpKind::ReduceScatter:
-      case OpKind::Broadcast:
-      case OpKind::Reduce:
-      case OpKind::AllToAll:
-      case OpKind::Scatter:
-      case OpKind::Gather:
-      case OpKind::Send:
-      case OpKind::Recv:
-      case OpKind::Wait:
-      case OpKind::WaitAll:
-      case OpKind::WaitStream:
-      case OpKind::RecordEvent:
-      case OpKind::WaitEvent:
-      case OpKind::OverlapRegion:
-      case OpKind::AmaxUpdate:
-      case OpKind::FP8Quantize:
-      case OpKind::FP8Dequantize:
-      case OpKind::AmaxHistory:
-      case OpKind::FP8Scale:
-      case OpKind::Reshape:
-      case OpKind::Transpose:
-      case OpKind::Reinterpret:
-      case OpKind::Convert:
-      case OpKind::SPMDGuard:
-      case OpKind::ZeROGatherParam:
-      case OpKind::ZeROScatterGrad:
-      case OpKind::ZeROPartitionOptState:
-      case OpKind::RingRotate:
-      case OpKind::RingAttentionStep:
-      case OpKind::RingAttention:
-      case OpKind::LoadBalance:
-      case OpKind::MoEDispatch:
-      case OpKind::MoECombine:
-      case OpKind::Slice:
-      case OpKind::Split:
-      case OpKind::Concat:
-      case OpKind::Stack:
-      case OpKind::Pad:
-      case OpKind::Arange:
-      case OpKind::RoPE:
-      case OpKind::IndexSelect:
-      case OpKind::IndexAdd:
-      case OpKind::ExpertCompute:
-      case OpKind::MoEGateGrad:
-        break;  // not dispatched here
-    }
-    return x;
-  });
+  // The dispatcher sends only the ops named here; the function is picked once, not per element.
+  const OpKind k = op.kind;
+  std::function<double(double)> f = [](double x) { return x; };
+  if (k == OpKind::SiLU) f = [](double x) { return x / (1 + std::exp(-x)); };
+  else if (k == OpKind::GELU) f = [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); };
+  else if (k == OpKind::ReLU) f = [](double x) { return x > 0 ? x : 0.0; };
+  else if (k == OpKind::Cast && at.has_dtype && is_int(dt))
+    f = [dt](double x) { return dt == DType::Bool ? (x != 0 ? 1.0 : 0.0) : std::trunc(x); };
+  else if (k == OpKind::LossScale) f = [s = at.number](double x) { return x * s; };
+  else if (k == OpKind::Neg) f = [](double x) { return -x; };
+  else if (k == OpKind::Exp) f = [](double x) { return std::exp(x); };
+  else if (k == OpKind::Log) f = [](double x) { return std::log(x); };
+  else if (k == OpKind::Sqrt) f = [](double x) { return std::sqrt(x); };
+  else if (k == OpKind::Rsqrt) f = [](double x) { return 1 / std::sqrt(x); };
+  v.t = unary(v.t, f);
   std::string t = was_finite ? leaves_reals(true, v.t, {}, taint) : taint;
   return set_out(oi, r, 0, std::move(v), t);
 }
 
 void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
-  auto f = [&](double a, double b) {
-    switch (op.kind) {
-      case OpKind::Add: return a + b;
-      case OpKind::Sub: return a - b;
-      case OpKind::Div: return a / b;
-      case OpKind::Maximum: return std::max(a, b);
-      case OpKind::Minimum: return std::min(a, b);
-      case OpKind::MatMul:
-      case OpKind::Multiply:
-      case OpKind::Where:
-      case OpKind::Neg:
-      case OpKind::Exp:
-      case OpKind::Log:
-      case OpKind::Sqrt:
-      case OpKind::Rsqrt:
-      case OpKind::SiLU:
-      case OpKind::GELU:
-      case OpKind::ReLU:
-      case OpKind::Dropout:
-      case OpKind::LayerNorm:
-      case OpKind::RMSNorm:
-      case OpKind::Softmax:
-      case OpKind::Sum:
-      case OpKind::Mean:
-      case OpKind::ReduceMax:
-      case OpKind::ReduceMin:
-      case OpKind::LogSumExp:
-      case OpKind::FlashAttention:
-      case OpKind::Embedding:
-      case OpKind::CrossEntropyLoss:
-      case OpKind::Step:
-      case OpKind::TopKGate:
-      case OpKind::Expand:
-      case OpKind::PointwiseGrad:
-      case OpKind::NormGrad:
-      case OpKind::AttentionGrad:
-      case OpKind::EmbeddingGrad:
-      case OpKind::CrossEntropyGrad:
-      case OpKind::TopKGrad:
-      case OpKind::AllReduce:
-      case OpKind::AllGather:
-      case OpKind::ReduceScatter:
-      case OpKind::Broadcast:
-      case OpKind::Reduce:
-      case OpKind::AllToAll:
-      case OpKind::Scatter:
-      case OpKind::Gather:
-      case OpKind::Send:
-      case OpKind::Recv:
-      case OpKind::Wait:
-      case OpKind::WaitAll:
-      case OpKind::WaitStream:
-      case OpKind::RecordEvent:
-      case OpKind::WaitEvent:
-      case OpKind::OverlapRegion:
-      case OpKind::Cast:
-      case OpKind::LossScale:
-      case OpKind::FP8Quantize:
-      case OpKind::FP8Dequantize:
-      case OpKind::AmaxUpdate:
-      case OpKind::AmaxHistory:
-      case OpKind::FP8Scale:
-      case OpKind::Reshape:
-      case OpKind::Transpose:
-      case OpKind::Reinterpret:
-      case OpKind::Convert:
-      case OpKind::SPMDGuard:
-      case OpKind::ZeROGatherParam:
-      case OpKind::ZeROScatterGrad:
-      case OpKind::ZeROPartitionOptState:
-      case OpKind::RingRotate:
-      case OpKind::RingAttentionStep:
-      case OpKind::RingAttention:
-      case OpKind::LoadBalance:
-      case OpKind::MoEDispatch:
-      case OpKind::MoECombine:
-      case OpKind::Slice:
-      case OpKind::Split:
-      case OpKind::Concat:
-      case OpKind::Stack:
-      case OpKind::Pad:
-      case OpKind::Arange:
-      case OpKind::RoPE:
-      case OpKind::IndexSelect:
-      case OpKind::IndexAdd:
-      case OpKind::ExpertCompute:
-      case OpKind::MoEGateGrad:
-        break;  // Multiply (the rest are not dispatched here)
-    }
-    return a * b;
-  };
+  // The dispatcher sends only Add, Sub, Multiply, Div, Maximum and Minimum here; picked once, not per element.
+  const OpKind k = op.kind;
+  std::function<double(double, double)> f = [](double a, double b) { return a * b; };
+  if (k == OpKind::Add) f = [](double a, double b) { return a + b; };
+  else if (k == OpKind::Sub) f = [](double a, double b) { return a - b; };
+  else if (k == OpKind::Div) f = [](double a, double b) { return a / b; };
+  else if (k == OpKind::Maximum) f = [](double a, double b) { return std::max(a, b); };
+  else if (k == OpKind::Minimum) f = [](double a, double b) { return std::min(a, b); };
   if (op.n_in == 1) {
     Val v = in(oi, r, 0);
     double s = op.attrs.number;
