@@ -235,6 +235,22 @@ struct Program {
   Loc grad_sync_loc;
   std::vector<Op> grad_sync;
   std::vector<Instance> instances;         // innermost first for nested ones
+  // Equivalence (docs/format.md, "Equivalence"; docs/equivalence.md): `view: local` makes `ops:` a local-view
+  // plan (shard_map / Megatron style: each rank computes on its local pieces, sizes may use axis_index(NAME));
+  // `spec:` is the single-device model the plan must equal. Spec ops share `operands` and the side tables with
+  // `ops`, read the global tensors of `tensors:`, and are never seen by the spatial or temporal checks.
+  bool local_view = false;
+  Loc view_loc;
+  struct SpecLink {
+    NameId plan = -1, spec = -1;  // a plan tensor and the spec tensor it must equal once assembled
+    Loc loc;
+  };
+  bool has_spec = false;
+  Loc spec_loc;
+  std::vector<Op> spec_ops;
+  std::vector<SpecLink> spec_outputs;  // compared: each plan output with its spec tensor
+  std::vector<SpecLink> lineage;       // intermediate correspondences (equal names are implicit)
+
   bool has_expect = false;
   std::vector<std::string> expect;         // check IDs, as written
   Loc expect_loc;

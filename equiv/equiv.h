@@ -1,0 +1,36 @@
+// equiv/equiv.h - value-level equivalence: a parallel plan against its single-device model (docs/equivalence.md).
+//
+// check_equivalence runs the model (`spec:`, or the plan's own op list on one device when there is none) and the
+// plan per rank on the same inputs (the plan's inputs are the spec's, partitioned by their declared placements),
+// in doubles and in random prime fields at once (interp/num.h: each op's meaning is written once), assembles the
+// plan's outputs by placement and compares. Equal in every field lane and in doubles: equivalent, with a stated
+// error bound. Different in doubles: value-mismatch, with the inputs, one element and both values, and the first
+// plan op whose value stops matching the model (by lineage). Different only in the fields: unknown, never a pass.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/diagnostic.h"
+#include "ir/program.h"
+
+namespace spmd {
+
+struct EquivOptions {
+  std::uint64_t seed = 0;
+  int trials = 1;
+};
+
+enum class EquivVerdict { Equivalent, Mismatch, Unknown, Skipped };
+
+struct EquivResult {
+  EquivVerdict verdict = EquivVerdict::Skipped;
+  std::vector<Diagnostic> diags;  // value-mismatch (error), or a warning/note saying what was proved and how
+  double error_bound = 1;         // probability that `Equivalent` is wrong (field arithmetic), when Equivalent
+  std::string sizes;              // the reduced instantiation the run used
+  std::string message;            // one line: the verdict and why
+};
+
+EquivResult check_equivalence(const Program& p, const EquivOptions& o = {});
+
+}  // namespace spmd
