@@ -29,7 +29,7 @@ std::uint64_t hash_node(const ENode& n) {
 }  // namespace
 
 ExprId ExprPool::intern(ENode n) {
-  if (n.op != EOp::Const && n.op != EOp::Var) {
+  if (n.op != EOp::Const && n.op != EOp::Var && n.op != EOp::AxisIndex && n.op != EOp::AxisSize) {
     const ENode& x = nodes_[static_cast<std::size_t>(n.a)];
     const ENode& y = nodes_[static_cast<std::size_t>(n.b)];
     n.depth = 1 + std::max(x.depth, y.depth);
