@@ -259,3 +259,32 @@ TEST_CASE("differential: the generator covers the FP8 ops (scales, histories, FP
   CHECK(scale_op > 30);
   CHECK(exchanged > 20);
 }
+
+// Local view (docs/format.md, "Local view"): the column/row parallel MLP each rank runs on its local pieces assembles to
+// the single-device value; without its AllReduce (each rank keeps a summand of an output declared R) it differs.
+TEST_CASE("oracle: local-view MLP agrees with the single-device run, and differs without its AllReduce") {
+  const std::string head = R"(view: local
+mesh: {tp: 2}
+sizes: {B: 4, H: 8, F: 16}
+tensors:
+  x:  {shape: [B, H]}
+  w1: {shape: [H, F], placement: {tp: S(1)}}
+  w2: {shape: [F, H], placement: {tp: S(0)}}
+ops:
+  - {op: MatMul, in: [x, w1], out: h}
+  - {op: GELU, in: [h], out: a}
+  - {op: MatMul, in: [a, w2], out: yp}
+)";
+  Program good = load_program_string(head + "  - {op: AllReduce, in: [yp], out: y, axis: tp}\noutputs:\n  y: {placement: {tp: R}}\n", "good.yaml");
+  CHECK(run_oracle(good).verdict == OracleVerdict::Agree);
+  Program bad = load_program_string(head + "  - {op: Exp, in: [yp], out: y}\noutputs:\n  y: {placement: {tp: R}}\n", "bad.yaml");
+  CHECK(run_oracle(bad).verdict == OracleVerdict::Differ);
+  // positions that start at 0 on every rank (RoPE under context parallelism, TrainVerify's C1) differ too
+  Program pos = load_program_string("view: local\nmesh: {cp: 2}\nsizes: {S: 8}\nops:\n  - {op: Arange, out: p, end: S/cp}\noutputs:\n  p: {placement: {cp: S(0)}}\n", "pos.yaml");
+  CHECK(run_oracle(pos).verdict == OracleVerdict::Differ);
+  // the JSON fast path knows `view` and axis_index
+  Program js = load_program_string(R"({"view": "local", "mesh": {"tp": 2}, "tensors": {"x": {"shape": [2, 8]}}, "ops": [{"op": "Slice", "in": ["x"], "out": "y", "dim": 1, "start": "axis_index(tp)*4", "end": "(axis_index(tp) + 1)*4"}], "outputs": {"y": {"placement": {"tp": "S(1)"}}}})", "j.json");
+  CHECK(js.local_view);
+  CHECK(run_oracle(js).verdict == OracleVerdict::Agree);
+  CHECK_THROWS_AS(load_program_string(R"({"mesh": {"tp": 2}, "tensors": {"x": {"shape": [2, 8]}}, "ops": [{"op": "Slice", "in": ["x"], "out": "y", "dim": 1, "start": "axis_index(tp)*4", "end": 8}]})", "g.json"), LoadError);
+}
