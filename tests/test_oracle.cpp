@@ -283,8 +283,8 @@ ops:
   Program pos = load_program_string("view: local\nmesh: {cp: 2}\nsizes: {S: 8}\nops:\n  - {op: Arange, out: p, end: S/cp}\noutputs:\n  p: {placement: {cp: S(0)}}\n", "pos.yaml");
   CHECK(run_oracle(pos).verdict == OracleVerdict::Differ);
   // the JSON fast path knows `view` and axis_index
-  Program js = load_program_string(R"({"view": "local", "mesh": {"tp": 2}, "tensors": {"x": {"shape": [2, 8]}}, "ops": [{"op": "Slice", "in": ["x"], "out": "y", "dim": 1, "start": "axis_index(tp)*4", "end": "(axis_index(tp) + 1)*4"}], "outputs": {"y": {"placement": {"tp": "S(1)"}}}})", "j.json");
+  Program js = load_program_string(R"J({"view": "local", "mesh": {"tp": 2}, "tensors": {"x": {"shape": [2, 8]}}, "ops": [{"op": "Slice", "in": ["x"], "out": "y", "dim": 1, "start": "axis_index(tp)*8/tp", "end": "(axis_index(tp) + 1)*8/tp"}], "outputs": {"y": {"placement": {"tp": "S(1)"}}}})J", "j.json");
   CHECK(js.local_view);
   CHECK(run_oracle(js).verdict == OracleVerdict::Agree);
-  CHECK_THROWS_AS(load_program_string(R"({"mesh": {"tp": 2}, "tensors": {"x": {"shape": [2, 8]}}, "ops": [{"op": "Slice", "in": ["x"], "out": "y", "dim": 1, "start": "axis_index(tp)*4", "end": 8}]})", "g.json"), LoadError);
+  CHECK_THROWS_AS(load_program_string(R"J({"mesh": {"tp": 2}, "tensors": {"x": {"shape": [2, 8]}}, "ops": [{"op": "Slice", "in": ["x"], "out": "y", "dim": 1, "start": "axis_index(tp)*4", "end": 8}]})J", "g.json"), LoadError);
 }
