@@ -1,0 +1,2 @@
+// tests/test_num.cpp - the number domain (interp/num.h).
+#include <doctest/doctest.h>
