@@ -19,6 +19,7 @@
 #include <sstream>
 
 #include "interp/assembly.h"
+#include "interp/num.h"
 #include "interp/runner.h"
 
 namespace spmd {
@@ -28,7 +29,7 @@ using namespace interp;
 
 constexpr double kRtol = 1e-6, kAtol = 1e-9;
 
-double dbl(double x) { return x; }
+double dbl(const Num& x) { return x.d; }
 
 bool close_to(double a, double b, double tol) {
   if (a == b) return true;
@@ -43,7 +44,7 @@ double max_abs_of(const Tensor& t) {
   return m;
 }
 
-// The first element where `a` and `b` differ (-1: none; -2: shapes differ).
+// The first element where `a` and `b` differ in doubles (-1: none; -2: shapes differ).
 std::int64_t first_difference(const Tensor& a, const Tensor& b) {
   if (a.shape != b.shape) return -2;
   double tol = kAtol + kRtol * std::max(max_abs_of(a), max_abs_of(b));
@@ -51,6 +52,18 @@ std::int64_t first_difference(const Tensor& a, const Tensor& b) {
     if (!close_to(dbl(a.data[e]), dbl(b.data[e]), tol)) return static_cast<std::int64_t>(e);
   return -1;
 }
+
+// The first element where the field lanes of `a` and `b` differ (-1: none, or lanes off; shapes must agree).
+std::int64_t first_lane_difference(const Tensor& a, const Tensor& b) {
+  if (!num::on()) return -1;
+  for (std::size_t e = 0; e < a.data.size(); ++e)
+    for (int l = 0; l < kLanes; ++l)
+      if (a.data[e].pure(l) != b.data[e].pure(l)) return static_cast<std::int64_t>(e);
+  return -1;
+}
+
+// Equal in doubles and in every lane.
+bool same_value(const Tensor& a, const Tensor& b) { return first_difference(a, b) == -1 && first_lane_difference(a, b) == -1; }
 
 std::string num_text(double x) {
   if (x == std::round(x) && std::abs(x) < 1e15) return fmt::format("{}", static_cast<long long>(x));
@@ -125,7 +138,7 @@ struct Setup {
 
 void round_to_small_ints(Val& v, DType dt) {
   if (dt == DType::I64 || dt == DType::I32 || dt == DType::I8 || dt == DType::Bool) return;
-  for (auto& e : v.t.data) e = std::clamp(std::round(dbl(e) * 1.25), -2.0, 2.0);
+  for (auto& e : v.t.data) e.d = std::clamp(std::round(e.d * 1.25), -2.0, 2.0);
 }
 
 std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, bool record, std::int64_t& work) {
@@ -187,10 +200,11 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
 }
 
 // One compared output that differs.
+enum class DiffKind { Form, Real, Lanes };  // shape / assembly; the doubles; only the field lanes
 struct Difference {
   std::size_t link = 0;  // index into the links
   std::string what;      // the element and both values, or why it cannot be compared
-  bool values = false;   // the values differ (vs. a shape or assembly problem)
+  DiffKind kind = DiffKind::Form;
 };
 
 struct Link {
@@ -199,7 +213,9 @@ struct Link {
   Placements pl{};
 };
 
-std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& links) {
+// Compares every link; `degree` receives the largest degree bound of the compared elements (plan + spec).
+std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& links, std::uint64_t& degree) {
+  degree = 0;
   for (std::size_t k = 0; k < links.size(); ++k) {
     const Link& l = links[k];
     const std::string& name = s.p.name(l.plan);
@@ -217,12 +233,14 @@ std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& l
       return d.what = fmt::format("the plan's {} assembles to shape {} but the spec's {} has shape {}", name, shape_text(a.t.shape), s.p.name(l.spec),
                                   shape_text(g.t.shape)),
              d;
+    d.kind = DiffKind::Real;
+    if (e < 0) e = first_lane_difference(a.t, g.t), d.kind = DiffKind::Lanes;
     if (e >= 0) {
-      d.values = true;
       d.what = fmt::format("{}{} is {} in the plan and {} in the spec", name, index_text(g.t.shape, e), num_text(dbl(a.t.data[static_cast<std::size_t>(e)])),
                            num_text(dbl(g.t.data[static_cast<std::size_t>(e)])));
       return d;
     }
+    for (std::size_t i = 0; i < a.t.data.size(); ++i) degree = std::max<std::uint64_t>(degree, std::uint64_t{a.t.data[i].deg} + g.t.data[i].deg);
   }
   return std::nullopt;
 }
@@ -280,7 +298,7 @@ const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, cons
     Assembled a = assemble_pieces(s.p, s.inst.mesh, std::move(pieces), pl, quiet);
     if (!a.ok) continue;
     for (const auto& sv : table)
-      if (sv.t->shape == a.t.shape && first_difference(a.t, *sv.t) == -1) return &sv;
+      if (sv.t->shape == a.t.shape && same_value(a.t, *sv.t)) return &sv;
   }
   return nullptr;
 }
@@ -372,6 +390,122 @@ std::string op_text(const Program& p, const Op& op) {
   return s;
 }
 
+constexpr int kMaxAttempts = 8;
+constexpr double kLog2Target = -40;
+
+// log2 of one trial's false-agreement probability: per lane eps = (U(U-1)/2 + 1) D / p (docs/equivalence.md), two
+// independent lanes multiply.
+double trial_log2_bound(std::uint64_t degree, std::uint64_t uf) {
+  double u = static_cast<double>(uf), pairs = u * (u - 1) / 2 + 1, d = static_cast<double>(std::max<std::uint64_t>(degree, 1));
+  double total = 0;
+  for (int l = 0; l < kLanes; ++l) total += std::min(0.0, std::log2(pairs) + std::log2(d) - std::log2(static_cast<double>(num::prime(l))));
+  return total;
+}
+
+// What a verdict covers beyond the real inputs: integer inputs and value-dependent choices are the drawn ones.
+std::string scope_text(const Program& p) {
+  std::vector<std::string> parts;
+  std::string ints;
+  for (const auto& t : p.tensors)
+    if (t.dtype == DType::I64 || t.dtype == DType::I32 || t.dtype == DType::I8 || t.dtype == DType::Bool) ints += (ints.empty() ? "" : ", ") + p.name(t.name);
+  if (!ints.empty()) parts.push_back("the drawn integer inputs (" + ints + ")");
+  bool choices = false;
+  for (const auto* list : {&p.ops, &p.spec_ops})
+    for (const auto& op : *list)
+      choices |= op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin || op.kind == OpKind::TopKGate || op.kind == OpKind::MoEDispatch ||
+                 op.kind == OpKind::Dropout || op.kind == OpKind::AmaxUpdate || op.kind == OpKind::AmaxHistory ||
+                 (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
+  if (choices) parts.push_back("the max/min choices and routing the drawn values make");
+  if (parts.empty()) return "";
+  std::string s = ", for ";
+  for (std::size_t i = 0; i < parts.size(); ++i) s += (i ? " and " : "") + parts[i];
+  return s;
+}
+
+// A difference found in trial `ts`: value-mismatch (the doubles differ: a counterexample, the first plan op that goes
+// wrong), or value-unproved (only the field lanes differ).
+EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work, EquivResult& res) {
+  const Program& p = s.p;
+  const Link& bad = links[diff.link];
+  Diagnostic d;
+  d.id = CheckId::ValueMismatch;
+  d.loc = bad.loc;
+  d.tensor = p.name(bad.plan);
+  if (diff.kind == DiffKind::Form) {
+    d.message = diff.what;
+    res.verdict = EquivVerdict::Mismatch;
+    res.message = d.message;
+    res.diags.push_back(std::move(d));
+    return res;
+  }
+  // A counterexample with small integer inputs when one exists, else the drawn reals; then where it goes wrong.
+  std::unique_ptr<Run> rec;
+  std::optional<Difference> rdiff;
+  bool ints = false;
+  std::uint64_t degree = 0;
+  try {
+    if (diff.kind == DiffKind::Real) {
+      rec = run_once(s, ts, true, true, work);
+      if (rec->failure.empty()) rdiff = compare(s, *rec, links, degree);
+      ints = rdiff && rdiff->kind == DiffKind::Real;
+    }
+    if (!ints) {
+      rec = run_once(s, ts, false, true, work);
+      rdiff = rec->failure.empty() ? compare(s, *rec, links, degree) : std::nullopt;
+    }
+  } catch (const BudgetError&) {
+    rec.reset();
+  }
+  if (!rec || !rdiff) rdiff = diff, rec.reset();
+  const Link& shown = links[rdiff->link];
+  Culprit c;
+  if (rec) c = localize(s, *rec, shown.plan);
+  if (diff.kind == DiffKind::Lanes) {
+    d.id = CheckId::ValueUnproved;
+    d.severity = Severity::Warning;
+    d.message = fmt::format(
+        "equivalence not proved: the plan equals the spec in real numbers on the drawn inputs, but not in exact arithmetic ({}); the number domain lacks an "
+        "identity the plan relies on (docs/equivalence.md)",
+        rdiff->what);
+    if (c.op >= 0) {
+      const Op& op = p.ops[static_cast<std::size_t>(c.op)];
+      d.notes.push_back({op.loc, "the first plan op whose exact value matches no spec value: " + op_text(p, op)});
+    }
+    res.verdict = EquivVerdict::Unknown;
+    res.message = d.message;
+    res.diags.push_back(std::move(d));
+    return res;
+  }
+  std::string cex;
+  if (rec)
+    for (const auto& t : p.tensors) {
+      const Val& v = rec->model->at(0, t.name);
+      cex += fmt::format("{}{} = {}", cex.empty() ? "" : "; ", p.name(t.name), values_text(v.t));
+    }
+  res.verdict = EquivVerdict::Mismatch;
+  if (c.op >= 0) {
+    const Op& op = p.ops[static_cast<std::size_t>(c.op)];
+    d.loc = op.loc;
+    d.op = c.op;
+    d.tensor = p.outs(op).empty() ? d.tensor : p.name(p.outs(op)[0]);
+    d.message = fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, whose value matches no value of the spec",
+                            rdiff->what, op_text(p, op));
+    if (c.spec_op >= 0) {
+      const Op& mo = s.model.ops[static_cast<std::size_t>(c.spec_op)];
+      d.notes.push_back({mo.loc, "the spec computes it here: " + op_text(s.model, mo)});
+    }
+    d.notes.push_back({shown.loc, fmt::format("output {} is compared here, read by its placement", p.name(shown.plan))});
+  } else {
+    d.message = "the plan's output differs from the spec: " + rdiff->what;
+  }
+  if (!cex.empty())
+    d.notes.push_back({p.tensors.empty() ? Loc{} : p.tensors[0].loc,
+                       fmt::format("counterexample ({} inputs{}): {}", ints ? "small integer" : "drawn", s.sizes.empty() ? "" : ", " + s.sizes, cex)});
+  res.message = d.message;
+  res.diags.push_back(std::move(d));
+  return res;
+}
+
 }  // namespace
 
 const char* equiv_verdict_name(EquivVerdict v) {
@@ -448,12 +582,6 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   if (links.empty()) return skip("nothing to compare (no outputs)");
 
   std::int64_t work = 0;
-  std::unique_ptr<Run> run;
-  try {
-    run = run_once(s, opt.seed, false, false, work);
-  } catch (const BudgetError& e) {
-    return skip(e.what());
-  }
   auto located_failure = [&](Run& r) {
     Diagnostic d;
     d.id = CheckId::ValueMismatch;
@@ -466,73 +594,51 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
     res.diags.push_back(std::move(d));
     return res;
   };
-  if (!run->failure.empty()) return located_failure(*run);
-  auto diff = compare(s, *run, links);
-  if (!diff) {
-    res.verdict = EquivVerdict::Equivalent;
-    res.message = fmt::format("{} output{} equal to the spec on the drawn inputs{}", links.size(), links.size() == 1 ? "" : "s",
-                              s.sizes.empty() ? "" : " (" + s.sizes + ")");
-    return res;
+  // Trials: each draws fresh primes, random functions and inputs; the error bound of agreeing trials multiplies.
+  // A trial whose field arithmetic hit a zero divisor does not count.
+  double log2_bound = 0;  // log2 of the probability that every agreeing trial agreed by chance
+  int trials = 0;
+  std::uint64_t max_degree = 0, max_uf = 0;
+  for (int attempt = 0; attempt < kMaxAttempts && log2_bound > kLog2Target; ++attempt) {
+    std::uint64_t ts = attempt == 0 ? opt.seed : mix(opt.seed ^ (0x7e57ULL + static_cast<std::uint64_t>(attempt)));
+    num::Lanes guard({ts});
+    std::unique_ptr<Run> run;
+    try {
+      run = run_once(s, ts, false, false, work);
+    } catch (const BudgetError& e) {
+      return skip(e.what());
+    }
+    if (!run->failure.empty()) return located_failure(*run);
+    if (num::trial_failed()) continue;
+    std::uint64_t degree = 0;
+    auto diff = compare(s, *run, links, degree);
+    if (num::trial_failed()) continue;
+    if (diff) return report_difference(s, links, *diff, ts, work, res);
+    ++trials;
+    std::uint64_t uf = num::uf_evaluations();
+    max_degree = std::max(max_degree, degree), max_uf = std::max(max_uf, uf);
+    log2_bound += trial_log2_bound(degree, uf);
   }
-  const Link& bad = links[diff->link];
-  Diagnostic d;
-  d.id = CheckId::ValueMismatch;
-  d.loc = bad.loc;
-  d.tensor = p.name(bad.plan);
-  if (!diff->values) {
-    d.message = diff->what;
-    res.verdict = EquivVerdict::Mismatch;
-    res.message = d.message;
+  std::string scope = scope_text(p);
+  if (log2_bound > kLog2Target) {
+    res.verdict = EquivVerdict::Unknown;
+    res.message = fmt::format("equal to the spec in {} trial{}, but the error bound 2^{:.0f} is above 2^{} (degree bound {}, {} random-function evaluations)",
+                              trials, trials == 1 ? "" : "s", log2_bound, kLog2Target, max_degree, max_uf);
+    Diagnostic d;
+    d.id = CheckId::ValueUnproved;
+    d.severity = Severity::Warning;
+    d.loc = links[0].loc;
+    d.message = "equivalence not proved: " + res.message;
+    d.notes.push_back({p.spec_loc, "fix: name intermediate values alike in the plan and the spec (or list them under lineage:) so the check can verify stage by stage"});
     res.diags.push_back(std::move(d));
     return res;
   }
-  // A counterexample with small integer inputs when one exists, else the drawn reals; then where it goes wrong.
-  std::unique_ptr<Run> rec;
-  std::optional<Difference> rdiff;
-  bool ints = false;
-  try {
-    rec = run_once(s, opt.seed, true, true, work);
-    if (rec->failure.empty()) rdiff = compare(s, *rec, links);
-    if (rdiff && rdiff->values) ints = true;
-    else {
-      rec = run_once(s, opt.seed, false, true, work);
-      rdiff = compare(s, *rec, links);
-    }
-  } catch (const BudgetError&) {
-    rec.reset();
-  }
-  if (!rec || !rdiff) rdiff = diff;
-  const Link& shown = links[rdiff->link];
-  std::string cex;
-  if (rec) {
-    for (const auto& t : p.tensors) {
-      const Val& v = rec->model->at(0, t.name);
-      cex += fmt::format("{}{} = {}", cex.empty() ? "" : "; ", p.name(t.name), values_text(v.t));
-    }
-  }
-  Culprit c;
-  if (rec) c = localize(s, *rec, shown.plan);
-  res.verdict = EquivVerdict::Mismatch;
-  if (c.op >= 0) {
-    const Op& op = p.ops[static_cast<std::size_t>(c.op)];
-    d.loc = op.loc;
-    d.op = c.op;
-    d.tensor = p.outs(op).empty() ? d.tensor : p.name(p.outs(op)[0]);
-    d.message = fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, whose value matches no value of the spec",
-                            rdiff->what, op_text(p, op));
-    if (c.spec_op >= 0) {
-      const Op& mo = s.model.ops[static_cast<std::size_t>(c.spec_op)];
-      d.notes.push_back({mo.loc, "the spec computes it here: " + op_text(s.model, mo)});
-    }
-    d.notes.push_back({shown.loc, fmt::format("output {} is compared here, read by its placement", p.name(shown.plan))});
-  } else {
-    d.message = "the plan's output differs from the spec: " + rdiff->what;
-  }
-  if (!cex.empty())
-    d.notes.push_back({p.tensors.empty() ? Loc{} : p.tensors[0].loc,
-                       fmt::format("counterexample ({} inputs{}): {}", ints ? "small integer" : "drawn", s.sizes.empty() ? "" : ", " + s.sizes, cex)});
-  res.message = d.message;
-  res.diags.push_back(std::move(d));
+  res.verdict = EquivVerdict::Equivalent;
+  res.error_bound = std::exp2(log2_bound);
+  res.message = fmt::format("{} output{} equal to the spec for all real inputs{}{} (error probability below 2^{:.0f}: {} trial{}, degree bound {}, {} random-function "
+                            "evaluations; real arithmetic, floating-point rounding out of scope)",
+                            links.size(), links.size() == 1 ? "" : "s", s.sizes.empty() ? "" : " at " + s.sizes, scope, log2_bound, trials,
+                            trials == 1 ? "" : "s", max_degree, max_uf);
   return res;
 }
 
