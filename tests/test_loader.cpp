@@ -223,6 +223,10 @@ TEST_CASE("spec: the single-device model loads from YAML and JSON alike, apart f
   REQUIRE(c.spec_outputs.size() == 1);
   CHECK(c.spec_outputs[0].plan == c.spec_outputs[0].spec);
   CHECK(print_program(c) == print_program(d));
+  // `spec:` before `ops:` (the streaming loader reads it into its small tree first) loads the same program.
+  std::string early = "mesh: {tp: 2}\ntensors:\n  x: {shape: [4, 8], placement: {tp: R}}\n  w: {shape: [8, 6], placement: {tp: S(1)}}\n" +
+                      yaml.substr(yaml.find("spec:")) + yaml.substr(yaml.find("ops:"), yaml.find("spec:") - yaml.find("ops:"));
+  CHECK(print_program(load_program_string(early, "e.yaml")) == print_program(a));
   // The spatial and temporal checks never see the spec: a spec op that would be wrong in the plan is not a finding.
   CHECK(ids(base + "spec:\n  ops:\n    - {op: MatMul, in: [x, w], out: h}\n    - {op: AllReduce, in: [h], out: y, axis: tp}\n").empty());
   // Errors inside the spec are located in both syntaxes.
