@@ -2,7 +2,7 @@
 //
 // spec: {ops: [...], outputs: [names] | {plan_output: spec_tensor}, lineage: {plan_tensor: spec_tensor}}
 // Spec ops are loaded like `ops:` items (the same op table, attributes, modules and located errors) into
-// Program::spec_ops; they read the declared (global) tensors and earlier spec ops only. Every plan output is
+// Program::spec_ops, always in the global view; they read the declared (global) tensors and earlier spec ops only. Every plan output is
 // compared with a spec tensor: a plan output left out would be a value nobody checks, so it is an error.
 #include "ir/loader_impl.h"
 
@@ -61,6 +61,14 @@ void Loader::load_spec(N root) {
     fail(ops, "`ops` of `spec` must be a list of ops like {op: MatMul, in: [x, w], out: y} (the single-device model)");
   } else {
     if (ops.size() > kMaxOps) fail(ops, "`ops` of `spec` has too many ops (the limit is 10,000,000)");
+    // The spec is global in both views: its size attributes are read as in the global view (no axis_index,
+    // no mesh axis names as sizes), whatever `view:` says for the plan.
+    struct GlobalView {
+      bool& flag;
+      bool saved;
+      explicit GlobalView(bool& f) : flag(f), saved(f) { flag = false; }
+      ~GlobalView() { flag = saved; }
+    } global_view(p_.local_view);
     target_ = &p_.spec_ops;
     for (const auto& item : ops) {
       std::size_t first = p_.spec_ops.size();

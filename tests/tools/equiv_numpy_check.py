@@ -90,8 +90,11 @@ def run(ops, env0, envs, nranks, mesh):
 
 def main(path):
     p = yaml.safe_load(open(path)); mesh = p['mesh']; assert len(mesh) == 1
+    env0 = {}
+    for k, v in (p.get('sizes') or {}).items(): env0[k] = ev(v, env0)
+    mesh = {a: ev(v, env0) for a, v in mesh.items()}
     (ax, n), = mesh.items()
-    env0 = dict(p.get('sizes', {})); env0.update(mesh)
+    env0.update(mesh)
     rng = np.random.default_rng(0)
     glob = {}
     for name, t in p['tensors'].items():
