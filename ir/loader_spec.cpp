@@ -36,15 +36,17 @@ void Loader::load_spec(N root) {
   if (n.IsNull() || !n.IsMap())
     fail(n.IsNull() ? key : n, "`spec` must be a mapping {ops: [...], outputs: [names]}: the single-device model the plan must equal");
   if (p_.schedule.present)
-    fail(key, "`spec` with a generated `schedule` is not supported yet: the plan's ops come from the schedule, so its outputs cannot be "
-              "named; write the stages as `programs:`");
+    fail(key,
+         "`spec` with a generated `schedule` is not supported yet: the plan's ops come from the schedule, so its outputs cannot be "
+         "named; write the stages as `programs:`");
   for_each_key(n, {"ops", "outputs", "lineage"}, "`spec`", [](N, N) {});
   N ops = n["ops"], outs = n["outputs"], lineage = n["lineage"];
   bool no_ops = !ops.IsDefined() || ops.IsNull() || (ops.IsSequence() && ops.size() == 0);
   bool no_outs = !outs.IsDefined() || outs.IsNull() || (outs.size() == 0 && (outs.IsSequence() || outs.IsMap()));
   if (no_ops && no_outs)
-    fail(n, "`spec` has no ops and no outputs: give the single-device model as `ops:` and name the tensors compared with the plan's "
-            "outputs under `outputs:`");
+    fail(n,
+         "`spec` has no ops and no outputs: give the single-device model as `ops:` and name the tensors compared with the plan's "
+         "outputs under `outputs:`");
   p_.has_spec = true;
   p_.spec_loc = key.loc();
 
@@ -79,9 +81,8 @@ void Loader::load_spec(N root) {
           if (!has(spec_def, in)) {
             target_ = &p_.ops;
             fail(item.IsMap() && item["in"].IsDefined() ? item["in"] : item,
-                 "`spec` op " + std::string(op_name(op.kind)) + " reads '" + p_.name(in) +
-                     "', which no declared tensor or earlier spec op defines" + near(p_.name(in), sorted_names(p_, spec_def)) +
-                     " (the spec runs on one device over the global tensors of `tensors:`)");
+                 "`spec` op " + std::string(op_name(op.kind)) + " reads '" + p_.name(in) + "', which no declared tensor or earlier spec op defines" +
+                     near(p_.name(in), sorted_names(p_, spec_def)) + " (the spec runs on one device over the global tensors of `tensors:`)");
           }
         for (NameId o : p_.outs(op)) mark(spec_def, o);
       }
@@ -123,9 +124,11 @@ void Loader::load_spec(N root) {
   if (!outs.IsDefined() || outs.IsNull()) {
     for (const auto& o : p_.outputs) {
       if (!has(spec_def, o.name))
-        fail_at(o.loc, "plan output '" + p_.name(o.name) + "' has no spec tensor of its name to be compared with (the spec names none under "
-                           "`outputs`, so each plan output is compared by name): write '" + p_.name(o.name) + "' in the spec's ops, or map it under `outputs` of `spec`, e.g. {" +
-                           p_.name(o.name) + ": spec_tensor}" + near(p_.name(o.name), sorted_names(p_, spec_def)));
+        fail_at(o.loc, "plan output '" + p_.name(o.name) +
+                           "' has no spec tensor of its name to be compared with (the spec names none under "
+                           "`outputs`, so each plan output is compared by name): write '" +
+                           p_.name(o.name) + "' in the spec's ops, or map it under `outputs` of `spec`, e.g. {" + p_.name(o.name) + ": spec_tensor}" +
+                           near(p_.name(o.name), sorted_names(p_, spec_def)));
       p_.spec_outputs.push_back({o.name, o.name, o.loc});
     }
   } else if (outs.IsSequence()) {
@@ -149,8 +152,9 @@ void Loader::load_spec(N root) {
       fail(outs, "plan output '" + p_.name(o.name) + "' (line " + std::to_string(o.loc.line) +
                      ") is not compared with the spec: name it in `outputs` of `spec` (or map it to a spec tensor), or remove it from `outputs:`");
   if (p_.spec_outputs.empty())
-    fail(outs.IsDefined() ? outs : key, "`spec` compares nothing: declare the plan's results under `outputs:` (with their placements) and name "
-                                        "them in `outputs` of `spec`");
+    fail(outs.IsDefined() ? outs : key,
+         "`spec` compares nothing: declare the plan's results under `outputs:` (with their placements) and name "
+         "them in `outputs` of `spec`");
 
   // lineage: {plan_tensor: spec_tensor}, intermediate points (equal names are implicit).
   if (lineage.IsDefined() && !lineage.IsNull()) {
