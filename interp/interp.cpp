@@ -17,6 +17,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "interp/assembly.h"
 #include "interp/runner.h"
 #include "interp/tensor.h"
 
@@ -32,16 +33,12 @@ std::string_view verdict_name(OracleVerdict v) {
   return "?";
 }
 
-namespace {
+namespace interp {  // shared with equiv/ through interp/assembly.h
 
 using namespace interp;
 
 // ---- size instantiation ---------------------------------------------------------------------------
-struct Instantiation {
-  std::vector<std::int64_t> vars;
-  std::vector<std::int64_t> mesh;
-  bool even = true;  // every declared shape has a value and every declared shard divides evenly (or is declared uneven)
-};
+
 
 std::vector<Instantiation> instantiations(const Program& p, const OracleOptions& o) {
   std::vector<std::vector<std::int64_t>> cand;
@@ -109,12 +106,7 @@ std::vector<Instantiation> instantiations(const Program& p, const OracleOptions&
 }
 
 // ---- assembly ---------------------------------------------------------------------------------------
-struct Assembled {
-  bool ok = false;        // a value was assembled
-  bool undefined = false; // V somewhere: no assembled value
-  std::string problem;    // ranks disagree on R/I, or the pieces do not fit
-  Tensor t;
-};
+
 
 bool close(double a, double b, double tol) {
   if (a == b) return true;  // equal infinities (a division by zero on both sides) agree; inf - inf would be NaN
@@ -129,16 +121,23 @@ double max_abs(const Tensor& t) {
 }
 
 Assembled assemble(const Program& p, Runner& run, NameId name, const Placements& pl, const OracleOptions& o) {
-  Assembled res;
-  const auto& sizes = run.sizes();
-  std::size_t axes = sizes.size();
-  // pieces over the remaining (outer) axes, row-major
-  std::vector<Tensor> cur;
+  std::vector<Tensor> pieces;
   for (std::int64_t r = 0; r < run.ranks(); ++r) {
     const Val& v = run.at(r, name);
-    if (!v.defined) return res.problem = "rank " + coord_text(p, run.coords(r)) + " never computes it", res;
-    cur.push_back(v.t);
+    if (!v.defined) {
+      Assembled res;
+      res.problem = "rank " + coord_text(p, run.coords(r)) + " never computes it";
+      return res;
+    }
+    pieces.push_back(v.t);
   }
+  return assemble_pieces(p, run.sizes(), std::move(pieces), pl, o);
+}
+
+Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& sizes, std::vector<Tensor> cur, const Placements& pl, const OracleOptions& o) {
+  Assembled res;
+  std::size_t axes = sizes.size();
+  // cur: pieces over the remaining (outer) axes, row-major
   int rank = cur[0].rank();
   for (int a = static_cast<int>(axes) - 1; a >= 0; --a) {
     std::int64_t n = sizes[static_cast<std::size_t>(a)];
@@ -285,7 +284,9 @@ std::string op_where(const Program& p, int oi) {
   return "op " + std::to_string(oi) + " (" + std::string(op_name(op.kind)) + ", line " + std::to_string(op.loc.line) + ")";
 }
 
-}  // namespace
+}  // namespace interp
+
+using namespace interp;
 
 OracleResult run_oracle(const Program& p, const OracleOptions& o) {
   // A run allocates many short-lived tensors of a few hundred KB (Num is 48 bytes): keep freed memory in the heap

@@ -127,6 +127,7 @@ void Runner::run(std::uint64_t seed) {
         if (group_op(op)) break;
         if (op.kind == OpKind::Recv && !global_ && queue(op, r, true).empty()) break;
         step_local(prog[i], r);
+        if (after_op) after_op(prog[i], r);
         ++i;
         progress = true;
       }
@@ -144,7 +145,10 @@ void Runner::run(std::uint64_t seed) {
       });
       if (!ready) continue;
       step_group(oi, members);
-      for (auto m : members) ++pc[static_cast<std::size_t>(m)];
+      for (auto m : members) {
+        if (after_op) after_op(oi, m);
+        ++pc[static_cast<std::size_t>(m)];
+      }
       progress = true;
     }
     if (!progress) throw InterpError("no rank can make progress (a Recv with no matching Send, or a collective some ranks never reach)");

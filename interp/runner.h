@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -127,6 +128,8 @@ class Runner {
   void run(std::uint64_t seed);
 
   int failed_op = -1;  // the op a thrown InterpError came from
+  // Called after op `op` ran on rank `rank` (for a collective: once per member), when set (equiv/ records values).
+  std::function<void(int op, std::int64_t rank)> after_op;
   // When set (a shape-only pre-run with all integer inputs 0), records the range integer inputs must take:
   // Embedding ids index the table's rows, labels the logits' vocab.
   std::vector<std::int64_t>* int_range = nullptr;
