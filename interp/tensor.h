@@ -1,4 +1,4 @@
-// interp/tensor.h - a dense float64 tensor (row-major) and the data-movement helpers the interpreter needs.
+// interp/tensor.h - a dense tensor of Num (interp/num.h: a float64 and its field lanes) (row-major) and the data-movement helpers the interpreter needs.
 //
 // Shapes are small (the oracle runs on small instantiations), so the helpers favour clarity over speed.
 // Every helper that can be handed mismatched shapes throws InterpError; the interpreter turns that into
@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "interp/num.h"
+
 namespace spmd::interp {
 
 using Shape = std::vector<std::int64_t>;
@@ -20,12 +22,29 @@ struct InterpError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Large element buffers (>= 1 MiB) are recycled through a thread-local cache instead of going back to the kernel:
+// a Num is 64 bytes, so the oracle's big tensors are above glibc's mmap threshold, and a fresh mapping per op
+// made page faults most of the run's time.
+void* buffer_alloc(std::size_t bytes);
+void buffer_free(void* p, std::size_t bytes);
+template <class T>
+struct BufferAlloc {
+  using value_type = T;
+  BufferAlloc() = default;
+  template <class U>
+  BufferAlloc(const BufferAlloc<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(buffer_alloc(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) { buffer_free(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const BufferAlloc<U>&) const { return true; }
+};
+
 struct Tensor {
   Shape shape;
-  std::vector<double> data;
+  std::vector<Num, BufferAlloc<Num>> data;
 
   Tensor() = default;
-  explicit Tensor(Shape s, double fill = 0.0);
+  explicit Tensor(Shape s, const Num& fill = Num());
   std::int64_t numel() const { return static_cast<std::int64_t>(data.size()); }
   int rank() const { return static_cast<int>(shape.size()); }
 };
@@ -46,14 +65,14 @@ Tensor reshape(const Tensor& t, const Shape& s);
 // NumPy broadcasting of two shapes (right-aligned); throws when they do not broadcast.
 Shape broadcast_shapes(const Shape& a, const Shape& b);
 // z = f(x, y) elementwise with broadcasting.
-Tensor binary(const Tensor& x, const Tensor& y, const std::function<double(double, double)>& f);
+Tensor binary(const Tensor& x, const Tensor& y, const std::function<Num(const Num&, const Num&)>& f);
 // y = f(x) elementwise.
-Tensor unary(const Tensor& x, const std::function<double(double)>& f);
+Tensor unary(const Tensor& x, const std::function<Num(const Num&)>& f);
 // Reduces over `dims` (sorted, unique) with `init` and `f`; keepdim leaves size-1 dims.
-Tensor reduce(const Tensor& t, const std::vector<int>& dims, bool keepdim, double init, const std::function<double(double, double)>& f);
+Tensor reduce(const Tensor& t, const std::vector<int>& dims, bool keepdim, const Num& init, const std::function<Num(const Num&, const Num&)>& f);
 // Applies `fn` to every 1-D line along `dims` (the lines are the dims listed, flattened in order): fn gets a
 // gathered copy and writes the result back in place.
-void for_each_group(Tensor& t, const std::vector<int>& dims, const std::function<void(std::vector<double>&)>& fn);
+void for_each_group(Tensor& t, const std::vector<int>& dims, const std::function<void(std::vector<Num>&)>& fn);
 // Batched matrix product A[..., m, k] x B[..., k, n] with broadcast batch dims.
 Tensor matmul(const Tensor& a, const Tensor& b);
 

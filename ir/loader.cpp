@@ -101,6 +101,7 @@ void Loader::load(N root) {
   }
   if (auto n = root["outputs"]; n.IsDefined() && !n.IsNull()) load_outputs(n);
   load_training(root);
+  load_spec(root);
   if (p_.local_view) {
     const char* with = p_.schedule.present ? "`schedule`" : p_.per_rank ? "`programs`" : p_.train ? "`train`" : p_.has_backward ? "`backward`" : p_.has_grad_sync ? "`grad_sync`" : nullptr;
     if (with)
