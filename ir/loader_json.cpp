@@ -346,7 +346,9 @@ bool Loader::load_op_json(RawJson& at) {
 
   if (*kind == OpKind::MoEDispatch && dropless && has_number) return false;
   // Operands: a name or a list of names, each a non-empty string.
-  std::string_view ins[kMaxRank], outs[kMaxRank];
+  std::string_view names[2 * kMaxRank];  // `in` then `out`
+  std::string_view* ins = names;
+  std::string_view* outs = names + kMaxRank;
   int n_in = 0, n_out = 0;
   auto operands = [&](int k, std::string_view* out, int& n) {
     if (k < 0) return true;  // absent: none (the arity check below decides)
@@ -440,9 +442,10 @@ bool Loader::load_op_json(RawJson& at) {
       case AttrType::Coords: break;  // not taken above
     }
   }
-  NameId in_ids[kMaxRank], out_ids[kMaxRank];
-  for (int i = 0; i < n_in; ++i) in_ids[i] = p_.intern(ins[i]);
-  for (int i = 0; i < n_out; ++i) out_ids[i] = p_.intern(outs[i]);
+  NameId in_ids[2 * kMaxRank];
+  NameId* out_ids = in_ids + n_in;
+  for (int i = 0; i < n_out; ++i) ins[n_in + i] = outs[i];
+  p_.intern_all({ins, static_cast<std::size_t>(n_in + n_out)}, in_ids);
   p_.add_op(*target_, op, {in_ids, static_cast<std::size_t>(n_in)}, {out_ids, static_cast<std::size_t>(n_out)});
   at = s.pos();
   return true;
