@@ -175,6 +175,35 @@ class JsonSource final : public EventSource {
  public:
   explicit JsonSource(const std::string& text) : s_(text.data()), p_(text.data()), end_(text.data() + text.size()), line_start_(text.data()) {}
 
+  bool raw_item(RawJson& r) override {
+    if (stack_.empty()) return false;
+    Level& l = stack_.back();
+    if (l.obj && l.st == 2) return false;
+    r = {p_, end_, line_start_, line_};
+    auto ws = [&] {
+      while (r.p < r.end) {
+        char c = *r.p;
+        if (c == '\n') ++r.line, r.line_start = ++r.p;
+        else if (c == ' ' || c == '\t' || c == '\r') ++r.p;
+        else break;
+      }
+    };
+    ws();
+    if (l.st == 1) {
+      if (r.p >= r.end || *r.p != ',') return false;
+      ++r.p;
+      ws();
+    }
+    return r.p < r.end && *r.p == (l.obj ? '"' : '{');
+  }
+
+  void raw_commit(const RawJson& r) override {
+    p_ = r.p;
+    line_start_ = r.line_start;
+    line_ = r.line;
+    stack_.back().st = 1;
+  }
+
   void next(Event& e) override {
     e.quoted = false;
     if (!doc_started_) {

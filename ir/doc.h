@@ -24,11 +24,26 @@ struct Event {
   std::string_view text;  // Scalar: its value (valid until the next event)
 };
 
+// A raw position in a JSON text, for the loader's direct path (ir/loader_json.cpp): it reads an op or a tensor
+// straight from the characters and hands the position back, or leaves the item to the events.
+struct RawJson {
+  const char* p;
+  const char* end;
+  const char* line_start;
+  std::uint32_t line;
+  Loc here() const { return {line, static_cast<std::uint32_t>(p - line_start + 1)}; }
+};
+
 // A stream of parse events over a whole text. Syntax errors throw LoadError at their position.
 class EventSource {
  public:
   virtual ~EventSource() = default;
   virtual void next(Event& e) = 0;
+  // JSON only: positions `at` on the next item of the list being read (on its `{`) when that item is an object,
+  // or on the next key of the object being read (on its opening quote); false (nothing consumed) otherwise.
+  virtual bool raw_item(RawJson& at) { return (void)at, false; }
+  // Continues after an item or entry that was read directly up to `at`.
+  virtual void raw_commit(const RawJson& at) { (void)at; }
 };
 
 // libyaml over `text` (which must outlive the source); error messages say what was expected where.

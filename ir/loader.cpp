@@ -428,6 +428,8 @@ using load_detail::Loader;
 
 struct Restart {};  // the streaming pass gives up; the fixed-order pass decides
 
+bool json_direct = true;  // set_json_direct
+
 // Keys the ops depend on: seen after the ops were streamed, the ops must be loaded again.
 bool before_ops(std::string_view key) {
   return key == "sizes" || key == "mesh" || key == "tensors" || key == "schedule" || key == "ops" || key == "programs" ||
@@ -470,7 +472,11 @@ Program load_streaming(EventSource& src, const std::string& filename, std::size_
       close_at(doc, root, k);
       loader.prelude_head(doc.at(root));
       std::uint32_t v = doc.open(NodeKind::Map, e.loc);
-      for (;;) {
+      for (RawJson raw;;) {
+        if (json_direct && src.raw_item(raw) && loader.load_tensor_json(raw)) {
+          src.raw_commit(raw);
+          continue;
+        }
         src.next(e);
         if (e.type == EvType::MapEnd) break;
         item.clear();
@@ -498,7 +504,12 @@ Program load_streaming(EventSource& src, const std::string& filename, std::size_
       p.name_ids.reserve(p.names.size() + guess);
       std::uint32_t v = doc.open(NodeKind::Seq, e.loc);
       std::uint32_t n = 0;
-      for (;; ++n) {
+      const bool ops = key == "ops";
+      for (RawJson raw;; ++n) {
+        if (ops && json_direct && src.raw_item(raw) && loader.load_op_json(raw)) {
+          src.raw_commit(raw);
+          continue;
+        }
         src.next(e);
         if (e.type == EvType::SeqEnd) break;
         item.clear();
@@ -559,5 +570,7 @@ Program load(const std::string& text, const std::string& filename) {
 Program load_program_string(const std::string& text, const std::string& filename) { return load(text, filename); }
 
 Program load_program_file(const std::string& path) { return load(read_input_file(path), path); }
+
+void set_json_direct(bool on) { json_direct = on; }
 
 }  // namespace spmd

@@ -13,4 +13,8 @@ namespace spmd {
 Program load_program_file(const std::string& path);
 Program load_program_string(const std::string& text, const std::string& filename);
 
+// Whether JSON ops and tensors of the plain form are read straight from the text (ir/loader_json.cpp; on by
+// default). Off, every item goes through the parse events: the tests load each program both ways and compare.
+void set_json_direct(bool on);
+
 }  // namespace spmd

@@ -122,6 +122,11 @@ class Loader {
   void load_tensor(N k, N v);
   // One item of `programs:`.
   void load_program_item(N item);
+  // The direct JSON path (ir/loader_json.cpp): an op item at `at` (its `{`), or a `tensors` entry (its key),
+  // read straight from the text and stored, `at` moved past it; false, with nothing stored, when the item is
+  // not of the plain form or the general path would reject it (the caller then reads it through the events).
+  bool load_op_json(RawJson& at);
+  bool load_tensor_json(RawJson& at);
 
  private:
   // ---- sizes and expressions ----------------------------------------------------------------

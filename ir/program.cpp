@@ -105,6 +105,12 @@ NameId NameTable::find_or_insert(std::string_view key, NameId id) {
   return id;
 }
 
+void NameTable::prefetch(std::span<const std::string_view> keys) {
+  if ((size_ + keys.size()) * 8 > slots_.size() * 7) reserve(std::max<std::size_t>(size_ + keys.size(), slots_.size()));
+  std::size_t mask = slots_.size() - 1;
+  for (std::string_view k : keys) __builtin_prefetch(&slots_[hash_of(k) & mask]);
+}
+
 void NameTable::clear() {
   slots_.clear();
   chars_.clear();
@@ -116,6 +122,11 @@ NameId Program::intern(std::string_view n) {
   NameId id = name_ids.find_or_insert(n, next);
   if (id == next) names.emplace_back(n);
   return id;
+}
+
+void Program::intern_all(std::span<const std::string_view> keys, NameId* ids) {
+  name_ids.prefetch(keys);
+  for (std::size_t i = 0; i < keys.size(); ++i) ids[i] = intern(keys[i]);
 }
 
 Op& Program::add_op(std::vector<Op>& list, Op op, std::span<const NameId> ins, std::span<const NameId> outs) {

@@ -75,6 +75,9 @@ class NameTable {
   void reserve(std::size_t n);
   // The id of `key`; absent, `key` is added with `id` (then the result is `id`).
   NameId find_or_insert(std::string_view key, NameId id);
+  // Makes room for `n` more keys and starts loading the slots of `keys` into the cache (the table is larger than
+  // the cache at a million names: the misses of an op's few names then overlap instead of following each other).
+  void prefetch(std::span<const std::string_view> keys);
   void clear();
 
  private:
@@ -256,6 +259,8 @@ struct Program {
   Loc expect_loc;
 
   NameId intern(std::string_view n);
+  // intern() of each of `keys` in order, into `ids` (the same ids; the table lookups overlap).
+  void intern_all(std::span<const std::string_view> keys, NameId* ids);
   // Appends `op` (kind, location, attributes) with its operands; returns the stored op.
   Op& add_op(Op op, std::span<const NameId> ins, std::span<const NameId> outs) { return add_op(ops, op, ins, outs); }
   // The same, appending to another op list of this program (`backward`, `grad_sync`).

@@ -14,6 +14,7 @@
 #include <set>
 #include <unordered_map>
 #include <stdexcept>
+#include <type_traits>
 
 #include "ir/ranks.h"
 #include "spatial/obligations.h"
@@ -63,8 +64,30 @@ struct Origin {
   NameId tensor;       // the value the placement arose on (its text only when a note or the types need it)
   Placement pl;
   int axis;
-  std::string why;     // empty for a declaration
+  std::uint32_t why;   // how it arose: an index into Checker::whys_, kNoIndex for a declaration (or a moved shard)
   int op = -1;         // the op that created it, -1 for a declaration
+  // An op that moved a shard of its input `from` (placement `before`) to another dim: "Reshape maps S(1) of x to
+  // S(2)", written only when a note or the types need it.
+  Placement before{};
+  int from = -1;
+  const Op* moved_by = nullptr;
+};
+
+// A message built only when a rule needs it (a report or a deferred obligation): a string, or a function that
+// makes one. Rules on the hot path pass a lambda, so a million ops that pass format nothing.
+class Lazy {
+ public:
+  Lazy(const std::string& s) : s_(&s) {}  // NOLINT(google-explicit-constructor)
+  Lazy(const char* s) : c_(s) {}          // NOLINT(google-explicit-constructor)
+  template <class F, std::enable_if_t<std::is_invocable_r_v<std::string, const F&> && !std::is_convertible_v<const F&, std::string>, int> = 0>
+  Lazy(const F& f) : ctx_(&f), fn_([](const void* c) { return (*static_cast<const F*>(c))(); }) {}  // NOLINT(google-explicit-constructor)
+  std::string str() const { return s_ ? *s_ : c_ ? std::string(c_) : fn_(ctx_); }
+
+ private:
+  const std::string* s_ = nullptr;
+  const char* c_ = nullptr;
+  const void* ctx_ = nullptr;
+  std::string (*fn_)(const void*) = nullptr;
 };
 
 class Checker {
@@ -94,6 +117,7 @@ class Checker {
   Note fix(const std::string& text) const { return {here(), "fix: " + text}; }
 
   void origin_note(std::vector<Note>& notes, const Value& v, int a) const;
+  std::string why_of(const Origin& org) const;  // how the placement arose (empty: declared)
   int new_origin(Loc l, NameId tensor, Placement pl, int a, std::string why);
   void set_new(Value& v, int a, Placement pl, std::string why);
   void set_from(Value& v, int a, Placement pl, int i);
@@ -119,7 +143,7 @@ class Checker {
   std::string fix_allgather(const std::string& t, int a, int d) const;
 
   // ---- obligations --------------------------------------------------------------------------
-  bool same_dim(ExprId a, ExprId b, const std::string& what, const std::string& tensor);
+  bool same_dim(ExprId a, ExprId b, const Lazy& what, const std::string& tensor);
   std::uint32_t shard_mask(const Value& v, int d) const;
   ExprId mask_size(std::uint32_t m);
   std::string mask_names(std::uint32_t m) const;
@@ -317,6 +341,8 @@ class Checker {
   std::vector<Diagnostic> diags_;
   std::vector<Value> env_;
   std::vector<Origin> origins_;
+  std::vector<std::string> whys_;  // Origin::why texts (append only: origins of several programs' states point here)
+  std::array<ExprId, 1u << kMaxAxes> mask_sizes_;  // mask_size by mask, -1 until asked
   bool local_ = false;
   std::vector<std::uint32_t> oslot_;                 // per operand: its slot in its program's table (local_)
   const std::vector<NameId>* slot_names_ = nullptr;  // the running program's slot -> name (local_)

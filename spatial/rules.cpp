@@ -33,7 +33,9 @@ Checker::Checker(const Program& p, const SpatialOptions& o)
       types_(o.types),
       inferred_(o.inferred_outputs),
       prefix_(o.prefix),
-      prefix_ops_(o.prefix ? std::min(o.prefix_ops, o.prefix->out_base.size()) : 0) {}
+      prefix_ops_(o.prefix ? std::min(o.prefix_ops, o.prefix->out_base.size()) : 0) {
+  mask_sizes_.fill(-1);
+}
 
 std::vector<Diagnostic> Checker::run() {
   if (types_) {
@@ -228,14 +230,26 @@ void Checker::origin_note(std::vector<Note>& notes, const Value& v, int a) const
   int o = v.origin[static_cast<std::size_t>(a)];
   if (o < 0) return;
   const Origin& org = origins_[static_cast<std::size_t>(o)];
-  if (org.why.empty())
+  std::string why = why_of(org);
+  if (why.empty())
     notes.push_back({org.loc, fmt::format("{} is declared {} over {} here", p_.name(org.tensor), ps(org.pl), axn(org.axis))});
   else
-    notes.push_back({org.loc, fmt::format("{} became {} over {} here: {}", p_.name(org.tensor), ps(org.pl), axn(org.axis), org.why)});
+    notes.push_back({org.loc, fmt::format("{} became {} over {} here: {}", p_.name(org.tensor), ps(org.pl), axn(org.axis), why)});
+}
+
+std::string Checker::why_of(const Origin& org) const {
+  if (!org.moved_by) return org.why == kNoIndex ? std::string() : whys_[org.why];
+  return fmt::format("{} maps {} of {} to {}", op_name(org.moved_by->kind), ps(org.before), p_.name(p_.ins(*org.moved_by)[static_cast<std::size_t>(org.from)]),
+                     ps(org.pl));
 }
 
 int Checker::new_origin(Loc l, NameId tensor, Placement pl, int a, std::string why) {
-  origins_.push_back({l, tensor, pl, a, std::move(why), op_idx_});
+  std::uint32_t w = kNoIndex;
+  if (!why.empty()) {
+    w = static_cast<std::uint32_t>(whys_.size());
+    whys_.push_back(std::move(why));
+  }
+  origins_.push_back({l, tensor, pl, a, w, op_idx_});
   return static_cast<int>(origins_.size() - 1);
 }
 
@@ -275,9 +289,14 @@ void Checker::set_from(Value& v, int a, Placement pl, int i) {
   v.pl[static_cast<std::size_t>(a)] = pl;
   if (pl == before || pl.is_r())
     v.origin[static_cast<std::size_t>(a)] = pl.is_r() ? -1 : in(i).origin[static_cast<std::size_t>(a)];
-  else
-    v.origin[static_cast<std::size_t>(a)] =
-        new_origin(here(), oid(0), pl, a, fmt::format("{} maps {} of {} to {}", opname(), ps(before), iname(i), ps(pl)));
+  else {
+    int o = new_origin(here(), oid(0), pl, a, {});
+    Origin& org = origins_[static_cast<std::size_t>(o)];
+    org.moved_by = op_;
+    org.from = i;
+    org.before = before;
+    v.origin[static_cast<std::size_t>(a)] = o;
+  }
 }
 
 void Checker::set_shape(Value& v, std::span<const ExprId> s) {
@@ -308,15 +327,15 @@ std::string Checker::fix_allgather(const std::string& t, int a, int d) const {
 
 
 // Claims a == b (e.g. a contraction dim); false after a shape-mismatch report.
-bool Checker::same_dim(ExprId a, ExprId b, const std::string& what, const std::string& tensor) {
+bool Checker::same_dim(ExprId a, ExprId b, const Lazy& what, const std::string& tensor) {
   Decision d = obl_.decide(OblKind::Equal, a, b);
   if (d == Decision::Holds) return true;
   if (d == Decision::Fails) {
-    report(CheckId::ShapeMismatch, fmt::format("{}: {} != {}", what, dstr(a), dstr(b)), tensor);
+    report(CheckId::ShapeMismatch, fmt::format("{}: {} != {}", what.str(), dstr(a), dstr(b)), tensor);
     return false;
   }
   if (obl_.first_time(OblKind::Equal, a, b))
-    obl_.push({OblKind::Equal, a, b, CheckId::ShapeMismatch, here(), op_idx_, tensor, fmt::format("{} ({} == {}) must hold", what, dstr(a), dstr(b)), {}});
+    obl_.push({OblKind::Equal, a, b, CheckId::ShapeMismatch, here(), op_idx_, tensor, fmt::format("{} ({} == {}) must hold", what.str(), dstr(a), dstr(b)), {}});
   return true;
 }
 
@@ -329,7 +348,10 @@ std::uint32_t Checker::shard_mask(const Value& v, int d) const {
 }
 
 ExprId Checker::mask_size(std::uint32_t m) {
-  ExprId s = pool_.constant(1);
+  ExprId& cached = mask_sizes_[m & ((1u << kMaxAxes) - 1)];
+  if (cached >= 0) return cached;
+  ExprId& s = cached;
+  s = pool_.constant(1);
   for (int a = 0; a < axes(); ++a)
     if (m & (1u << a)) s = pool_.mul(s, axis_size(a));
   return s;
@@ -428,8 +450,8 @@ void Checker::declare(const TensorDecl& t, std::size_t slot) {
       v.origin[static_cast<std::size_t>(a)] = new_origin(t.placement_loc, t.name, v.pl[static_cast<std::size_t>(a)], a, "");
   v.fresh = v_axes(v);
   v.def = next_def_++;
-  for (std::size_t d = 0; d < t.shape.size(); ++d)
-    check_expr(t.shape[d], d < t.dim_locs.size() ? t.dim_locs[d] : t.shape_loc, fmt::format("dim {} of {}", d, name));
+  for (std::size_t d = 0; d < t.shape.size(); ++d)  // a constant has no division and no subtraction to check
+    if (!pool_.is_const(t.shape[d])) check_expr(t.shape[d], d < t.dim_locs.size() ? t.dim_locs[d] : t.shape_loc, fmt::format("dim {} of {}", d, name));
   op_idx_ = -1;
   if (!check_local(v, name, t.placement_loc)) v.poisoned = true;
   env_[slot] = v;
@@ -444,7 +466,7 @@ void Checker::record(bool decl, const Value& v) {
     int k = v.origin[static_cast<std::size_t>(a)];
     if (k < 0) continue;
     const Origin& org = origins_[static_cast<std::size_t>(k)];
-    o[static_cast<std::size_t>(a)] = {org.loc, p_.name(org.tensor), org.why, true};
+    o[static_cast<std::size_t>(a)] = {org.loc, p_.name(org.tensor), why_of(org), true};
   }
   (decl ? types_->decl_origins : types_->out_origins).push_back(std::move(o));
 }
@@ -761,7 +783,7 @@ bool Checker::broadcast_shape(const Value& x, const Value& y, Value& o) {
     if (ex < 0 || is_one(ex)) o.shape[static_cast<std::size_t>(k)] = ey >= 0 ? ey : ex;
     else if (ey < 0 || is_one(ey)) o.shape[static_cast<std::size_t>(k)] = ex;
     else {
-      if (!same_dim(ex, ey, fmt::format("{} broadcasts dim {} of {} against dim {} of {}", opname(), dx, iname(0), dy, iname(1)), iname(1)))
+      if (!same_dim(ex, ey, [&] { return fmt::format("{} broadcasts dim {} of {} against dim {} of {}", opname(), dx, iname(0), dy, iname(1)); }, iname(1)))
         return false;
       o.shape[static_cast<std::size_t>(k)] = ex;
     }

@@ -14,7 +14,7 @@ void Checker::matmul() {
                   iname(ra < 2 ? 0 : 1));
   int kA = ra - 1, mA = ra - 2, kB = rb - 2, nB = rb - 1;
   if (!same_dim(A.shape[static_cast<std::size_t>(kA)], B.shape[static_cast<std::size_t>(kB)],
-                fmt::format("MatMul contracts dim {} of {} with dim {} of {}", kA, iname(0), kB, iname(1)), iname(1)))
+                [&] { return fmt::format("MatMul contracts dim {} of {} with dim {} of {}", kA, iname(0), kB, iname(1)); }, iname(1)))
     return;
   int ro = std::max(ra, rb);
   Value& o = out();
@@ -26,7 +26,7 @@ void Checker::matmul() {
     int da = k - (ro - ra), db = k - (ro - rb);
     ExprId ea = da >= 0 ? A.shape[static_cast<std::size_t>(da)] : -1;
     ExprId eb = db >= 0 ? B.shape[static_cast<std::size_t>(db)] : -1;
-    if (ea >= 0 && eb >= 0 && !same_dim(ea, eb, fmt::format("MatMul batch dim {} of {} against dim {} of {}", da, iname(0), db, iname(1)), iname(1)))
+    if (ea >= 0 && eb >= 0 && !same_dim(ea, eb, [&] { return fmt::format("MatMul batch dim {} of {} against dim {} of {}", da, iname(0), db, iname(1)); }, iname(1)))
       return;
     o.shape[static_cast<std::size_t>(k)] = ea >= 0 ? ea : eb;
   }
@@ -129,7 +129,7 @@ bool Checker::attention_shapes(int& b, int& h, int& s, int& dd) {
                     iname(i)), false;
   auto dim = [&](int i, int d) { return in(i).shape[static_cast<std::size_t>(d)]; };
   auto same = [&](int i, int di, int j, int dj, const char* what) {
-    return same_dim(dim(i, di), dim(j, dj), fmt::format("{} {} of {} and {}", opname(), what, iname(i), iname(j)), iname(j));
+    return same_dim(dim(i, di), dim(j, dj), [&] { return fmt::format("{} {} of {} and {}", opname(), what, iname(i), iname(j)); }, iname(j));
   };
   if (!same(0, b, 1, b, "batch") || !same(1, b, 2, b, "batch") || !same(0, dd, 1, dd, "head_dim") || !same(1, s, 2, s, "key sequence") ||
       !same(1, h, 2, h, "heads"))

@@ -39,7 +39,8 @@ void Checker::norm() {
                                 iname(0), sstr(want)),
                     iname(i));
     for (std::size_t k = 0; k < want.size(); ++k)
-      if (!same_dim(w.shape[k], want[k], fmt::format("{} {} dim {} against normalized dim {} of {}", opname(), iname(i), k, dims[k], iname(0)), iname(i)))
+      if (!same_dim(w.shape[k], want[k], [&] { return fmt::format("{} {} dim {} against normalized dim {} of {}", opname(), iname(i), k, dims[k], iname(0)); },
+                    iname(i)))
         return;
   }
   if (!invariant_ok({0, 1, 2})) return;

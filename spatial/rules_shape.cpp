@@ -81,7 +81,7 @@ void Checker::reshape() {
   ExprId n_in = pool_.constant(1), n_out = pool_.constant(1);
   for (int d = 0; d < x.rank; ++d) n_in = pool_.mul(n_in, x.shape[static_cast<std::size_t>(d)]);
   for (ExprId e : shape) n_out = pool_.mul(n_out, e);
-  if (!same_dim(n_in, n_out, fmt::format("Reshape of {} {} to {} must keep the element count", iname(0), sstr(x.dims()), sstr(shape)),
+  if (!same_dim(n_in, n_out, [&] { return fmt::format("Reshape of {} {} to {} must keep the element count", iname(0), sstr(x.dims()), sstr(shape)); },
                 iname(0)))
     return;
   // Group dims: runs of input dims whose product equals a run of output dims.
@@ -137,16 +137,16 @@ void Checker::reshape() {
     const Group* g = nullptr;
     for (const auto& gr : groups)
       if (p.dim >= gr.i0 && p.dim < gr.i1) g = &gr;
-    std::string base = fmt::format("Reshape of {} {} to {} with dim {} sharded over {}", iname(0), sstr(x.dims()), sstr(shape), p.dim, axn(a));
+    auto base_text = [&] { return fmt::format("Reshape of {} {} to {} with dim {} sharded over {}", iname(0), sstr(x.dims()), sstr(shape), p.dim, axn(a)); };
     if (!g || g->o0 == g->o1 || (lost && g == &groups.back()))
-      return layout_conflict(base + ": the sharded dim does not map onto output dims this reshape keeps whole", iname(0), 0, a,
+      return layout_conflict(base_text() + ": the sharded dim does not map onto output dims this reshape keeps whole", iname(0), 0, a,
                              fix_allgather(iname(0), a, p.dim));
     // A shard not on the group's leftmost dim keeps contiguous pieces only when every dim left of it is cut
     // down to one element per rank by axes outer to the ones further right: then the pieces of all those
     // axes, in mesh order, are consecutive blocks of the flattened group ([2, 12] {dp: S(0), tp: S(1)} ->
     // [24] {dp: S(0), tp: S(0)}).
     if (p.dim != g->i0 && !prefix_whole_per_rank(x, g->i0, p.dim))
-      return layout_conflict(base + fmt::format(": it regroups dims {}..{} and the shard is not on the leftmost (nor is every dim left of it "
+      return layout_conflict(base_text() + fmt::format(": it regroups dims {}..{} and the shard is not on the leftmost (nor is every dim left of it "
                                                 "split to one element per rank by outer axes), so the local pieces interleave",
                                                 g->i0, g->i1 - 1),
                              iname(0), 0, a, fix_allgather(iname(0), a, p.dim));
@@ -154,7 +154,7 @@ void Checker::reshape() {
       std::vector<Note> notes;
       origin_note(notes, x, a);
       notes.push_back(fix(fix_allgather(iname(0), a, p.dim)));
-      return report(CheckId::ShapeMismatch, base + ": merging an unevenly sharded dim would leave gaps between the shards", iname(0), std::move(notes));
+      return report(CheckId::ShapeMismatch, base_text() + ": merging an unevenly sharded dim would leave gaps between the shards", iname(0), std::move(notes));
     }
     // Each rank holds a contiguous block of the flattened group; it is whole rows of the first new dim when
     // that dim is divisible by the axes' product (DTensor's view rule): a split must divide evenly.
