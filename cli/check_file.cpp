@@ -132,18 +132,21 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
   to.dot = dot;
   to.p2p_model = model_option(opt);
   for (auto& d : check_temporal(r.program, to)) r.diags.push_back(std::move(d));
-  const Program& p = r.program;
   if (training) {
+    ForwardUndo undo;
     try {
-      if (p.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
-      TrainingCheck t = check_training(p, {opt.z3_timeout_ms, so.types, forward_ok});
+      if (r.program.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
+      // The step is built in the program itself (no copy of the forward) and turned back into the forward after.
+      TrainingCheck t = check_training_in_place(r.program, undo, {opt.z3_timeout_ms, so.types, forward_ok});
       for (auto& d : t.diags) r.diags.push_back(std::move(d));
       TemporalOptions step_to;  // the CLI's `--p2p-model` holds for the step too (no second DOT graph)
       step_to.p2p_model = to.p2p_model;
       if (t.built)
-        for (auto& d : check_temporal(t.program, step_to))
+        for (auto& d : check_temporal(r.program, step_to))
           if (d.op >= static_cast<int>(t.first_backward)) r.diags.push_back(std::move(d));
+      restore_forward(r.program, undo);
     } catch (const LoadError& e) {
+      restore_forward(r.program, undo);
       r.load_failed = true;
       r.load_error = e;
       r.load_message = render_load_error(display_name(path), e);
