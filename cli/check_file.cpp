@@ -1,6 +1,8 @@
 // cli/check_file.cpp - load one input and run every check on it (shared by check, test, explain, report).
 #include "cli/check_file.h"
 
+#include "equiv/equiv.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -153,6 +155,9 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
       return r;
     }
   }
+  // The value-level check runs on a plan the type checks accept: a type error is the better diagnostic.
+  if ((p.has_spec || p.local_view) && !has_errors(r.diags))
+    for (auto& d : check_equivalence(p).diags) r.diags.push_back(std::move(d));
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   annotate_instances(r.program, r.diags);
   return r;

@@ -1,6 +1,8 @@
 // cli/driver.cpp - subcommands check, test, backward, run, schedule and ops.
 #include "cli/driver.h"
 
+#include "equiv/equiv.h"
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -286,6 +288,33 @@ int cmd_run(const std::vector<std::string>& files, const RunOptions& opt, const 
   return code == kClean && skipped ? 4 : code;
 }
 
+// `spmdcheck equiv`: each file's plan against its spec (or its own ops on one device); exit 0 equivalent, 1 a
+// value mismatch, 2 bad input, 4 not proved (skipped, or equal in real numbers only).
+int cmd_equiv(const std::vector<std::string>& files, std::uint64_t seed, const Options& opt, std::ostream& out) {
+  int code = kClean;
+  bool unproved = false;
+  for (const auto& path : files) {
+    const std::string f = display_name(path);
+    Program p;
+    try {
+      p = load_input(path, opt);
+    } catch (const LoadError& e) {
+      out << render_load_error(f, e);
+      code = std::max(code, static_cast<int>(kBadInput));
+      continue;
+    }
+    EquivOptions eo;
+    eo.seed = seed;
+    EquivResult r = check_equivalence(p, eo);
+    annotate_instances(p, r.diags);
+    out << render_text(f, r.diags);
+    out << f << ": " << equiv_verdict_name(r.verdict) << ": " << r.message << "\n";
+    if (r.verdict == EquivVerdict::Mismatch) code = std::max(code, static_cast<int>(kFindings));
+    else if (r.verdict != EquivVerdict::Equivalent) unproved = true;
+  }
+  return code == kClean && unproved ? 4 : code;
+}
+
 }  // namespace
 
 int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) { return run_cli(args, out, err, std::cin); }
@@ -344,6 +373,12 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     run->add_option("files", files, "program files")->required();
     run->add_option("--seed", ropt.seed, "input values and the instantiation of symbolic sizes");
     run->add_option("--z3-timeout", ropt.z3_timeout_ms, "solver time limit per obligation, in milliseconds");
+    std::uint64_t equiv_seed = 0;
+    auto* equiv = app.add_subcommand("equiv",
+                                     "prove FILE...'s plan equal to its `spec:` (or to its own ops on one device), or give a counterexample and the first op "
+                                     "that goes wrong (exit 0 equivalent, 1 value-mismatch, 4 not proved)");
+    equiv->add_option("files", files, "program files")->required();
+    equiv->add_option("--seed", equiv_seed, "the random field, the drawn inputs and the instantiation of symbolic sizes");
     std::string explain_file;
     ExplainFilter filter;
     int explain_op = -1;
@@ -401,6 +436,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return kClean;
     }
     if (*test) return cmd_test(paths, opt, out);
+    if (*equiv) return cmd_equiv(files, equiv_seed, opt, out);
     if (*sched) {
       Schedule sc;
       if (*gen) {

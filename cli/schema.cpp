@@ -170,6 +170,14 @@ json program_schema() {
                        {"additionalProperties", false},
                        {"required", json::array({"ranks", "ops"})},
                        {"properties", {{"ranks", coords_schema()}, {"ops", op_list_schema()}}}};
+  // `spec:` (docs/format.md, "Equivalence"): the single-device model, the outputs compared and the lineage.
+  json name_map = {{"type", "object"}, {"additionalProperties", name_schema()}};
+  json spec = {{"type", "object"},
+               {"additionalProperties", false},
+               {"properties",
+                {{"ops", {{"anyOf", json::array({op_list_schema(), {{"type", "null"}}})}}},
+                 {"outputs", {{"anyOf", json::array({{{"type", "array"}, {"items", name_schema()}}, name_map, {{"type", "null"}}})}}},
+                 {"lineage", {{"anyOf", json::array({name_map, {{"type", "null"}}})}}}}}};
   json module = {{"type", "object"},
                  {"additionalProperties", false},
                  {"required", json::array({"ops"})},
@@ -207,7 +215,8 @@ json program_schema() {
         {"loss", name_schema()},
         {"train", bool_schema()},
         {"backward", op_list_schema()},
-        {"grad_sync", op_list_schema()}}}};
+        {"grad_sync", op_list_schema()},
+        {"spec", spec}}}};
 }
 
 }  // namespace spmd

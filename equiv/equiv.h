@@ -31,6 +31,9 @@ struct EquivResult {
   std::string message;            // one line: the verdict and why
 };
 
+// "equivalent", "value-mismatch", "not proved", "not checked".
+const char* equiv_verdict_name(EquivVerdict v);
+
 EquivResult check_equivalence(const Program& p, const EquivOptions& o = {});
 
 }  // namespace spmd

@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <malloc.h>
 #include <map>
 #include <numeric>
 #include <sstream>
 
+#include "interp/assembly.h"
 #include "interp/runner.h"
 #include "interp/tensor.h"
 
@@ -31,16 +33,12 @@ std::string_view verdict_name(OracleVerdict v) {
   return "?";
 }
 
-namespace {
+namespace interp {  // shared with equiv/ through interp/assembly.h
 
 using namespace interp;
 
 // ---- size instantiation ---------------------------------------------------------------------------
-struct Instantiation {
-  std::vector<std::int64_t> vars;
-  std::vector<std::int64_t> mesh;
-  bool even = true;  // every declared shape has a value and every declared shard divides evenly (or is declared uneven)
-};
+
 
 std::vector<Instantiation> instantiations(const Program& p, const OracleOptions& o) {
   std::vector<std::vector<std::int64_t>> cand;
@@ -108,12 +106,7 @@ std::vector<Instantiation> instantiations(const Program& p, const OracleOptions&
 }
 
 // ---- assembly ---------------------------------------------------------------------------------------
-struct Assembled {
-  bool ok = false;        // a value was assembled
-  bool undefined = false; // V somewhere: no assembled value
-  std::string problem;    // ranks disagree on R/I, or the pieces do not fit
-  Tensor t;
-};
+
 
 bool close(double a, double b, double tol) {
   if (a == b) return true;  // equal infinities (a division by zero on both sides) agree; inf - inf would be NaN
@@ -122,22 +115,29 @@ bool close(double a, double b, double tol) {
 }
 double max_abs(const Tensor& t) {
   double m = 0;
-  for (double e : t.data)
-    if (std::isfinite(e)) m = std::max(m, std::abs(e));
+  for (const Num& e : t.data)
+    if (std::isfinite(e.d)) m = std::max(m, std::abs(e.d));
   return m;
 }
 
 Assembled assemble(const Program& p, Runner& run, NameId name, const Placements& pl, const OracleOptions& o) {
-  Assembled res;
-  const auto& sizes = run.sizes();
-  std::size_t axes = sizes.size();
-  // pieces over the remaining (outer) axes, row-major
-  std::vector<Tensor> cur;
+  std::vector<Tensor> pieces;
   for (std::int64_t r = 0; r < run.ranks(); ++r) {
     const Val& v = run.at(r, name);
-    if (!v.defined) return res.problem = "rank " + coord_text(p, run.coords(r)) + " never computes it", res;
-    cur.push_back(v.t);
+    if (!v.defined) {
+      Assembled res;
+      res.problem = "rank " + coord_text(p, run.coords(r)) + " never computes it";
+      return res;
+    }
+    pieces.push_back(v.t);
   }
+  return assemble_pieces(p, run.sizes(), std::move(pieces), pl, o);
+}
+
+Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& sizes, std::vector<Tensor> cur, const Placements& pl, const OracleOptions& o) {
+  Assembled res;
+  std::size_t axes = sizes.size();
+  // cur: pieces over the remaining (outer) axes, row-major
   int rank = cur[0].rank();
   for (int a = static_cast<int>(axes) - 1; a >= 0; --a) {
     std::int64_t n = sizes[static_cast<std::size_t>(a)];
@@ -175,12 +175,14 @@ Assembled assemble(const Program& p, Runner& run, NameId name, const Placements&
                                  shape_text(members[static_cast<std::size_t>(m)].shape) + ") for a P value",
                    res;
           for (std::size_t e = 0; e < acc.data.size(); ++e) {
-            double x = members[static_cast<std::size_t>(m)].data[e];
-            acc.data[e] = pa.op == ReduceOp::Max ? std::max(acc.data[e], x) : pa.op == ReduceOp::Min ? std::min(acc.data[e], x) : acc.data[e] + x;
+            const Num& x = members[static_cast<std::size_t>(m)].data[e];
+            acc.data[e] = pa.op == ReduceOp::Max ? pick_max(acc.data[e], x) : pa.op == ReduceOp::Min ? pick_min(acc.data[e], x) : acc.data[e] + x;
           }
         }
-        if (pa.op == ReduceOp::Avg)
-          for (auto& e : acc.data) e /= static_cast<double>(n);
+        if (pa.op == ReduceOp::Avg) {
+          const Num nn = static_cast<double>(n);
+          for (auto& e : acc.data) e /= nn;
+        }
         next.push_back(std::move(acc));
       } else {  // R or I: every rank must hold the same value
         double tol = o.atol + o.rtol * max_abs(members[0]);
@@ -191,10 +193,10 @@ Assembled assemble(const Program& p, Runner& run, NameId name, const Placements&
                                  shape_text(x.shape) + ") of a value that is " + to_string(pa) + " over " + an,
                    res;
           for (std::size_t e = 0; e < x.data.size(); ++e)
-            if (!close(x.data[e], members[0].data[e], tol)) {
+            if (!close(x.data[e].d, members[0].data[e].d, tol)) {
               std::ostringstream s;
               s << "ranks " << where(0) << " and " << where(m) << " disagree on a value that is " << to_string(pa) << " over " << an << ": element " << e
-                << " is " << members[0].data[e] << " vs " << x.data[e];
+                << " is " << members[0].data[e].d << " vs " << x.data[e].d;
               return res.problem = s.str(), res;
             }
         }
@@ -282,9 +284,19 @@ std::string op_where(const Program& p, int oi) {
   return "op " + std::to_string(oi) + " (" + std::string(op_name(op.kind)) + ", line " + std::to_string(op.loc.line) + ")";
 }
 
-}  // namespace
+}  // namespace interp
+
+using namespace interp;
 
 OracleResult run_oracle(const Program& p, const OracleOptions& o) {
+  // A run allocates many short-lived tensors of a few hundred KB (Num is 48 bytes): keep freed memory in the heap
+  // instead of returning it to the kernel after every op (glibc's defaults mmap and trim each one, doubling the CPU time).
+  static const bool heap_tuned = [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+    return true;
+  }();
+  (void)heap_tuned;
   OracleResult res;
   // What the oracle cannot run is skipped with the reason (never counted as agreement): per-rank
   // programs and schedules (one program per set of ranks), and ops with no numeric kernel.
@@ -402,7 +414,7 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
     double worst = 0;
     std::int64_t first = -1;
     for (std::size_t e = 0; e < g.t.data.size(); ++e) {
-      double x = a.t.data[e], y = g.t.data[e];
+      double x = a.t.data[e].d, y = g.t.data[e].d;
       double d = x == y ? 0.0 : std::isnan(x) != std::isnan(y) ? INFINITY : std::isnan(x) ? 0.0 : std::abs(x - y);
       worst = std::max(worst, d);
       if (first < 0 && !close(x, y, tol)) first = static_cast<std::int64_t>(e);
@@ -412,8 +424,8 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
       differ = true;
       std::ostringstream s;
       s.precision(6);
-      s << "output " << name << " differs at " << index_text(g.t.shape, first) << ": per-rank " << a.t.data[static_cast<std::size_t>(first)]
-        << ", single-device " << g.t.data[static_cast<std::size_t>(first)] << " (held by ranks " << holders(p, dist.sizes(), g.t.shape, first, pl)
+      s << "output " << name << " differs at " << index_text(g.t.shape, first) << ": per-rank " << a.t.data[static_cast<std::size_t>(first)].d
+        << ", single-device " << g.t.data[static_cast<std::size_t>(first)].d << " (held by ranks " << holders(p, dist.sizes(), g.t.shape, first, pl)
         << "); largest difference " << worst;
       res.message = s.str();
     }

@@ -124,12 +124,13 @@ std::vector<std::int64_t> Runner::group(const Op& op, std::int64_t r) {
   return m;
 }
 
-double Runner::combine(ReduceOp op, double a, double b) {
+// Max and Min pick an element (by d): a reduction over ranks picks what the single-device reduction picks.
+Num Runner::combine(ReduceOp op, const Num& a, const Num& b) {
   switch (op) {
     case ReduceOp::Sum:
     case ReduceOp::Avg: return a + b;
-    case ReduceOp::Max: return std::max(a, b);
-    case ReduceOp::Min: return std::min(a, b);
+    case ReduceOp::Max: return pick_max(a, b);
+    case ReduceOp::Min: return pick_min(a, b);
   }
   return a;
 }
@@ -141,8 +142,10 @@ Tensor Runner::reduce_all(const std::vector<const Val*>& xs, ReduceOp op) {
       throw InterpError("ranks hold different local shapes (" + shape_text(acc.shape) + " and " + shape_text(xs[k]->t.shape) + ") for one reduction");
     for (std::size_t e = 0; e < acc.data.size(); ++e) acc.data[e] = combine(op, acc.data[e], xs[k]->t.data[e]);
   }
-  if (op == ReduceOp::Avg)
-    for (auto& e : acc.data) e /= static_cast<double>(xs.size());
+  if (op == ReduceOp::Avg) {
+    const Num n = static_cast<double>(xs.size());
+    for (auto& e : acc.data) e /= n;
+  }
   charge(acc.numel() * static_cast<std::int64_t>(xs.size()));
   return acc;
 }

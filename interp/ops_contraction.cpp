@@ -67,7 +67,8 @@ void Runner::note_range(NameId n, std::int64_t limit) {
   r = r < 0 ? limit : std::min(r, limit);
 }
 
-std::int64_t Runner::as_index(double x, std::int64_t limit, const char* what) {
+std::int64_t Runner::as_index(const Num& xn, std::int64_t limit, const char* what) {
+  double x = xn.d;  // indices are routing: decided by the real value
   if (!(x >= 0) || x != std::floor(x) || x >= static_cast<double>(limit))
     throw InterpError(std::string(what) + " value " + std::to_string(x) + " is not an index below " + std::to_string(limit));
   return static_cast<std::int64_t>(x);

@@ -33,17 +33,19 @@ std::int64_t Runner::cp_ring(const Op& op, int& axis) const {
 
 // Attention of q over k, v (local tensors in `layout`) with the causal mask kpos[j] > qpos[i]; writes the
 // output and, when asked, the log-sum-exp of the scaled scores per query row (-inf for a row with no key).
-void Runner::attend(const Op& op, const Tensor& q, const Tensor& k, const Tensor& v, const std::vector<std::int64_t>& qpos,
-                    const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse) {
+// The max subtracted from the scores is a stabilizer (interp/num.h): shift 0 in the field lanes.
+void attend_kernel(AttnLayout layout, bool causal, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse) {
   int b = 0, h = 1, s = 2, dd = 3;
-  if (op.attrs.layout == AttnLayout::BSHD) s = 1, h = 2;
-  if (op.attrs.layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
-  std::string nm(op_name(op.kind));
+  if (layout == AttnLayout::BSHD) s = 1, h = 2;
+  if (layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
   if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) throw InterpError(nm + " needs rank-4 q, k, v");
   auto L = [](const Tensor& t, int d) { return t.shape[static_cast<std::size_t>(d)]; };
   std::int64_t B = L(q, b), HQ = L(q, h), SQ = L(q, s), D = L(q, dd), HK = L(k, h), SK = L(k, s), DV = L(v, dd);
   if (L(k, b) != B || L(v, b) != B || L(k, dd) != D || L(v, s) != SK || L(v, h) != HK || HK == 0 || HQ % HK != 0)
     throw InterpError(nm + " local shapes do not fit: q " + shape_text(q.shape) + ", k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
+  if (static_cast<std::int64_t>(qpos.size()) != SQ || static_cast<std::int64_t>(kpos.size()) != SK)
+    throw InterpError(nm + " positions do not fit the local q and k");
   Shape os = q.shape;
   os[static_cast<std::size_t>(dd)] = DV;
   out = Tensor(os);
@@ -57,31 +59,70 @@ void Runner::attend(const Op& op, const Tensor& q, const Tensor& k, const Tensor
     for (int d = 0; d < 4; ++d) off = off * t.shape[static_cast<std::size_t>(d)] + pos[d];
     return static_cast<std::size_t>(off);
   };
-  charge(B * HQ * SQ * SK * (D + DV));
-  double scale = D ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
-  std::vector<double> w(static_cast<std::size_t>(SK));
+  const Num scale = D ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
+  std::vector<Num> w(static_cast<std::size_t>(SK));
   for (std::int64_t bi = 0; bi < B; ++bi)
     for (std::int64_t hi = 0; hi < HQ; ++hi) {
       std::int64_t kh = hi / (HQ / HK);
       for (std::int64_t i = 0; i < SQ; ++i) {
-        double m = -INFINITY;
+        double md = -INFINITY;
         for (std::int64_t j = 0; j < SK; ++j) {
-          double sc = 0;
+          Num sc = 0.0;
           for (std::int64_t d = 0; d < D; ++d) sc += q.data[idx(q, bi, hi, i, d)] * k.data[idx(k, bi, kh, j, d)];
-          bool masked = op.attrs.causal && kpos[static_cast<std::size_t>(j)] > qpos[static_cast<std::size_t>(i)];
-          w[static_cast<std::size_t>(j)] = masked ? -INFINITY : sc * scale;
-          m = std::max(m, w[static_cast<std::size_t>(j)]);
+          bool masked = causal && kpos[static_cast<std::size_t>(j)] > qpos[static_cast<std::size_t>(i)];
+          w[static_cast<std::size_t>(j)] = masked ? Num(-INFINITY) : sc * scale;
+          md = std::max(md, w[static_cast<std::size_t>(j)].d);
         }
-        double z = 0;
-        for (auto& e : w) z += (e = std::isinf(e) ? 0.0 : std::exp(e - m));
+        const Num m = Num::stabilizer(md);
+        Num z = 0.0;
+        for (auto& e : w) z += (e = std::isinf(e.d) ? Num(0.0) : exp(e - m));
         for (std::int64_t d = 0; d < DV; ++d) {
-          double acc = 0;
+          Num acc = 0.0;
           for (std::int64_t j = 0; j < SK; ++j) acc += w[static_cast<std::size_t>(j)] * v.data[idx(v, bi, kh, j, d)];
-          out.data[idx(out, bi, hi, i, d)] = z > 0 ? acc / z : 0.0;
+          out.data[idx(out, bi, hi, i, d)] = z.d > 0 ? acc / z : Num(0.0);
         }
-        if (lse) lse->data[idx(*lse, bi, hi, i, 0)] = z > 0 ? m + std::log(z) : -INFINITY;
+        if (lse) lse->data[idx(*lse, bi, hi, i, 0)] = z.d > 0 ? m + log(z) : Num(-INFINITY);
       }
     }
+}
+
+// The log-sum-exp merge of a ring step (o, l) into the accumulator (O, L), in place in (o, l): with
+// m = stabilizer(max(a, b)), lse = m + log(exp(a - m) + exp(b - m)), out = exp(a - lse) O + exp(b - lse) o.
+// In the field lanes a = log(Za), b = log(Zb) (attend_kernel), so out = (Za O + Zb o) / (Za + Zb): exactly the
+// attention over both key blocks.
+void lse_merge(const Tensor& O, const Tensor& L, Tensor& o, Tensor& l) {
+  if (O.shape != o.shape || L.shape != l.shape)
+    throw InterpError("RingAttentionStep's accumulator has local shapes " + shape_text(O.shape) + " and " + shape_text(L.shape) + ", the step " +
+                      shape_text(o.shape) + " and " + shape_text(l.shape));
+  std::int64_t rows = l.numel(), DV = rows ? o.numel() / rows : 0;
+  // head_dim is the last dim in every layout: row i of lse is the DV values of out from i * DV.
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const Num a = L.data[static_cast<std::size_t>(i)], b = l.data[static_cast<std::size_t>(i)];
+    double md = std::max(a.d, b.d);
+    const Num m = Num::stabilizer(md);
+    Num lse = std::isinf(md) && md < 0 ? Num(-INFINITY) : m + log(exp(a - m) + exp(b - m));
+    Num wa = std::isinf(a.d) && a.d < 0 ? Num(0.0) : exp(a - lse), wb = std::isinf(b.d) && b.d < 0 ? Num(0.0) : exp(b - lse);
+    for (std::int64_t d = 0; d < DV; ++d) {
+      auto e = static_cast<std::size_t>(i * DV + d);
+      o.data[e] = wa * O.data[e] + wb * o.data[e];
+    }
+    l.data[static_cast<std::size_t>(i)] = lse;
+  }
+}
+
+void Runner::attend(const Op& op, const Tensor& q, const Tensor& k, const Tensor& v, const std::vector<std::int64_t>& qpos,
+                    const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse) {
+  std::string nm(op_name(op.kind));
+  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) throw InterpError(nm + " needs rank-4 q, k, v");
+  int b = 0, h = 1, s = 2, dd = 3;
+  if (op.attrs.layout == AttnLayout::BSHD) s = 1, h = 2;
+  if (op.attrs.layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
+  auto L = [](const Tensor& t, int d) { return t.shape[static_cast<std::size_t>(d)]; };
+  std::int64_t B = L(q, b), HQ = L(q, h), SQ = L(q, s), D = L(q, dd), HK = L(k, h), SK = L(k, s), DV = L(v, dd);
+  if (L(k, b) != B || L(v, b) != B || L(k, dd) != D || L(v, s) != SK || L(v, h) != HK || HK == 0 || HQ % HK != 0)
+    throw InterpError(nm + " local shapes do not fit: q " + shape_text(q.shape) + ", k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
+  charge(B * HQ * SQ * SK * (D + DV));
+  attend_kernel(op.attrs.layout, op.attrs.causal, nm, q, k, v, qpos, kpos, out, lse);
 }
 
 namespace {
@@ -168,22 +209,7 @@ void Runner::ring_step(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   if (op.n_in == 5 && !global_) {
     const Val& O = in(oi, r, 3);
     const Val& L = in(oi, r, 4);
-    if (O.t.shape != o.t.shape || L.t.shape != l.t.shape)
-      throw InterpError("RingAttentionStep's accumulator has local shapes " + shape_text(O.t.shape) + " and " + shape_text(L.t.shape) + ", the step " +
-                        shape_text(o.t.shape) + " and " + shape_text(l.t.shape));
-    std::int64_t rows = l.t.numel(), DV = rows ? o.t.numel() / rows : 0;
-    // head_dim is the last dim in every layout: row i of lse is the DV values of out from i * DV.
-    for (std::int64_t i = 0; i < rows; ++i) {
-      double a = L.t.data[static_cast<std::size_t>(i)], b = l.t.data[static_cast<std::size_t>(i)];
-      double m = std::max(a, b);
-      double lse = std::isinf(m) && m < 0 ? -INFINITY : m + std::log(std::exp(a - m) + std::exp(b - m));
-      double wa = std::isinf(a) && a < 0 ? 0.0 : std::exp(a - lse), wb = std::isinf(b) && b < 0 ? 0.0 : std::exp(b - lse);
-      for (std::int64_t d = 0; d < DV; ++d) {
-        auto e = static_cast<std::size_t>(i * DV + d);
-        o.t.data[e] = wa * O.t.data[e] + wb * o.t.data[e];
-      }
-      l.t.data[static_cast<std::size_t>(i)] = lse;
-    }
+    lse_merge(O.t, L.t, o.t, l.t);
     charge(o.t.numel());
   }
   set_out(oi, r, 0, std::move(o), taint);

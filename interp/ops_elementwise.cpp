@@ -11,7 +11,7 @@ namespace spmd::interp {
 namespace {
 
 bool all_finite(const Tensor& t) {
-  return std::all_of(t.data.begin(), t.data.end(), [](double e) { return std::isfinite(e); });
+  return std::all_of(t.data.begin(), t.data.end(), [](const Num& e) { return std::isfinite(e.d); });
 }
 
 // The single-device run's taint of a result that leaves the reals where its inputs did not (x / 0, log 0,
@@ -35,18 +35,21 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   const bool was_finite = global_ && all_finite(v.t);  // only the single-device run is tainted
   // The dispatcher sends only the ops named here; the function is picked once, not per element.
   const OpKind k = op.kind;
-  std::function<double(double)> f = [](double x) { return x; };
-  if (k == OpKind::SiLU) f = [](double x) { return x / (1 + std::exp(-x)); };
-  else if (k == OpKind::GELU) f = [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); };
-  else if (k == OpKind::ReLU) f = [](double x) { return x > 0 ? x : 0.0; };
-  else if (k == OpKind::Cast && at.has_dtype && is_int(dt))
-    f = [dt](double x) { return dt == DType::Bool ? (x != 0 ? 1.0 : 0.0) : std::trunc(x); };
-  else if (k == OpKind::LossScale) f = [s = at.number](double x) { return x * s; };
-  else if (k == OpKind::Neg) f = [](double x) { return -x; };
-  else if (k == OpKind::Exp) f = [](double x) { return std::exp(x); };
-  else if (k == OpKind::Log) f = [](double x) { return std::log(x); };
-  else if (k == OpKind::Sqrt) f = [](double x) { return std::sqrt(x); };
-  else if (k == OpKind::Rsqrt) f = [](double x) { return 1 / std::sqrt(x); };
+  std::function<Num(const Num&)> f = [](const Num& x) { return x; };
+  if (k == OpKind::SiLU) f = [](const Num& x) { return silu(x); };
+  else if (k == OpKind::GELU) f = [](const Num& x) { return gelu(x); };
+  else if (k == OpKind::ReLU) f = [](const Num& x) { return relu(x); };
+  else if (k == OpKind::Cast && at.has_dtype && is_int(dt))  // to an integer type: a nonlinear function (exact on integers)
+    f = [dt](const Num& x) {
+      double d = dt == DType::Bool ? (x.d != 0 ? 1.0 : 0.0) : std::trunc(x.d);
+      return d == x.d ? x : uf(num::key_of(dt == DType::Bool ? "cast bool" : "trunc"), d, x);
+    };
+  else if (k == OpKind::LossScale) f = [s = Num(at.number)](const Num& x) { return x * s; };
+  else if (k == OpKind::Neg) f = [](const Num& x) { return -x; };
+  else if (k == OpKind::Exp) f = [](const Num& x) { return exp(x); };
+  else if (k == OpKind::Log) f = [](const Num& x) { return log(x); };
+  else if (k == OpKind::Sqrt) f = [](const Num& x) { return sqrt(x); };
+  else if (k == OpKind::Rsqrt) f = [](const Num& x) { return rsqrt(x); };
   v.t = unary(v.t, f);
   std::string t = was_finite ? leaves_reals(true, v.t, {}, taint) : taint;
   return set_out(oi, r, 0, std::move(v), t);
@@ -56,16 +59,16 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   // The dispatcher sends only Add, Sub, Multiply, Div, Maximum and Minimum here; picked once, not per element.
   const OpKind k = op.kind;
-  std::function<double(double, double)> f = [](double a, double b) { return a * b; };
-  if (k == OpKind::Add) f = [](double a, double b) { return a + b; };
-  else if (k == OpKind::Sub) f = [](double a, double b) { return a - b; };
-  else if (k == OpKind::Div) f = [](double a, double b) { return a / b; };
-  else if (k == OpKind::Maximum) f = [](double a, double b) { return std::max(a, b); };
-  else if (k == OpKind::Minimum) f = [](double a, double b) { return std::min(a, b); };
+  std::function<Num(const Num&, const Num&)> f = [](const Num& a, const Num& b) { return a * b; };
+  if (k == OpKind::Add) f = [](const Num& a, const Num& b) { return a + b; };
+  else if (k == OpKind::Sub) f = [](const Num& a, const Num& b) { return a - b; };
+  else if (k == OpKind::Div) f = [](const Num& a, const Num& b) { return a / b; };
+  else if (k == OpKind::Maximum) f = [](const Num& a, const Num& b) { return max2(a, b); };
+  else if (k == OpKind::Minimum) f = [](const Num& a, const Num& b) { return min2(a, b); };
   if (op.n_in == 1) {
     Val v = in(oi, r, 0);
-    double s = op.attrs.number;
-    v.t = unary(v.t, [&](double a) { return f(a, s); });
+    Num s = op.attrs.number;
+    v.t = unary(v.t, [&](const Num& a) { return f(a, s); });
     return set_out(oi, r, 0, std::move(v), taint);
   }
   const Val& x = in(oi, r, 0);
@@ -97,9 +100,10 @@ void Runner::where(int oi, std::int64_t r, const std::vector<std::int64_t>& c, c
   Tensor xl = align(x, slice_target(x, o.mask), c, p_.name(ins[1]));
   Tensor yl = align(y, slice_target(y, o.mask), c, p_.name(ins[2]));
   // two selections that never overlap, then their union (b where the mask is zero)
-  Tensor sel = binary(ml, binary(xl, yl, [](double a, double) { return a; }), [](double k, double a) { return k != 0 ? a : 0.0; });
-  Tensor other = binary(ml, binary(yl, xl, [](double b, double) { return b; }), [](double k, double b) { return k != 0 ? 0.0 : b; });
-  o.t = binary(sel, other, [](double a, double b) { return a + b; });
+  // (the mask is routing: decided by d, the lanes follow the chosen branch)
+  Tensor sel = binary(ml, binary(xl, yl, [](const Num& a, const Num&) { return a; }), [](const Num& k, const Num& a) { return k.d != 0 ? a : Num(0.0); });
+  Tensor other = binary(ml, binary(yl, xl, [](const Num& b, const Num&) { return b; }), [](const Num& k, const Num& b) { return k.d != 0 ? Num(0.0) : b; });
+  o.t = binary(sel, other, [](const Num& a, const Num& b) { return a + b; });
   set_out(oi, r, 0, std::move(o), taint);
 }
 
@@ -107,6 +111,7 @@ void Runner::dropout(int oi, std::int64_t r, const std::vector<std::int64_t>& c,
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   Val v = in(oi, r, 0);
   double p = op.attrs.has_number ? op.attrs.number : 0.1;
+  const Num keep = 1 - p;
   std::string t = taint;
   if (op.attrs.rng_per_rank && global_) t = "Dropout with `rng: per_rank` draws a different mask on every rank";
   // The mask is a function of the element's global position (and of the rank with rng: per_rank).
@@ -122,7 +127,7 @@ void Runner::dropout(int oi, std::int64_t r, const std::vector<std::int64_t>& c,
   for (auto& x : v.t.data) {
     std::int64_t flat = 0;
     for (std::size_t d = 0; d < idx.size(); ++d) flat += (lo[d] + idx[d]) * gst[d];
-    x = unit(mix(key ^ static_cast<std::uint64_t>(flat))) < p ? 0.0 : x / (1 - p);
+    x = unit(mix(key ^ static_cast<std::uint64_t>(flat))) < p ? Num(0.0) : x / keep;
     for (int d = static_cast<int>(idx.size()) - 1; d >= 0; --d) {
       if (++idx[static_cast<std::size_t>(d)] < v.t.shape[static_cast<std::size_t>(d)]) break;
       idx[static_cast<std::size_t>(d)] = 0;

@@ -95,8 +95,8 @@ void Runner::moe(int oi, const std::vector<std::int64_t>& members) {
           for (std::int64_t j = 0; j < K; ++j) {
             std::size_t at = static_cast<std::size_t>((b * T + t) * K + j);
             if (slot[at] < 0) continue;
-            std::int64_t e = static_cast<std::int64_t>(idx.t.data[at]);
-            double wt = w ? w->t.data[at] : 1.0;
+            std::int64_t e = static_cast<std::int64_t>(idx.t.data[at].d);
+            const Num wt = w ? w->t.data[at] : Num(1.0);
             std::int64_t dst = ((b * E + e) * G * c + slot[at]) * H, src = (b * T + t) * H;
             for (std::int64_t h = 0; h < H; ++h) L.data[static_cast<std::size_t>(dst + h)] = wt * x.t.data[static_cast<std::size_t>(src + h)];
           }
@@ -157,8 +157,8 @@ void Runner::moe(int oi, const std::vector<std::int64_t>& members) {
           for (std::int64_t j = 0; j < K; ++j) {
             std::size_t at = static_cast<std::size_t>((b * T + t) * K + j);
             if (slot[at] < 0) continue;
-            std::int64_t e = static_cast<std::int64_t>(idx.t.data[at]);
-            double wt = w ? w->t.data[at] : 1.0;
+            std::int64_t e = static_cast<std::int64_t>(idx.t.data[at].d);
+            const Num wt = w ? w->t.data[at] : Num(1.0);
             std::int64_t src = ((b * E + e) * GC + slot[at]) * H, dst = (b * T + t) * H;
             for (std::int64_t h = 0; h < H; ++h) O.data[static_cast<std::size_t>(dst + h)] += wt * Bk.data[static_cast<std::size_t>(src + h)];
           }

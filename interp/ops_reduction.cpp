@@ -14,30 +14,34 @@ void Runner::softmax(int oi, std::int64_t r, const std::string& taint) {
   return set_out(oi, r, 0, std::move(v), taint);
 }
 
-void Runner::softmax_line(std::vector<double>& x) {
-  double m = -INFINITY;
-  for (double v : x) m = std::max(m, v);
-  double s = 0;
-  for (double& v : x) s += (v = std::exp(v - m));
-  for (double& v : x) v /= s;
+// exp(x - m) / sum exp(x - m), m = stabilizer(max): in the field lanes the shift is 0 (the result does not depend on it).
+void Runner::softmax_line(std::vector<Num>& x) {
+  double md = -INFINITY;
+  for (const Num& v : x) md = std::max(md, v.d);
+  const Num m = Num::stabilizer(md);
+  Num s = 0.0;
+  for (Num& v : x) s += (v = exp(v - m));
+  for (Num& v : x) v /= s;
 }
 
 void Runner::norm(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   Val v = in(oi, r, 0);
   auto dims = norm_dims(op.attrs.dims, v.t.rank(), true);
-  double eps = op.attrs.has_number ? op.attrs.number : 1e-5;
+  const Num eps = op.attrs.has_number ? op.attrs.number : 1e-5;
   bool rms = op.kind == OpKind::RMSNorm;
-  for_each_group(v.t, dims, [&](std::vector<double>& x) {
+  for_each_group(v.t, dims, [&](std::vector<Num>& x) {
     if (x.empty()) return;
-    double mean = 0, var = 0;
+    Num mean = 0.0, var = 0.0;
+    const Num n = static_cast<double>(x.size());
     if (!rms) {
-      for (double e : x) mean += e;
-      mean /= static_cast<double>(x.size());
+      for (const Num& e : x) mean += e;
+      mean /= n;
     }
-    for (double e : x) var += (e - mean) * (e - mean);
-    var /= static_cast<double>(x.size());
-    for (double& e : x) e = (e - mean) / std::sqrt(var + eps);
+    for (const Num& e : x) var += (e - mean) * (e - mean);
+    var /= n;
+    const Num sd = sqrt(var + eps);
+    for (Num& e : x) e = (e - mean) / sd;
   });
   // weight (and bias) span the normalized dims: each rank reads its own block of them.
   for (int i = 1; i < op.n_in; ++i) {
@@ -50,7 +54,7 @@ void Runner::norm(int oi, std::int64_t r, const std::vector<std::int64_t>& c, co
     Shape ws(v.t.shape.size(), 1);
     for (std::size_t k = 0; k < dims.size(); ++k) ws[static_cast<std::size_t>(dims[k])] = wl.shape[k];
     wl = interp::reshape(wl, ws);
-    v.t = binary(v.t, wl, [&](double a, double b) { return i == 1 ? a * b : a + b; });
+    v.t = binary(v.t, wl, [&](const Num& a, const Num& b) { return i == 1 ? a * b : a + b; });
   }
   set_out(oi, r, 0, std::move(v), taint);
 }
@@ -60,20 +64,22 @@ void Runner::reduce_dims(int oi, std::int64_t r, const std::string& taint) {
   const Val& x = in(oi, r, 0);
   auto dims = norm_dims(op.attrs.dims, x.t.rank(), false);
   Val o;
-  auto sum = [](double a, double b) { return a + b; };
-  if (op.kind == OpKind::ReduceMax) o.t = reduce(x.t, dims, op.attrs.keepdim, -INFINITY, [](double a, double b) { return std::max(a, b); });
-  else if (op.kind == OpKind::ReduceMin) o.t = reduce(x.t, dims, op.attrs.keepdim, INFINITY, [](double a, double b) { return std::min(a, b); });
-  else if (op.kind == OpKind::LogSumExp) {  // m + log(sum(exp(x - m))), m the max of each group
-    Tensor m = reduce(x.t, dims, true, -INFINITY, [](double a, double b) { return std::max(a, b); });
-    Tensor e = binary(x.t, m, [](double a, double b) { return std::isinf(b) ? 0.0 : std::exp(a - b); });
+  auto sum = [](const Num& a, const Num& b) { return a + b; };
+  // max / min reductions pick an element (by d): any grouping and order of the fold picks the same one
+  if (op.kind == OpKind::ReduceMax) o.t = reduce(x.t, dims, op.attrs.keepdim, -INFINITY, [](const Num& a, const Num& b) { return pick_max(a, b); });
+  else if (op.kind == OpKind::ReduceMin) o.t = reduce(x.t, dims, op.attrs.keepdim, INFINITY, [](const Num& a, const Num& b) { return pick_min(a, b); });
+  else if (op.kind == OpKind::LogSumExp) {  // m + log(sum(exp(x - m))), m = stabilizer(the max of each group)
+    Tensor m = reduce(x.t, dims, true, -INFINITY, [](const Num& a, const Num& b) { return Num::stabilizer(std::max(a.d, b.d)); });
+    Tensor e = binary(x.t, m, [](const Num& a, const Num& b) { return std::isinf(b.d) ? Num(0.0) : exp(a - b); });
     Tensor s = reduce(e, dims, true, 0.0, sum);
-    Tensor l = binary(s, m, [](double a, double b) { return std::isinf(b) ? b : b + std::log(a); });
+    Tensor l = binary(s, m, [](const Num& a, const Num& b) { return std::isinf(b.d) ? b : b + log(a); });
     o.t = op.attrs.keepdim ? l : reduce(l, dims, false, 0.0, sum);  // drop the kept size-1 dims
   } else o.t = reduce(x.t, dims, op.attrs.keepdim, 0.0, sum);
   if (op.kind == OpKind::Mean) {
     std::int64_t n = 1;
     for (int d : dims) n *= x.t.shape[static_cast<std::size_t>(d)];
-    for (auto& e : o.t.data) e = n ? e / static_cast<double>(n) : NAN;
+    const Num nn = static_cast<double>(n);
+    for (auto& e : o.t.data) e = n ? e / nn : Num(NAN);
   }
   for (std::size_t d = 0; d < x.gshape.size(); ++d) {
     bool red = std::find(dims.begin(), dims.end(), static_cast<int>(d)) != dims.end();
@@ -99,7 +105,7 @@ void Runner::topk(int oi, std::int64_t r, const std::string& taint) {
   s.back() = K;
   vals.t = idxs.t = Tensor(s);
   std::int64_t rows = E ? x.t.numel() / E : 0;
-  std::vector<double> line(static_cast<std::size_t>(E));
+  std::vector<Num> line(static_cast<std::size_t>(E));
   std::vector<std::int64_t> order(static_cast<std::size_t>(E));
   for (std::int64_t row = 0; row < rows; ++row) {
     std::copy_n(x.t.data.begin() + row * E, E, line.begin());
@@ -108,7 +114,7 @@ void Runner::topk(int oi, std::int64_t r, const std::string& taint) {
     std::stable_sort(order.begin(), order.end(), [&](auto a, auto b2) { return line[static_cast<std::size_t>(a)] > line[static_cast<std::size_t>(b2)]; });
     for (std::int64_t j = 0; j < K; ++j) {
       vals.t.data[static_cast<std::size_t>(row * K + j)] = line[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])];
-      idxs.t.data[static_cast<std::size_t>(row * K + j)] = static_cast<double>(order[static_cast<std::size_t>(j)]);
+      idxs.t.data[static_cast<std::size_t>(row * K + j)] = static_cast<double>(order[static_cast<std::size_t>(j)]);  // routing: exact integers
     }
   }
   set_out(oi, r, 0, std::move(vals), taint);
@@ -124,7 +130,8 @@ void Runner::cross_entropy(int oi, const std::vector<std::int64_t>& members) {
   struct Part {
     Tensor lg, lb;
     Val tok;
-    std::vector<double> mx, se, tgt;
+    std::vector<double> mx;  // the max is a stabilizer: real values only
+    std::vector<Num> se, tgt;
   };
   std::vector<Part> parts(n);
   std::int64_t T = -1;
@@ -154,7 +161,7 @@ void Runner::cross_entropy(int oi, const std::vector<std::int64_t>& members) {
     P.se.assign(static_cast<std::size_t>(t), 0);
     P.tgt.assign(static_cast<std::size_t>(t), 0);
     for (std::int64_t i = 0; i < t; ++i)
-      for (std::int64_t v = 0; v < V; ++v) P.mx[static_cast<std::size_t>(i)] = std::max(P.mx[static_cast<std::size_t>(i)], P.lg.data[static_cast<std::size_t>(i * V + v)]);
+      for (std::int64_t v = 0; v < V; ++v) P.mx[static_cast<std::size_t>(i)] = std::max(P.mx[static_cast<std::size_t>(i)], P.lg.data[static_cast<std::size_t>(i * V + v)].d);
     for (std::int64_t i = 0; i < t; ++i) {
       std::int64_t label = as_index(P.lb.data[static_cast<std::size_t>(i)], lg.gshape.back(), "a CrossEntropyLoss label");
       if (!op.attrs.vocab_parallel && label >= V) throw InterpError("a label indexes past the " + std::to_string(V) + " local logits");
@@ -163,13 +170,15 @@ void Runner::cross_entropy(int oi, const std::vector<std::int64_t>& members) {
     charge(t * V);
   }
   // all-reduce max, then the sums
-  std::vector<double> gmax(static_cast<std::size_t>(T), -INFINITY), gse(static_cast<std::size_t>(T), 0), gtgt(static_cast<std::size_t>(T), 0);
+  std::vector<double> gmax(static_cast<std::size_t>(T), -INFINITY);
+  std::vector<Num> gse(static_cast<std::size_t>(T), 0.0), gtgt(static_cast<std::size_t>(T), 0.0);
   for (auto& P : parts)
     for (std::size_t i = 0; i < gmax.size(); ++i) gmax[i] = std::max(gmax[i], P.mx[i]);
   for (auto& P : parts) {
     std::int64_t V = P.lg.shape.back();
     for (std::size_t i = 0; i < gmax.size(); ++i) {
-      for (std::int64_t v = 0; v < V; ++v) gse[i] += std::exp(P.lg.data[i * static_cast<std::size_t>(V) + static_cast<std::size_t>(v)] - gmax[i]);
+      const Num m = Num::stabilizer(gmax[i]);
+      for (std::int64_t v = 0; v < V; ++v) gse[i] += exp(P.lg.data[i * static_cast<std::size_t>(V) + static_cast<std::size_t>(v)] - m);
       gtgt[i] += P.tgt[i];
     }
   }
@@ -178,11 +187,11 @@ void Runner::cross_entropy(int oi, const std::vector<std::int64_t>& members) {
     Part& P = parts[k];
     Val o = P.tok;
     o.t = Tensor(P.lb.shape);
-    for (std::size_t i = 0; i < gmax.size(); ++i) o.t.data[i] = std::log(gse[i]) + gmax[i] - gtgt[i];
+    for (std::size_t i = 0; i < gmax.size(); ++i) o.t.data[i] = log(gse[i]) + Num::stabilizer(gmax[i]) - gtgt[i];
     if (op.attrs.reduction != Reduction::None) {
-      double s = 0;
-      for (double e : o.t.data) s += e;
-      if (op.attrs.reduction == Reduction::Mean) s = o.t.data.empty() ? NAN : s / static_cast<double>(o.t.data.size());
+      Num s = 0.0;
+      for (const Num& e : o.t.data) s += e;
+      if (op.attrs.reduction == Reduction::Mean) s = o.t.data.empty() ? Num(NAN) : s / Num(static_cast<double>(o.t.data.size()));
       o.t = Tensor({}, s);
       o.gshape.clear();
       o.mask.clear();

@@ -153,7 +153,7 @@ void Runner::pad_op(int oi, std::int64_t r, const std::vector<std::int64_t>& c, 
   std::int64_t lb = before, la = after;
   if (parts > 1 && (before || after))  // each rank would pad its own block: the pads land between the shards
     throw InterpError("Pad of a dim sharded " + std::to_string(parts) + " ways: each rank pads its own block, which has no global counterpart");
-  double value = op.attrs.has_number ? op.attrs.number : 0.0;
+  const Num value = op.attrs.has_number ? op.attrs.number : 0.0;
   Shape sb = o.t.shape, sa = o.t.shape;
   sb[du] = lb;
   sa[du] = la;
@@ -199,7 +199,8 @@ void Runner::rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, co
   }
   Tensor p = align(pos, {o.mask[du]}, c, "the positions of RoPE");
   if (p.shape[0] != o.t.shape[du]) throw InterpError("RoPE positions do not line up with x's local block");
-  double theta = op.attrs.has_number ? op.attrs.number : 10000.0, sign = op.attrs.inverse ? -1.0 : 1.0;
+  double theta = op.attrs.has_number ? op.attrs.number : 10000.0;
+  const Num sign = op.attrs.inverse ? -1.0 : 1.0;
   Shape st = strides_of(o.t.shape);
   Tensor x = o.t;
   std::int64_t h = D / 2;
@@ -207,10 +208,12 @@ void Runner::rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, co
     std::int64_t i = static_cast<std::int64_t>(w / static_cast<std::size_t>(st[lu])) % D;
     if (i >= h) continue;
     std::int64_t s = static_cast<std::int64_t>(w / static_cast<std::size_t>(st[du])) % o.t.shape[du];
-    double a = sign * p.data[static_cast<std::size_t>(s)] * std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
-    double x1 = x.data[w], x2 = x.data[w + static_cast<std::size_t>(h * st[lu])];
-    o.t.data[w] = x1 * std::cos(a) - x2 * std::sin(a);
-    o.t.data[w + static_cast<std::size_t>(h * st[lu])] = x2 * std::cos(a) + x1 * std::sin(a);
+    // the angle: a position (exact) times a constant; cos and sin as interp/num.h defines them (cos^2 + sin^2 = 1)
+    Num a = sign * p.data[static_cast<std::size_t>(s)] * Num(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D)));
+    const Num &x1 = x.data[w], &x2 = x.data[w + static_cast<std::size_t>(h * st[lu])];
+    const Num ca = cos(a), sa = sin(a);
+    o.t.data[w] = x1 * ca - x2 * sa;
+    o.t.data[w + static_cast<std::size_t>(h * st[lu])] = x2 * ca + x1 * sa;
   }
   charge(x.numel());
   set_out(oi, r, 0, std::move(o), taint);

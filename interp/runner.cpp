@@ -98,8 +98,9 @@ void Runner::declare(const TensorDecl& t, std::int64_t range, std::uint64_t seed
       for (std::size_t d = 0; d < ls.size(); ++d) flat += (lo[d] + idx[d]) * gst[d];
       std::uint64_t h = mix(pv ^ static_cast<std::uint64_t>(flat));
       if (t.dtype == DType::Bool) range = 2;
-      v.t.data[w] = is_int(t.dtype) ? static_cast<double>(h % static_cast<std::uint64_t>(std::max<std::int64_t>(1, range)))
-                                    : unit(h) * 4.0 - 2.0;  // [-2, 2): integer casts are not all 0
+      // the field lanes (when on) are drawn from the same hash: every run gives a global element one value
+      v.t.data[w] = is_int(t.dtype) ? Num::input(static_cast<double>(h % static_cast<std::uint64_t>(std::max<std::int64_t>(1, range))), h, true)
+                                    : Num::input(unit(h) * 4.0 - 2.0, h, false);  // [-2, 2): integer casts are not all 0
       for (int d = static_cast<int>(ls.size()) - 1; d >= 0; --d) {
         if (++idx[static_cast<std::size_t>(d)] < ls[static_cast<std::size_t>(d)]) break;
         idx[static_cast<std::size_t>(d)] = 0;
@@ -126,6 +127,7 @@ void Runner::run(std::uint64_t seed) {
         if (group_op(op)) break;
         if (op.kind == OpKind::Recv && !global_ && queue(op, r, true).empty()) break;
         step_local(prog[i], r);
+        if (after_op) after_op(prog[i], r);
         ++i;
         progress = true;
       }
@@ -143,7 +145,10 @@ void Runner::run(std::uint64_t seed) {
       });
       if (!ready) continue;
       step_group(oi, members);
-      for (auto m : members) ++pc[static_cast<std::size_t>(m)];
+      for (auto m : members) {
+        if (after_op) after_op(oi, m);
+        ++pc[static_cast<std::size_t>(m)];
+      }
       progress = true;
     }
     if (!progress) throw InterpError("no rank can make progress (a Recv with no matching Send, or a collective some ranks never reach)");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -97,6 +98,13 @@ inline std::string coord_text(const Program& p, const std::vector<std::int64_t>&
   return s + "}";
 }
 
+// Attention kernel (ops_cp.cpp): q over k, v in `layout`, causal mask kpos[j] > qpos[i]; the output and, when
+// asked, the log-sum-exp per query row. `nm` names the op in errors.
+void attend_kernel(AttnLayout layout, bool causal, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse);
+// Ring attention's log-sum-exp merge of a step (o, l) into the accumulator (O, L), in place in (o, l).
+void lse_merge(const Tensor& O, const Tensor& L, Tensor& o, Tensor& l);
+
 // ---- the runner: one mesh (the real one, or all ones for the single-device run) ----------------
 class Runner {
  public:
@@ -120,6 +128,8 @@ class Runner {
   void run(std::uint64_t seed);
 
   int failed_op = -1;  // the op a thrown InterpError came from
+  // Called after op `op` ran on rank `rank` (for a collective: once per member), when set (equiv/ records values).
+  std::function<void(int op, std::int64_t rank)> after_op;
   // When set (a shape-only pre-run with all integer inputs 0), records the range integer inputs must take:
   // Embedding ids index the table's rows, labels the logits' vocab.
   std::vector<std::int64_t>* int_range = nullptr;
@@ -147,7 +157,7 @@ class Runner {
   void recv(int oi, std::int64_t r, const std::vector<std::int64_t>& c);
   std::int64_t peer(const Op& op, std::int64_t r) const;
   std::deque<Val>& queue(const Op& op, std::int64_t r, bool incoming);
-  static void softmax_line(std::vector<double>& x);
+  static void softmax_line(std::vector<Num>& x);
   void where(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void matmul(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
@@ -165,7 +175,7 @@ class Runner {
   void ring_step(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void load_balance(int oi, std::int64_t r, const std::string& taint);
   void note_range(NameId n, std::int64_t limit);
-  static std::int64_t as_index(double x, std::int64_t limit, const char* what);
+  static std::int64_t as_index(const Num& x, std::int64_t limit, const char* what);
   void embedding(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void topk(int oi, std::int64_t r, const std::string& taint);
   void reshape(int oi, std::int64_t r, const std::string& taint);
@@ -194,7 +204,7 @@ class Runner {
 
   // ---- collectives (and the vocab-parallel loss, whose max and sum all-reduce inside) ----------------
   std::vector<std::int64_t> group(const Op& op, std::int64_t r);
-  static double combine(ReduceOp op, double a, double b);
+  static Num combine(ReduceOp op, const Num& a, const Num& b);
   Tensor reduce_all(const std::vector<const Val*>& xs, ReduceOp op);
   static Tensor nan_like(const Tensor& t) { return Tensor(t.shape, NAN); }
 

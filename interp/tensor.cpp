@@ -1,11 +1,11 @@
-// interp/tensor.cpp - dense float64 tensors: slicing, concatenation, broadcasting, reductions, matmul.
+// interp/tensor.cpp - dense tensors of Num: slicing, concatenation, broadcasting, reductions, matmul.
 #include "interp/tensor.h"
 
 #include <algorithm>
 
 namespace spmd::interp {
 
-Tensor::Tensor(Shape s, double fill) : shape(std::move(s)), data(static_cast<std::size_t>(numel_of(shape)), fill) {}
+Tensor::Tensor(Shape s, const Num& fill) : shape(std::move(s)), data(static_cast<std::size_t>(numel_of(shape)), fill) {}
 
 std::int64_t numel_of(const Shape& s) {
   std::int64_t n = 1;
@@ -132,7 +132,7 @@ Shape bstrides(const Shape& s, const Shape& out) {
 
 }  // namespace
 
-Tensor binary(const Tensor& x, const Tensor& y, const std::function<double(double, double)>& f) {
+Tensor binary(const Tensor& x, const Tensor& y, const std::function<Num(const Num&, const Num&)>& f) {
   Shape s = broadcast_shapes(x.shape, y.shape);
   Tensor out(s);
   Shape sx = bstrides(x.shape, s), sy = bstrides(y.shape, s);
@@ -151,13 +151,13 @@ Tensor binary(const Tensor& x, const Tensor& y, const std::function<double(doubl
   return out;
 }
 
-Tensor unary(const Tensor& x, const std::function<double(double)>& f) {
+Tensor unary(const Tensor& x, const std::function<Num(const Num&)>& f) {
   Tensor out = x;
   for (auto& v : out.data) v = f(v);
   return out;
 }
 
-void for_each_group(Tensor& t, const std::vector<int>& dims, const std::function<void(std::vector<double>&)>& fn) {
+void for_each_group(Tensor& t, const std::vector<int>& dims, const std::function<void(std::vector<Num>&)>& fn) {
   Shape st = strides_of(t.shape);
   std::vector<int> rest;
   for (int d = 0; d < t.rank(); ++d)
@@ -172,7 +172,7 @@ void for_each_group(Tensor& t, const std::vector<int>& dims, const std::function
   }
   std::int64_t groups = 1;
   for (int d : rest) groups *= t.shape[static_cast<std::size_t>(d)];
-  std::vector<double> buf(offs.size());
+  std::vector<Num> buf(offs.size());
   Shape idx(rest.size(), 0);
   for (std::int64_t g = 0; g < groups; ++g) {
     std::int64_t base = 0;
@@ -187,7 +187,7 @@ void for_each_group(Tensor& t, const std::vector<int>& dims, const std::function
   }
 }
 
-Tensor reduce(const Tensor& t, const std::vector<int>& dims, bool keepdim, double init, const std::function<double(double, double)>& f) {
+Tensor reduce(const Tensor& t, const std::vector<int>& dims, bool keepdim, const Num& init, const std::function<Num(const Num&, const Num&)>& f) {
   Shape keep;
   for (int d = 0; d < t.rank(); ++d) {
     bool red = std::find(dims.begin(), dims.end(), d) != dims.end();
@@ -237,14 +237,22 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   for (std::int64_t bi = 0; bi < nb; ++bi) {
     std::int64_t oa = 0, ob = 0;
     for (std::size_t q = 0; q < batch.size(); ++q) oa += idx[q] * sa[q], ob += idx[q] * sb[q];
-    const double* pa = a.data.data() + oa * m * k;
-    const double* pb = b.data.data() + ob * k * n;
-    double* po = out.data.data() + bi * m * n;
-    for (std::int64_t i = 0; i < m; ++i)
-      for (std::int64_t p = 0; p < k; ++p) {
-        double x = pa[i * k + p];
-        for (std::int64_t j = 0; j < n; ++j) po[i * n + j] += x * pb[p * n + j];
-      }
+    const Num* pa = a.data.data() + oa * m * k;
+    const Num* pb = b.data.data() + ob * k * n;
+    Num* po = out.data.data() + bi * m * n;
+    if (!num::on()) {  // the oracle's path: the real values only
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t p = 0; p < k; ++p) {
+          double x = pa[i * k + p].d;
+          for (std::int64_t j = 0; j < n; ++j) po[i * n + j].d += x * pb[p * n + j].d;
+        }
+    } else {
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t p = 0; p < k; ++p) {
+          const Num& x = pa[i * k + p];
+          for (std::int64_t j = 0; j < n; ++j) po[i * n + j] += x * pb[p * n + j];
+        }
+    }
     for (int q = static_cast<int>(batch.size()) - 1; q >= 0; --q) {
       if (++idx[static_cast<std::size_t>(q)] < batch[static_cast<std::size_t>(q)]) break;
       idx[static_cast<std::size_t>(q)] = 0;

@@ -1,4 +1,4 @@
-// interp/tensor.h - a dense float64 tensor (row-major) and the data-movement helpers the interpreter needs.
+// interp/tensor.h - a dense tensor of Num (interp/num.h: a float64 and its field lanes) (row-major) and the data-movement helpers the interpreter needs.
 //
 // Shapes are small (the oracle runs on small instantiations), so the helpers favour clarity over speed.
 // Every helper that can be handed mismatched shapes throws InterpError; the interpreter turns that into
@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "interp/num.h"
 
 namespace spmd::interp {
 
@@ -22,10 +24,10 @@ struct InterpError : std::runtime_error {
 
 struct Tensor {
   Shape shape;
-  std::vector<double> data;
+  std::vector<Num> data;
 
   Tensor() = default;
-  explicit Tensor(Shape s, double fill = 0.0);
+  explicit Tensor(Shape s, const Num& fill = Num());
   std::int64_t numel() const { return static_cast<std::int64_t>(data.size()); }
   int rank() const { return static_cast<int>(shape.size()); }
 };
@@ -46,14 +48,14 @@ Tensor reshape(const Tensor& t, const Shape& s);
 // NumPy broadcasting of two shapes (right-aligned); throws when they do not broadcast.
 Shape broadcast_shapes(const Shape& a, const Shape& b);
 // z = f(x, y) elementwise with broadcasting.
-Tensor binary(const Tensor& x, const Tensor& y, const std::function<double(double, double)>& f);
+Tensor binary(const Tensor& x, const Tensor& y, const std::function<Num(const Num&, const Num&)>& f);
 // y = f(x) elementwise.
-Tensor unary(const Tensor& x, const std::function<double(double)>& f);
+Tensor unary(const Tensor& x, const std::function<Num(const Num&)>& f);
 // Reduces over `dims` (sorted, unique) with `init` and `f`; keepdim leaves size-1 dims.
-Tensor reduce(const Tensor& t, const std::vector<int>& dims, bool keepdim, double init, const std::function<double(double, double)>& f);
+Tensor reduce(const Tensor& t, const std::vector<int>& dims, bool keepdim, const Num& init, const std::function<Num(const Num&, const Num&)>& f);
 // Applies `fn` to every 1-D line along `dims` (the lines are the dims listed, flattened in order): fn gets a
 // gathered copy and writes the result back in place.
-void for_each_group(Tensor& t, const std::vector<int>& dims, const std::function<void(std::vector<double>&)>& fn);
+void for_each_group(Tensor& t, const std::vector<int>& dims, const std::function<void(std::vector<Num>&)>& fn);
 // Batched matrix product A[..., m, k] x B[..., k, n] with broadcast batch dims.
 Tensor matmul(const Tensor& a, const Tensor& b);
 

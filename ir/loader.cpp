@@ -100,6 +100,7 @@ void Loader::load(N root) {
   }
   if (auto n = root["outputs"]; n.IsDefined() && !n.IsNull()) load_outputs(n);
   load_training(root);
+  load_spec(root);
   if (auto n = root["expect"]; n.IsDefined()) load_expect(n);
 }
 

@@ -89,7 +89,7 @@ inline bool parse_bool(std::string_view s, bool& v) {
 
 inline const std::vector<std::string> kTopKeys = {"name", "description", "mesh", "sizes", "tensors", "ops", "outputs",
                                                  "expect", "programs", "schedule", "train", "backward", "p2p_model",
-                                                 "loss", "grad_sync", "modules", "include"};
+                                                 "loss", "grad_sync", "modules", "include", "spec"};
 
 // A module: a named op list with formal inputs and outputs, parameters and per-instance tensors.
 struct Module {
@@ -164,6 +164,8 @@ class Loader {
   // ---- training: loss, train, backward, grad_sync ---------------------------------------------
   void load_training(N root);
   static N find_key(N map, const std::string& key);
+  // ---- equivalence: `spec:` (ir/loader_spec.cpp) ----------------------------------------------
+  void load_spec(N root);
   // ---- outputs and expectations -------------------------------------------------------------
   void load_outputs(N n);
   void load_expect(N n);

@@ -200,6 +200,17 @@ std::string print_program(const Program& p) {
   if (p.train) o << "train: true\n";
   if (p.has_backward) print_ops(o, p, "backward", p.backward);
   if (p.has_grad_sync) print_ops(o, p, "grad_sync", p.grad_sync);
+  if (p.has_spec) {  // the map forms say everything the list forms can
+    o << "spec:\n";
+    print_ops(o, p, "ops", p.spec_ops, "  ");
+    auto links = [&](const char* key, const std::vector<Program::SpecLink>& v) {
+      o << "  " << key << ": {";
+      for (std::size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << p.name(v[i].plan) << ": " << p.name(v[i].spec);
+      o << "}\n";
+    };
+    links("outputs", p.spec_outputs);
+    if (!p.lineage.empty()) links("lineage", p.lineage);
+  }
   if (p.has_expect) {
     o << "expect: [";
     for (std::size_t i = 0; i < p.expect.size(); ++i) o << (i ? ", " : "") << p.expect[i];

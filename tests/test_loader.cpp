@@ -189,3 +189,66 @@ TEST_CASE("inputs that are not regular files, or too big, are located errors") {
   CHECK_THROWS_AS(read_input_file(f.string(), 1000), LoadError);
   CHECK(read_input_file(f.string(), 4000).size() == 2000);
 }
+
+TEST_CASE("spec: the single-device model loads from YAML and JSON alike, apart from the plan") {
+  std::string yaml =
+      "mesh: {tp: 2}\ntensors:\n  x: {shape: [4, 8], placement: {tp: R}}\n  w: {shape: [8, 6], placement: {tp: S(1)}}\n"
+      "ops:\n  - {op: MatMul, in: [x, w], out: h}\n  - {op: GELU, in: [h], out: y}\noutputs:\n  y: {placement: {tp: S(1)}}\n"
+      "spec:\n  ops:\n    - {op: MatMul, in: [x, w], out: h_full}\n    - {op: GELU, in: [h_full], out: y_full}\n"
+      "  outputs: {y: y_full}\n  lineage: {h: h_full}\n";
+  std::string json =
+      "{\"mesh\": {\"tp\": 2}, \"tensors\": {\"x\": {\"shape\": [4, 8], \"placement\": {\"tp\": \"R\"}}, \"w\": {\"shape\": [8, 6], "
+      "\"placement\": {\"tp\": \"S(1)\"}}},\n \"ops\": [{\"op\": \"MatMul\", \"in\": [\"x\", \"w\"], \"out\": \"h\"}, {\"op\": \"GELU\", \"in\": [\"h\"], "
+      "\"out\": \"y\"}],\n \"outputs\": {\"y\": {\"placement\": {\"tp\": \"S(1)\"}}},\n \"spec\": {\"ops\": [{\"op\": \"MatMul\", \"in\": [\"x\", \"w\"], "
+      "\"out\": \"h_full\"}, {\"op\": \"GELU\", \"in\": [\"h_full\"], \"out\": \"y_full\"}],\n  \"outputs\": {\"y\": \"y_full\"}, \"lineage\": {\"h\": \"h_full\"}}}\n";
+  Program a = load_program_string(yaml, "a.yaml"), b = load_program_string(json, "b.json");
+  CHECK(print_program(a) == print_program(b));
+  REQUIRE(a.has_spec);
+  CHECK(a.ops.size() == 2);  // the spec ops are apart from the plan's
+  REQUIRE(a.spec_ops.size() == 2);
+  CHECK(a.name(a.outs(a.spec_ops[1])[0]) == "y_full");
+  CHECK(a.spec_ops[0].loc.line == 12);
+  REQUIRE(a.spec_outputs.size() == 1);
+  CHECK(a.name(a.spec_outputs[0].plan) == "y");
+  CHECK(a.name(a.spec_outputs[0].spec) == "y_full");
+  REQUIRE(a.lineage.size() == 1);
+  CHECK(a.name(a.lineage[0].plan) == "h");
+  CHECK(b.spec_ops[0].loc.line == 4);
+  // The printer writes the map forms, which load back to the same program.
+  CHECK(print_program(load_program_string(print_program(a), "r.yaml")) == print_program(a));
+  // The list form and the absent form compare each plan output with the spec tensor of its name.
+  std::string base = yaml.substr(0, yaml.find("spec:"));
+  Program c = load_program_string(base + "spec:\n  ops:\n    - {op: MatMul, in: [x, w], out: h}\n    - {op: GELU, in: [h], out: y}\n  outputs: [y]\n", "c.yaml");
+  Program d = load_program_string(base + "spec:\n  ops:\n    - {op: MatMul, in: [x, w], out: h}\n    - {op: GELU, in: [h], out: y}\n", "d.yaml");
+  REQUIRE(c.spec_outputs.size() == 1);
+  CHECK(c.spec_outputs[0].plan == c.spec_outputs[0].spec);
+  CHECK(print_program(c) == print_program(d));
+  // `spec:` before `ops:` (the streaming loader reads it into its small tree first) loads the same program.
+  std::string early = "mesh: {tp: 2}\ntensors:\n  x: {shape: [4, 8], placement: {tp: R}}\n  w: {shape: [8, 6], placement: {tp: S(1)}}\n" +
+                      yaml.substr(yaml.find("spec:")) + yaml.substr(yaml.find("ops:"), yaml.find("spec:") - yaml.find("ops:"));
+  CHECK(print_program(load_program_string(early, "e.yaml")) == print_program(a));
+  // The spatial and temporal checks never see the spec: a spec op that would be wrong in the plan is not a finding.
+  CHECK(ids(base + "spec:\n  ops:\n    - {op: MatMul, in: [x, w], out: h}\n    - {op: AllReduce, in: [h], out: y, axis: tp}\n").empty());
+  // Errors inside the spec are located in both syntaxes.
+  Loc l;
+  std::string bad_json = json;
+  bad_json.replace(bad_json.find("\"lineage\""), 9, "\"lineag\"");
+  CHECK(load_error(bad_json, &l).find("unknown key 'lineag' in `spec`; did you mean 'lineage'?") != std::string::npos);
+  CHECK(l.line == 5);
+  CHECK(load_error(yaml + "  ops2: []\n", &l).find("unknown key 'ops2' in `spec`") != std::string::npos);
+  CHECK(l.line == 16);
+}
+
+TEST_CASE("spec: modules expand inside the spec, and per-rank plans may carry one") {
+  std::string text =
+      "mesh: {pp: 2}\ntensors:\n  x: {shape: [4, 8]}\nmodules:\n  m: {in: [a], out: [b], ops: [{op: GELU, in: [a], out: t}, {op: SiLU, in: [t], out: b}]}\n"
+      "programs:\n  - ranks: {pp: 0}\n    ops: [{op: GELU, in: [x], out: y}]\n  - ranks: {pp: 1}\n    ops: [{op: GELU, in: [x], out: y}]\n"
+      "outputs:\n  y: {}\nspec:\n  ops:\n    - {use: m, in: [x], out: [y]}\n  outputs: [y]\n";
+  Program p = load_program_string(text, "t.yaml");
+  CHECK(p.per_rank);
+  CHECK(p.ops.size() == 2);
+  REQUIRE(p.spec_ops.size() == 2);
+  CHECK(p.name(p.outs(p.spec_ops[0])[0]) == "m.t");
+  CHECK(p.instances.empty());  // instances record ranges of `ops`, not of the spec
+  CHECK(print_program(load_program_string(print_program(p), "r.yaml")) == print_program(p));
+}

@@ -1,0 +1,645 @@
+// equiv/equiv.cpp - value-level equivalence of a plan and its single-device model (docs/equivalence.md).
+//
+// One Runner runs the model (the spec's ops, or the plan's own ops, on a mesh of ones), another the plan on the
+// real mesh; the model's inputs are the plan's inputs assembled by their declared placements (the lineage), so
+// both start from the same global values. Each output the spec names is assembled from the ranks by the plan's
+// declared placement and compared. On a difference the runs are repeated with every op's value recorded: a plan
+// op "matches" when its value, read by some placement (R, P, or S of a dim, per axis), equals some value of the
+// model; the first op on the way to the differing output whose inputs match and whose own value matches nothing
+// is where the plan goes wrong.
+#include "equiv/equiv.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include "interp/assembly.h"
+#include "interp/num.h"
+#include "interp/runner.h"
+
+namespace spmd {
+namespace {
+
+using namespace interp;
+
+constexpr double kRtol = 1e-6, kAtol = 1e-9;
+
+double dbl(const Num& x) { return x.d; }
+
+bool close_to(double a, double b, double tol) {
+  if (a == b) return true;
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::abs(a - b) <= tol;
+}
+
+double max_abs_of(const Tensor& t) {
+  double m = 0;
+  for (const auto& e : t.data)
+    if (std::isfinite(dbl(e))) m = std::max(m, std::abs(dbl(e)));
+  return m;
+}
+
+// The first element where `a` and `b` differ in doubles (-1: none; -2: shapes differ).
+std::int64_t first_difference(const Tensor& a, const Tensor& b) {
+  if (a.shape != b.shape) return -2;
+  double tol = kAtol + kRtol * std::max(max_abs_of(a), max_abs_of(b));
+  for (std::size_t e = 0; e < a.data.size(); ++e)
+    if (!close_to(dbl(a.data[e]), dbl(b.data[e]), tol)) return static_cast<std::int64_t>(e);
+  return -1;
+}
+
+// The first element where the field lanes of `a` and `b` differ (-1: none, or lanes off; shapes must agree).
+std::int64_t first_lane_difference(const Tensor& a, const Tensor& b) {
+  if (!num::on()) return -1;
+  for (std::size_t e = 0; e < a.data.size(); ++e)
+    for (int l = 0; l < kLanes; ++l)
+      if (a.data[e].pure(l) != b.data[e].pure(l)) return static_cast<std::int64_t>(e);
+  return -1;
+}
+
+// Equal in doubles and in every lane.
+bool same_value(const Tensor& a, const Tensor& b) { return first_difference(a, b) == -1 && first_lane_difference(a, b) == -1; }
+
+std::string num_text(double x) {
+  if (x == std::round(x) && std::abs(x) < 1e15) return fmt::format("{}", static_cast<long long>(x));
+  return fmt::format("{:.6g}", x);
+}
+
+// A tensor's values as nested brackets (at most `cap` elements, then "...").
+std::string values_text(const Tensor& t, std::size_t cap = 16) {
+  if (t.shape.empty()) return t.data.empty() ? "[]" : num_text(dbl(t.data[0]));
+  Shape st = strides_of(t.shape);
+  std::vector<std::int64_t> block(t.shape.size());
+  for (std::size_t d = 0; d < t.shape.size(); ++d) block[d] = std::max<std::int64_t>(1, st[d] * t.shape[d]);
+  std::string s;
+  for (std::size_t e = 0; e < t.data.size() && e < cap; ++e) {
+    auto i = static_cast<std::int64_t>(e);
+    for (std::size_t d = 0; d < t.shape.size(); ++d)
+      if (i % block[d] == 0) s += "[";
+    s += num_text(dbl(t.data[e]));
+    for (std::size_t d = 0; d < t.shape.size(); ++d)
+      if ((i + 1) % block[d] == 0) s += "]";
+    if (e + 1 < t.data.size()) s += ", ";
+  }
+  if (t.data.size() > cap) s += "...";
+  return s;
+}
+
+// The model: the same declarations, the spec's ops (or the plan's own), run on one device.
+Program model_of(const Program& p) {
+  Program m = p;
+  m.local_view = false;
+  m.per_rank = false;
+  m.programs.clear();
+  m.train = false;
+  m.has_backward = false;
+  m.backward.clear();
+  m.has_grad_sync = false;
+  m.grad_sync.clear();
+  m.has_spec = false;
+  m.spec_ops.clear();
+  if (p.has_spec) {
+    m.ops = p.spec_ops;
+    m.outputs.clear();
+    for (const auto& l : p.spec_outputs) {
+      OutputDecl od;
+      od.name = l.spec;
+      od.loc = l.loc;
+      m.outputs.push_back(od);
+    }
+  }
+  return m;
+}
+
+// What one run of model and plan gives.
+struct Run {
+  std::unique_ptr<Runner> plan, model;
+  std::string failure;  // a run failed: why
+  int failed_op = -1;
+  bool plan_failed = false;
+  // Recorded when asked: every op output, model: [op][k] global; plan: [op][k][rank] local.
+  std::vector<std::vector<Tensor>> model_vals;
+  std::vector<std::vector<std::vector<Val>>> plan_vals;
+};
+
+struct Setup {
+  const Program& p;
+  Program model;
+  Instantiation inst;
+  OracleOptions oo;
+  std::vector<std::int64_t> ranges;
+  std::string sizes;
+};
+
+void round_to_small_ints(Val& v, DType dt) {
+  if (dt == DType::I64 || dt == DType::I32 || dt == DType::I8 || dt == DType::Bool) return;
+  for (auto& e : v.t.data) e.d = std::clamp(std::round(e.d * 1.25), -2.0, 2.0);
+}
+
+std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, bool record, std::int64_t& work) {
+  auto run = std::make_unique<Run>();
+  const Program& p = s.p;
+  run->plan = std::make_unique<Runner>(p, s.inst.vars, s.inst.mesh, false, s.oo, work);
+  run->model = std::make_unique<Runner>(s.model, s.inst.vars, std::vector<std::int64_t>(s.inst.mesh.size(), 1), true, s.oo, work, s.inst.mesh);
+  Runner& dist = *run->plan;
+  Runner& one = *run->model;
+  try {
+    for (const auto& t : p.tensors) {
+      std::int64_t range = s.ranges[static_cast<std::size_t>(t.name)];
+      dist.declare(t, range, seed);
+      one.declare(t, range, seed);
+      if (small_ints)
+        for (std::int64_t r = 0; r < dist.ranks(); ++r) round_to_small_ints(dist.at(r, t.name), t.dtype);
+    }
+    for (const auto& t : p.tensors) {
+      Assembled a = assemble(p, dist, t.name, t.placement, s.oo);
+      if (a.ok) one.at(0, t.name).t = std::move(a.t);
+    }
+  } catch (const std::runtime_error& e) {
+    run->failure = std::string("the inputs cannot be built: ") + e.what();
+    return run;
+  }
+  if (record) {
+    run->model_vals.assign(s.model.ops.size(), {});
+    run->plan_vals.assign(p.ops.size(), {});
+    one.after_op = [&, r = run.get()](int oi, std::int64_t) {
+      const Op& op = s.model.ops[static_cast<std::size_t>(oi)];
+      auto& slot = r->model_vals[static_cast<std::size_t>(oi)];
+      slot.clear();
+      for (NameId n : s.model.outs(op)) slot.push_back(one.at(0, n).t);
+    };
+    dist.after_op = [&, r = run.get()](int oi, std::int64_t rank) {
+      const Op& op = p.ops[static_cast<std::size_t>(oi)];
+      auto& slot = r->plan_vals[static_cast<std::size_t>(oi)];
+      if (slot.empty()) slot.assign(op.n_out, std::vector<Val>(static_cast<std::size_t>(dist.ranks())));
+      int k = 0;
+      for (NameId n : p.outs(op)) slot[static_cast<std::size_t>(k++)][static_cast<std::size_t>(rank)] = dist.at(rank, n);
+    };
+  }
+  try {
+    one.run(seed);
+  } catch (const std::runtime_error& e) {
+    run->failure = std::string("the spec's run fails: ") + e.what();
+    run->failed_op = one.failed_op;
+    return run;
+  }
+  try {
+    dist.run(seed);
+  } catch (const std::runtime_error& e) {
+    run->failure = std::string("the plan's run fails: ") + e.what();
+    run->failed_op = dist.failed_op;
+    run->plan_failed = true;
+    return run;
+  }
+  return run;
+}
+
+// One compared output that differs.
+enum class DiffKind { Form, Real, Lanes };  // shape / assembly; the doubles; only the field lanes
+struct Difference {
+  std::size_t link = 0;  // index into the links
+  std::string what;      // the element and both values, or why it cannot be compared
+  DiffKind kind = DiffKind::Form;
+};
+
+struct Link {
+  NameId plan, spec;
+  Loc loc;
+  Placements pl{};
+};
+
+// Compares every link; `degree` receives the largest degree bound of the compared elements (plan + spec).
+std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& links, std::uint64_t& degree) {
+  degree = 0;
+  for (std::size_t k = 0; k < links.size(); ++k) {
+    const Link& l = links[k];
+    const std::string& name = s.p.name(l.plan);
+    const Val& g = run.model->at(0, l.spec);
+    Assembled a = assemble(s.p, *run.plan, l.plan, l.pl, s.oo);
+    Difference d;
+    d.link = k;
+    if (!g.defined) return d.what = "the spec never computes " + s.p.name(l.spec), d;
+    if (!a.ok) {
+      if (a.undefined) continue;
+      return d.what = "the plan's " + name + " cannot be assembled by its placement: " + a.problem, d;
+    }
+    std::int64_t e = first_difference(a.t, g.t);
+    if (e == -2)
+      return d.what = fmt::format("the plan's {} assembles to shape {} but the spec's {} has shape {}", name, shape_text(a.t.shape), s.p.name(l.spec),
+                                  shape_text(g.t.shape)),
+             d;
+    d.kind = DiffKind::Real;
+    if (e < 0) e = first_lane_difference(a.t, g.t), d.kind = DiffKind::Lanes;
+    if (e >= 0) {
+      d.what = fmt::format("{}{} is {} in the plan and {} in the spec", name, index_text(g.t.shape, e), num_text(dbl(a.t.data[static_cast<std::size_t>(e)])),
+                           num_text(dbl(g.t.data[static_cast<std::size_t>(e)])));
+      return d;
+    }
+    for (std::size_t i = 0; i < a.t.data.size(); ++i) degree = std::max<std::uint64_t>(degree, std::uint64_t{a.t.data[i].deg} + g.t.data[i].deg);
+  }
+  return std::nullopt;
+}
+
+// ---- localization -------------------------------------------------------------------------------------------
+struct SpecValue {
+  const Tensor* t;
+  int op;  // producing model op; -1: a declared input
+  NameId name;
+};
+
+// Placements to read a plan value by: a dim the runner tracks as sharded by an axis is S(dim) there; any other axis
+// may be R or a pending sum (global view); in local view any axis may also be S(d) of any dim.
+std::vector<Placements> readings(const Program& p, const std::vector<Val>& ranks) {
+  std::size_t n_axes = p.mesh.size();
+  std::vector<std::vector<Placement>> per_axis(n_axes);
+  const Val& v0 = ranks[0];
+  int rank = v0.t.rank();
+  for (std::size_t a = 0; a < n_axes; ++a) {
+    int sd = -1;
+    for (std::size_t d = 0; d < v0.mask.size(); ++d)
+      if (v0.mask[d] & (1u << a)) sd = static_cast<int>(d);
+    if (sd >= 0) {
+      per_axis[a].push_back(Placement::s(sd));
+      continue;
+    }
+    per_axis[a].push_back(Placement::r());
+    per_axis[a].push_back(Placement::p(ReduceOp::Sum));
+    if (p.local_view)
+      for (int d = 0; d < rank; ++d) per_axis[a].push_back(Placement::s(d));
+  }
+  std::vector<Placements> out{Placements{}};
+  for (std::size_t a = 0; a < n_axes; ++a) {
+    std::vector<Placements> next;
+    for (const auto& base : out)
+      for (Placement c : per_axis[a]) {
+        if (next.size() >= 512) break;
+        Placements b = base;
+        b[a] = c;
+        next.push_back(b);
+      }
+    out = std::move(next);
+  }
+  return out;
+}
+
+// The model value `v` equals under some reading, if any.
+const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks) {
+  if (ranks.empty() || !ranks[0].defined) return nullptr;
+  OracleOptions quiet = s.oo;
+  quiet.rtol = kRtol, quiet.atol = kAtol;
+  for (const Placements& pl : readings(s.p, ranks)) {
+    std::vector<Tensor> pieces;
+    for (const auto& v : ranks) pieces.push_back(v.t);
+    Assembled a = assemble_pieces(s.p, s.inst.mesh, std::move(pieces), pl, quiet);
+    if (!a.ok) continue;
+    for (const auto& sv : table)
+      if (sv.t->shape == a.t.shape && same_value(a.t, *sv.t)) return &sv;
+  }
+  return nullptr;
+}
+
+// Kinds whose outputs are partial by design (a ring attention step without its accumulator): never blamed first.
+bool partial_by_design(const Op& op) { return op.kind == OpKind::RingAttentionStep && op.n_in < 5; }
+
+struct Culprit {
+  int op = -1;         // plan op
+  int spec_op = -1;    // the model op it should have matched
+  std::string why;
+};
+
+Culprit localize(Setup& s, Run& run, NameId output) {
+  const Program& p = s.p;
+  std::vector<SpecValue> table;
+  for (const auto& t : p.tensors) {
+    const Val& v = run.model->at(0, t.name);
+    if (v.defined) table.push_back({&v.t, -1, t.name});
+  }
+  for (std::size_t oi = 0; oi < s.model.ops.size(); ++oi) {
+    auto outs = s.model.outs(s.model.ops[oi]);
+    for (std::size_t k = 0; k < run.model_vals[oi].size() && k < outs.size(); ++k)
+      table.push_back({&run.model_vals[oi][k], static_cast<int>(oi), outs[k]});
+  }
+  // Producers: the last writer of each name before each op.
+  std::vector<std::vector<int>> producers(p.ops.size());
+  std::vector<int> writer(p.names.size(), -1);
+  for (std::size_t oi = 0; oi < p.ops.size(); ++oi) {
+    for (NameId n : p.ins(p.ops[oi])) producers[oi].push_back(writer[static_cast<std::size_t>(n)]);
+    for (NameId n : p.outs(p.ops[oi])) writer[static_cast<std::size_t>(n)] = static_cast<int>(oi);
+  }
+  int last = writer[static_cast<std::size_t>(output)];
+  Culprit c;
+  if (last < 0) return c;
+  std::vector<char> in_cone(p.ops.size(), 0);
+  std::vector<int> stack{last};
+  while (!stack.empty()) {
+    int o = stack.back();
+    stack.pop_back();
+    if (o < 0 || in_cone[static_cast<std::size_t>(o)]) continue;
+    in_cone[static_cast<std::size_t>(o)] = 1;
+    for (int q : producers[static_cast<std::size_t>(o)]) stack.push_back(q);
+  }
+  std::vector<const SpecValue*> matched(p.ops.size(), nullptr);
+  std::vector<char> good(p.ops.size(), 0);
+  int frontier = -1, fallback = -1;
+  for (std::size_t oi = 0; oi < p.ops.size(); ++oi) {
+    if (!in_cone[oi] || run.plan_vals[oi].empty()) continue;
+    const SpecValue* m = match(s, table, run.plan_vals[oi][0]);
+    matched[oi] = m;
+    good[oi] = m != nullptr;
+    if (good[oi] || partial_by_design(p.ops[oi])) continue;
+    bool inputs_good = std::all_of(producers[oi].begin(), producers[oi].end(), [&](int q) { return q < 0 || good[static_cast<std::size_t>(q)]; });
+    if (inputs_good && frontier < 0) frontier = static_cast<int>(oi);
+    if (fallback < 0) fallback = static_cast<int>(oi);
+  }
+  c.op = frontier >= 0 ? frontier : fallback >= 0 ? fallback : last;
+  const Op& op = p.ops[static_cast<std::size_t>(c.op)];
+  // The model op it should have matched: one writing the same name (or linked by lineage), else one of the same
+  // kind reading what this op's inputs matched, else the one writing the compared output.
+  NameId out0 = p.outs(op).empty() ? -1 : p.outs(op)[0];
+  for (const auto& l : p.lineage)
+    if (l.plan == out0) out0 = l.spec;
+  for (std::size_t mi = 0; mi < s.model.ops.size() && c.spec_op < 0; ++mi)
+    for (NameId n : s.model.outs(s.model.ops[mi]))
+      if (n == out0) c.spec_op = static_cast<int>(mi);
+  if (c.spec_op < 0) {
+    for (std::size_t mi = 0; mi < s.model.ops.size() && c.spec_op < 0; ++mi) {
+      const Op& mo = s.model.ops[mi];
+      if (mo.kind != op.kind) continue;
+      auto mins = s.model.ins(mo);
+      bool all = mins.size() == producers[static_cast<std::size_t>(c.op)].size();
+      for (std::size_t i = 0; all && i < mins.size(); ++i) {
+        int q = producers[static_cast<std::size_t>(c.op)][i];
+        NameId want = q < 0 ? p.ins(op)[i] : matched[static_cast<std::size_t>(q)] ? matched[static_cast<std::size_t>(q)]->name : -1;
+        all = want == mins[i];
+      }
+      if (all) c.spec_op = static_cast<int>(mi);
+    }
+  }
+  return c;
+}
+
+std::string op_text(const Program& p, const Op& op) {
+  auto outs = p.outs(op);
+  std::string s = std::string(op_name(op.kind));
+  if (!outs.empty()) s += " writing " + p.name(outs[0]);
+  return s;
+}
+
+constexpr int kMaxAttempts = 8;
+constexpr double kLog2Target = -40;
+
+// log2 of one trial's false-agreement probability: per lane eps = (U(U-1)/2 + 1) D / p (docs/equivalence.md), two
+// independent lanes multiply.
+double trial_log2_bound(std::uint64_t degree, std::uint64_t uf) {
+  double u = static_cast<double>(uf), pairs = u * (u - 1) / 2 + 1, d = static_cast<double>(std::max<std::uint64_t>(degree, 1));
+  double total = 0;
+  for (int l = 0; l < kLanes; ++l) total += std::min(0.0, std::log2(pairs) + std::log2(d) - std::log2(static_cast<double>(num::prime(l))));
+  return total;
+}
+
+// What a verdict covers beyond the real inputs: integer inputs and value-dependent choices are the drawn ones.
+std::string scope_text(const Program& p) {
+  std::vector<std::string> parts;
+  std::string ints;
+  for (const auto& t : p.tensors)
+    if (t.dtype == DType::I64 || t.dtype == DType::I32 || t.dtype == DType::I8 || t.dtype == DType::Bool) ints += (ints.empty() ? "" : ", ") + p.name(t.name);
+  if (!ints.empty()) parts.push_back("the drawn integer inputs (" + ints + ")");
+  bool choices = false;
+  for (const auto* list : {&p.ops, &p.spec_ops})
+    for (const auto& op : *list)
+      choices |= op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin || op.kind == OpKind::TopKGate || op.kind == OpKind::MoEDispatch ||
+                 op.kind == OpKind::Dropout || op.kind == OpKind::AmaxUpdate || op.kind == OpKind::AmaxHistory ||
+                 (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
+  if (choices) parts.push_back("the max/min choices and routing the drawn values make");
+  if (parts.empty()) return "";
+  std::string s = ", for ";
+  for (std::size_t i = 0; i < parts.size(); ++i) s += (i ? " and " : "") + parts[i];
+  return s;
+}
+
+// A difference found in trial `ts`: value-mismatch (the doubles differ: a counterexample, the first plan op that goes
+// wrong), or value-unproved (only the field lanes differ).
+EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work, EquivResult& res) {
+  const Program& p = s.p;
+  const Link& bad = links[diff.link];
+  Diagnostic d;
+  d.id = CheckId::ValueMismatch;
+  d.loc = bad.loc;
+  d.tensor = p.name(bad.plan);
+  if (diff.kind == DiffKind::Form) {
+    d.message = diff.what;
+    res.verdict = EquivVerdict::Mismatch;
+    res.message = d.message;
+    res.diags.push_back(std::move(d));
+    return res;
+  }
+  // A counterexample with small integer inputs when one exists, else the drawn reals; then where it goes wrong.
+  std::unique_ptr<Run> rec;
+  std::optional<Difference> rdiff;
+  bool ints = false;
+  std::uint64_t degree = 0;
+  try {
+    if (diff.kind == DiffKind::Real) {
+      rec = run_once(s, ts, true, true, work);
+      if (rec->failure.empty()) rdiff = compare(s, *rec, links, degree);
+      ints = rdiff && rdiff->kind == DiffKind::Real;
+    }
+    if (!ints) {
+      rec = run_once(s, ts, false, true, work);
+      rdiff = rec->failure.empty() ? compare(s, *rec, links, degree) : std::nullopt;
+    }
+  } catch (const BudgetError&) {
+    rec.reset();
+  }
+  if (!rec || !rdiff) rdiff = diff, rec.reset();
+  const Link& shown = links[rdiff->link];
+  Culprit c;
+  if (rec) c = localize(s, *rec, shown.plan);
+  if (diff.kind == DiffKind::Lanes) {
+    d.id = CheckId::ValueUnproved;
+    d.severity = Severity::Warning;
+    d.message = fmt::format(
+        "equivalence not proved: the plan equals the spec in real numbers on the drawn inputs, but not in exact arithmetic ({}); the number domain lacks an "
+        "identity the plan relies on (docs/equivalence.md)",
+        rdiff->what);
+    if (c.op >= 0) {
+      const Op& op = p.ops[static_cast<std::size_t>(c.op)];
+      d.notes.push_back({op.loc, "the first plan op whose exact value matches no spec value: " + op_text(p, op)});
+    }
+    res.verdict = EquivVerdict::Unknown;
+    res.message = d.message;
+    res.diags.push_back(std::move(d));
+    return res;
+  }
+  std::string cex;
+  if (rec)
+    for (const auto& t : p.tensors) {
+      const Val& v = rec->model->at(0, t.name);
+      cex += fmt::format("{}{} = {}", cex.empty() ? "" : "; ", p.name(t.name), values_text(v.t));
+    }
+  res.verdict = EquivVerdict::Mismatch;
+  if (c.op >= 0) {
+    const Op& op = p.ops[static_cast<std::size_t>(c.op)];
+    d.loc = op.loc;
+    d.op = c.op;
+    d.tensor = p.outs(op).empty() ? d.tensor : p.name(p.outs(op)[0]);
+    d.message = fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, whose value matches no value of the spec",
+                            rdiff->what, op_text(p, op));
+    if (c.spec_op >= 0) {
+      const Op& mo = s.model.ops[static_cast<std::size_t>(c.spec_op)];
+      d.notes.push_back({mo.loc, "the spec computes it here: " + op_text(s.model, mo)});
+    }
+    d.notes.push_back({shown.loc, fmt::format("output {} is compared here, read by its placement", p.name(shown.plan))});
+  } else {
+    d.message = "the plan's output differs from the spec: " + rdiff->what;
+  }
+  if (!cex.empty())
+    d.notes.push_back({p.tensors.empty() ? Loc{} : p.tensors[0].loc,
+                       fmt::format("counterexample ({} inputs{}): {}", ints ? "small integer" : "drawn", s.sizes.empty() ? "" : ", " + s.sizes, cex)});
+  res.message = d.message;
+  res.diags.push_back(std::move(d));
+  return res;
+}
+
+}  // namespace
+
+const char* equiv_verdict_name(EquivVerdict v) {
+  switch (v) {
+    case EquivVerdict::Equivalent: return "equivalent";
+    case EquivVerdict::Mismatch: return "value-mismatch";
+    case EquivVerdict::Unknown: return "not proved";
+    case EquivVerdict::Skipped: return "not checked";
+  }
+  return "?";
+}
+
+EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
+  EquivResult res;
+  auto skip = [&](std::string why) {
+    res.verdict = EquivVerdict::Skipped;
+    res.message = "equivalence not checked: " + why;
+    if (p.has_spec) {
+      Diagnostic d;
+      d.id = CheckId::ValueUnproved;
+      d.severity = Severity::Warning;
+      d.loc = p.spec_loc;
+      d.message = res.message;
+      res.diags.push_back(std::move(d));
+    }
+    return res;
+  };
+  if (p.schedule.present) return skip("a pipeline schedule has no single-device meaning here");
+  if (p.per_rank) return skip("per-rank `programs:` are not run by the equivalence check yet");
+  if (p.local_view && !p.has_spec) return skip("a local-view plan needs a `spec:` to be compared with");
+  for (const auto* list : {&p.ops, &p.spec_ops})
+    for (const auto& op : *list)
+      if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step || op_info(op.kind).category == OpCategory::gradient)
+        return skip(fmt::format("{} (line {}) has no value semantics", op_name(op.kind), op.loc.line));
+  Setup s{p, model_of(p), {}, {}, {}, {}};
+  s.oo.seed = opt.seed;
+  auto insts = instantiations(p, s.oo);
+  if (insts.empty()) return skip("no small instantiation of the sizes fits the interpreter");
+  s.inst = insts[opt.seed % insts.size()];
+  for (std::size_t k = 0; k < p.vars.size(); ++k) s.sizes += (k ? ", " : "") + p.vars[k].name + " = " + std::to_string(s.inst.vars[k]);
+  res.sizes = s.sizes;
+  // A shape-only pre-run of the model (integer inputs 0) learns the ranges integer inputs must take.
+  s.ranges.assign(p.names.size(), -1);
+  {
+    std::int64_t w0 = 0;
+    Runner pre(s.model, s.inst.vars, std::vector<std::int64_t>(s.inst.mesh.size(), 1), true, s.oo, w0, s.inst.mesh);
+    pre.int_range = &s.ranges;
+    try {
+      for (const auto& t : p.tensors) pre.declare(t, 1, opt.seed);
+      pre.run(opt.seed);
+    } catch (const std::runtime_error&) {
+    }
+    for (auto& r : s.ranges) r = r < 0 ? 4 : std::max<std::int64_t>(r, 1);
+  }
+  // What is compared: the spec's outputs with the plan's, each plan output read by its declared placement.
+  std::vector<Link> links;
+  auto decl_of = [&](NameId n) -> const OutputDecl* {
+    for (const auto& od : p.outputs)
+      if (od.name == n) return &od;
+    return nullptr;
+  };
+  if (p.has_spec) {
+    for (const auto& l : p.spec_outputs) {
+      Link k{l.plan, l.spec, l.loc, {}};
+      if (const OutputDecl* od = decl_of(l.plan)) {
+        if (od->has_placement) k.pl = od->placement;
+        k.loc = od->loc;
+      }
+      links.push_back(k);
+    }
+  } else {
+    for (const auto& od : p.outputs) links.push_back({od.name, od.name, od.loc, od.has_placement ? od.placement : Placements{}});
+  }
+  if (links.empty()) return skip("nothing to compare (no outputs)");
+
+  std::int64_t work = 0;
+  auto located_failure = [&](Run& r) {
+    Diagnostic d;
+    d.id = CheckId::ValueMismatch;
+    const auto& list = r.plan_failed ? p.ops : s.model.ops;
+    d.loc = r.failed_op >= 0 && static_cast<std::size_t>(r.failed_op) < list.size() ? list[static_cast<std::size_t>(r.failed_op)].loc : p.spec_loc;
+    d.op = r.plan_failed ? r.failed_op : -1;
+    d.message = r.failure;
+    res.verdict = EquivVerdict::Mismatch;
+    res.message = r.failure;
+    res.diags.push_back(std::move(d));
+    return res;
+  };
+  // Trials: each draws fresh primes, random functions and inputs; the error bound of agreeing trials multiplies.
+  // A trial whose field arithmetic hit a zero divisor does not count.
+  double log2_bound = 0;  // log2 of the probability that every agreeing trial agreed by chance
+  int trials = 0;
+  std::uint64_t max_degree = 0, max_uf = 0;
+  for (int attempt = 0; attempt < kMaxAttempts && log2_bound > kLog2Target; ++attempt) {
+    std::uint64_t ts = attempt == 0 ? opt.seed : mix(opt.seed ^ (0x7e57ULL + static_cast<std::uint64_t>(attempt)));
+    num::Lanes guard({ts});
+    std::unique_ptr<Run> run;
+    try {
+      run = run_once(s, ts, false, false, work);
+    } catch (const BudgetError& e) {
+      return skip(e.what());
+    }
+    if (!run->failure.empty()) return located_failure(*run);
+    if (num::trial_failed()) continue;
+    std::uint64_t degree = 0;
+    auto diff = compare(s, *run, links, degree);
+    if (num::trial_failed()) continue;
+    if (diff) return report_difference(s, links, *diff, ts, work, res);
+    ++trials;
+    std::uint64_t uf = num::uf_evaluations();
+    max_degree = std::max(max_degree, degree), max_uf = std::max(max_uf, uf);
+    log2_bound += trial_log2_bound(degree, uf);
+  }
+  std::string scope = scope_text(p);
+  if (log2_bound > kLog2Target) {
+    res.verdict = EquivVerdict::Unknown;
+    res.message = fmt::format("equal to the spec in {} trial{}, but the error bound 2^{:.0f} is above 2^{} (degree bound {}, {} random-function evaluations)",
+                              trials, trials == 1 ? "" : "s", log2_bound, kLog2Target, max_degree, max_uf);
+    Diagnostic d;
+    d.id = CheckId::ValueUnproved;
+    d.severity = Severity::Warning;
+    d.loc = links[0].loc;
+    d.message = "equivalence not proved: " + res.message;
+    d.notes.push_back({p.spec_loc, "fix: name intermediate values alike in the plan and the spec (or list them under lineage:) so the check can verify stage by stage"});
+    res.diags.push_back(std::move(d));
+    return res;
+  }
+  res.verdict = EquivVerdict::Equivalent;
+  res.error_bound = std::exp2(log2_bound);
+  res.message = fmt::format("{} output{} equal to the spec for all real inputs{}{} (error probability below 2^{:.0f}: {} trial{}, degree bound {}, {} random-function "
+                            "evaluations; real arithmetic, floating-point rounding out of scope)",
+                            links.size(), links.size() == 1 ? "" : "s", s.sizes.empty() ? "" : " at " + s.sizes, scope, log2_bound, trials,
+                            trials == 1 ? "" : "s", max_degree, max_uf);
+  return res;
+}
+
+}  // namespace spmd

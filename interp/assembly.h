@@ -1,0 +1,41 @@
+// interp/assembly.h - what the oracle and the equivalence check (equiv/) share besides the Runner: the small
+// instantiations of a program's sizes, and the assembly of per-rank values into a global one by a placement.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "interp/interp.h"
+#include "interp/runner.h"
+#include "interp/tensor.h"
+
+namespace spmd::interp {
+
+struct Instantiation {
+  std::vector<std::int64_t> vars;
+  std::vector<std::int64_t> mesh;
+  bool even = true;  // every declared shape has a value and every declared shard divides evenly (or is declared uneven)
+};
+
+// The instantiations of `p`'s symbolic sizes that fit the oracle's limits, smallest first (at most 64).
+std::vector<Instantiation> instantiations(const Program& p, const OracleOptions& o);
+
+struct Assembled {
+  bool ok = false;         // a value was assembled
+  bool undefined = false;  // V somewhere: no assembled value
+  std::string problem;     // ranks disagree on R/I, or the pieces do not fit
+  Tensor t;
+};
+
+// The global value of `name` on `run`'s ranks read by placement `pl` (S: concatenate, P: reduce, R/I: every rank
+// must hold the same value within the options' tolerance, V: undefined).
+Assembled assemble(const Program& p, Runner& run, NameId name, const Placements& pl, const OracleOptions& o);
+
+// The same from one piece per rank (ranks in row-major mesh order, `sizes` the mesh).
+Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& sizes, std::vector<Tensor> pieces, const Placements& pl,
+                          const OracleOptions& o);
+
+// Element `flat` of `gshape` as "[i, j, k]".
+std::string index_text(const Shape& gshape, std::int64_t flat);
+
+}  // namespace spmd::interp

@@ -1,0 +1,302 @@
+// interp/num.cpp - the field lanes of Num: primes, random functions, constants, and each primitive's lane meaning.
+#include "interp/num.h"
+
+namespace spmd::interp {
+
+namespace num {
+
+constinit thread_local Context ctx;
+
+namespace {
+
+std::uint64_t splitmix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+constexpr std::uint64_t kLogKey = key_of("L: the log part made pure");
+constexpr std::uint64_t kTanHalf = key_of("T: tan of the half angle");
+constexpr std::uint64_t kMax = key_of("max2"), kMin = key_of("min2");
+constexpr std::uint64_t kInput = key_of("input element");
+
+std::uint32_t sat(std::uint64_t d) { return d > kMaxDeg ? kMaxDeg : static_cast<std::uint32_t>(d); }
+
+bool any_log(const Num& a) {
+  for (int l = 0; l < kLanes; ++l)
+    if (a.y[l] != 1) return true;
+  return false;
+}
+
+// The nearest fraction n/den (den <= 2^20) to x > 0 when within 2^-50 relative: continued-fraction convergents.
+bool near_fraction(double x, std::uint64_t& n, std::uint64_t& den) {
+  if (!(x > 0x1p-30 && x < 0x1p30)) return false;
+  double z = x;
+  std::uint64_t h1 = 1, h2 = 0, k1 = 0, k2 = 1;
+  for (int it = 0; it < 64; ++it) {
+    double a = std::floor(z);
+    if (a > 0x1p40) return false;
+    auto ai = static_cast<std::uint64_t>(a);
+    std::uint64_t h = ai * h1 + h2, k = ai * k1 + k2;
+    if (k > (std::uint64_t{1} << 20)) return false;
+    double err = std::fma(x, static_cast<double>(k), -static_cast<double>(h));
+    if (std::abs(err) <= 0x1p-50 * x * static_cast<double>(k)) {
+      n = h, den = k;
+      return true;
+    }
+    h2 = h1, h1 = h, k2 = k1, k1 = k;
+    double frac = z - a;
+    if (frac <= 0) return false;
+    z = 1 / frac;
+  }
+  return false;
+}
+
+}  // namespace
+
+Fp powmod(Fp a, std::uint64_t e, Fp p) {
+  Fp r = 1 % p;
+  a %= p;
+  for (; e; e >>= 1) {
+    if (e & 1) r = mulmod(r, a, p);
+    a = mulmod(a, a, p);
+  }
+  return r;
+}
+
+Fp finv(Fp a, int l) {
+  if (a == 0) {
+    ctx.failed = true;
+    return 0;
+  }
+  return powmod(a, ctx.p[l] - 2, ctx.p[l]);
+}
+
+bool is_prime(std::uint64_t n) {
+  if (n < 2) return false;
+  for (std::uint64_t q : {2ULL, 3ULL, 5ULL, 7ULL, 11ULL, 13ULL, 17ULL, 19ULL, 23ULL, 29ULL, 31ULL, 37ULL})
+    if (n % q == 0) return n == q;
+  std::uint64_t d = n - 1;
+  int s = 0;
+  while (!(d & 1)) d >>= 1, ++s;
+  for (std::uint64_t a : {2ULL, 3ULL, 5ULL, 7ULL, 11ULL, 13ULL, 17ULL, 19ULL, 23ULL, 29ULL, 31ULL, 37ULL}) {
+    Fp x = powmod(a, d, n);
+    if (x == 1 || x == n - 1) continue;
+    bool composite = true;
+    for (int r = 1; r < s && composite; ++r) {
+      x = mulmod(x, x, n);
+      if (x == n - 1) composite = false;
+    }
+    if (composite) return false;
+  }
+  return true;
+}
+
+Fp from_int(std::int64_t v, int l) {
+  Fp p = ctx.p[l];
+  if (v >= 0) return static_cast<Fp>(v) % p;
+  Fp m = (static_cast<Fp>(-(v + 1)) + 1) % p;
+  return fneg(m, l);
+}
+
+Fp from_double(double x, int l) {
+  if (!std::isfinite(x) || x == 0) return 0;
+  Fp p = ctx.p[l];
+  double ax = std::abs(x);
+  Fp v;
+  std::uint64_t n, den;
+  if (ax < 0x1p53 && ax == std::floor(ax)) {
+    v = static_cast<Fp>(ax) % p;
+  } else if (near_fraction(ax, n, den)) {
+    v = mulmod(n % p, finv(den % p, l), p);
+  } else {  // the exact dyadic value m * 2^e
+    int e;
+    double m = std::frexp(ax, &e);
+    auto M = static_cast<std::uint64_t>(std::ldexp(m, 53));
+    e -= 53;
+    Fp two = e >= 0 ? 2 : (p + 1) / 2;
+    v = mulmod(M % p, powmod(two, static_cast<std::uint64_t>(e >= 0 ? e : -e), p), p);
+  }
+  return x < 0 ? fneg(v, l) : v;
+}
+
+Fp rf(std::uint64_t key, const Fp* args, int n, int l) {
+  if (l == 0) ++ctx.uf_evals;
+  std::uint64_t h = splitmix(ctx.key[l] ^ key);
+  for (int i = 0; i < n; ++i) h = splitmix(h ^ args[i]) + static_cast<std::uint64_t>(i);
+  return splitmix(h) % ctx.p[l];
+}
+
+Lanes::Lanes(const LaneParams& params) : saved_(ctx) {
+  Context c;
+  c.on = true;
+  std::uint64_t s = splitmix(params.seed ^ 0x5eed0f11e1d5ULL);
+  for (int l = 0; l < kLanes; ++l) {
+    std::uint64_t cand = (splitmix(s + static_cast<std::uint64_t>(l) * 0x1000193ULL) >> 2) | (std::uint64_t{1} << 61) | 1;
+    while (!is_prime(cand)) cand += 2;
+    if (l > 0 && cand == c.p[0]) {  // two lanes, two different primes
+      cand += 2;
+      while (!is_prime(cand)) cand += 2;
+    }
+    c.p[l] = cand;
+    c.key[l] = splitmix(s ^ (0xa5a5a5a5ULL + static_cast<std::uint64_t>(l)));
+  }
+  ctx = c;
+}
+
+Lanes::~Lanes() { ctx = saved_; }
+
+void lanes_add(Num& r, const Num& a, const Num& b) {
+  for (int l = 0; l < kLanes; ++l) r.f[l] = fadd(a.f[l], b.f[l], l), r.y[l] = fmul(a.y[l], b.y[l], l);
+  r.deg = any_log(a) && any_log(b) ? sat(std::uint64_t{a.deg} + b.deg) : std::max(a.deg, b.deg);
+}
+
+void lanes_sub(Num& r, const Num& a, const Num& b) {
+  for (int l = 0; l < kLanes; ++l) r.f[l] = fsub(a.f[l], b.f[l], l), r.y[l] = b.y[l] == 1 ? a.y[l] : fmul(a.y[l], finv(b.y[l], l), l);
+  r.deg = any_log(a) && any_log(b) ? sat(std::uint64_t{a.deg} + b.deg) : std::max(a.deg, b.deg);
+}
+
+void lanes_neg(Num& r, const Num& a) {
+  for (int l = 0; l < kLanes; ++l) r.f[l] = fneg(a.f[l], l), r.y[l] = a.y[l] == 1 ? 1 : finv(a.y[l], l);
+  r.deg = a.deg;
+}
+
+void lanes_mul(Num& r, const Num& a, const Num& b) {
+  for (int l = 0; l < kLanes; ++l) r.f[l] = fmul(a.pure(l), b.pure(l), l), r.y[l] = 1;
+  r.deg = sat(std::uint64_t{a.deg} + b.deg);
+}
+
+void lanes_div(Num& r, const Num& a, const Num& b) {
+  for (int l = 0; l < kLanes; ++l) r.f[l] = fmul(a.pure(l), finv(b.pure(l), l), l), r.y[l] = 1;
+  r.deg = sat(std::uint64_t{a.deg} + b.deg);
+}
+
+void lanes_fn(Fn fn, Num& r, const Num& a) {
+  auto key = static_cast<std::uint64_t>(fn);
+  auto copy = [&](const Num& v) {
+    for (int l = 0; l < kLanes; ++l) r.f[l] = v.f[l], r.y[l] = v.y[l];
+    r.deg = v.deg;
+  };
+  switch (fn) {
+    case Fn::Exp:
+      if (a.d == -INFINITY) return copy(Num(0.0));  // exp(-inf) = 0: a masked score, an empty block's log-sum-exp
+      for (int l = 0; l < kLanes; ++l) {
+        Fp e = a.f[l] == 0 ? 1 : rf(key, &a.f[l], 1, l);
+        r.f[l] = fmul(e, a.y[l], l), r.y[l] = 1;
+      }
+      r.deg = any_log(a) ? sat(std::uint64_t{a.deg} + 1) : 1;
+      return;
+    case Fn::Log:
+      for (int l = 0; l < kLanes; ++l) {
+        Fp x = a.pure(l);
+        if (x == 0) ctx.failed = true, x = 1;
+        r.f[l] = 0, r.y[l] = x;
+      }
+      r.deg = std::max<std::uint32_t>(a.deg, 1);
+      return;
+    case Fn::Sqrt:
+    case Fn::Rsqrt:
+      for (int l = 0; l < kLanes; ++l) {
+        Fp x = a.pure(l);
+        Fp s = rf(static_cast<std::uint64_t>(Fn::Sqrt), &x, 1, l);  // rsqrt(x) = 1 / sqrt(x)
+        r.f[l] = fn == Fn::Sqrt ? s : finv(s, l), r.y[l] = 1;
+      }
+      r.deg = 1;
+      return;
+    case Fn::Silu: return copy(a / (Num(1.0) + exp(-a)));
+    case Fn::Gelu: return copy(Num(0.5) * a * (Num(1.0) + erf(a * Num(1 / std::sqrt(2.0)))));
+    case Fn::Cos:
+    case Fn::Sin:
+      for (int l = 0; l < kLanes; ++l) {
+        Fp x = a.pure(l), x2 = fmul(x, x, l);
+        Fp t = fmul(x, rf(kTanHalf, &x2, 1, l), l), t2 = fmul(t, t, l);
+        Fp inv = finv(fadd(1, t2, l), l);
+        r.f[l] = fmul(fn == Fn::Cos ? fsub(1, t2, l) : fadd(t, t, l), inv, l), r.y[l] = 1;
+      }
+      r.deg = 1;
+      return;
+    case Fn::Erf:
+    case Fn::Tanh:
+    case Fn::Relu:
+    case Fn::Abs:
+      for (int l = 0; l < kLanes; ++l) {
+        Fp x = a.pure(l);
+        r.f[l] = rf(key, &x, 1, l), r.y[l] = 1;
+      }
+      r.deg = 1;
+      return;
+  }
+}
+
+void lanes_uf(std::uint64_t key, Num& r, const Num* const* args, int n) {
+  Fp xs[8];
+  n = std::min(n, 8);
+  for (int l = 0; l < kLanes; ++l) {
+    for (int i = 0; i < n; ++i) xs[i] = args[i]->pure(l);
+    r.f[l] = rf(key, xs, n, l), r.y[l] = 1;
+  }
+  r.deg = 1;
+}
+
+void lanes_max(Num& r, const Num& a, const Num& b, bool max) {
+  bool same = true;
+  Fp pa[kLanes], pb[kLanes];
+  for (int l = 0; l < kLanes; ++l) pa[l] = a.pure(l), pb[l] = b.pure(l), same &= pa[l] == pb[l];
+  for (int l = 0; l < kLanes; ++l) {
+    Fp xs[2] = {std::min(pa[l], pb[l]), std::max(pa[l], pb[l])};  // symmetric
+    r.f[l] = same ? pa[l] : rf(max ? kMax : kMin, xs, 2, l), r.y[l] = 1;
+  }
+  r.deg = same ? std::max(a.deg, b.deg) : 1;
+}
+
+void lanes_pick(Num& r, const Num& a, const Num& b, bool max) {
+  bool take_a;
+  if (a.d != b.d) take_a = max ? a.d > b.d : a.d < b.d;
+  else {  // a tie: a total order on the lanes, so every fold picks the same element
+    take_a = true;
+    for (int l = 0; l < kLanes; ++l) {
+      if (a.f[l] != b.f[l]) {
+        take_a = a.f[l] > b.f[l];
+        break;
+      }
+      if (a.y[l] != b.y[l]) {
+        take_a = a.y[l] > b.y[l];
+        break;
+      }
+    }
+  }
+  const Num& c = take_a ? a : b;
+  for (int l = 0; l < kLanes; ++l) r.f[l] = c.f[l], r.y[l] = c.y[l];
+  r.deg = c.deg;
+}
+
+}  // namespace num
+
+Fp Num::pure(int lane) const {
+  if (y[lane] == 1) return f[lane];
+  return num::fadd(f[lane], num::rf(num::kLogKey, &y[lane], 1, lane), lane);
+}
+
+void Num::set_constant(double x) {
+  for (int l = 0; l < kLanes; ++l) f[l] = num::from_double(x, l), y[l] = 1;
+  deg = 0;
+}
+
+Num Num::rational(std::int64_t n, std::int64_t den) {
+  Num r;
+  r.d = static_cast<double>(n) / static_cast<double>(den);
+  if (num::ctx.on)
+    for (int l = 0; l < kLanes; ++l) r.f[l] = num::fmul(num::from_int(n, l), num::finv(num::from_int(den, l), l), l);
+  return r;
+}
+
+Num Num::input(double x, std::uint64_t h, bool integer) {
+  Num r(x);
+  if (!num::ctx.on || integer) return r;
+  for (int l = 0; l < kLanes; ++l) r.f[l] = num::splitmix(h ^ num::ctx.key[l] ^ num::kInput) % num::ctx.p[l];
+  r.deg = 1;
+  return r;
+}
+
+}  // namespace spmd::interp

@@ -1,0 +1,265 @@
+// interp/num.h - the interpreter's number domain: a real value and, when lanes are on, its image in two prime fields.
+//
+// Every kernel of interp/ computes on Num, so the numeric oracle (the double `d`) and the equivalence prover
+// (the field lanes `f`, `y`) share each op's meaning (issue 11, docs/equivalence.md "The number domain").
+// Lanes are off by default (a thread-local flag): then only `d` is computed and the oracle keeps its speed.
+// `num::Lanes guard(params)` turns them on for the current thread: two random 62-bit primes and random
+// function keys derived from the seed. In lane i a Num means f[i] + log(y[i]) (y = 1: no log part).
+// Comparisons look at `d` only: branches, masks and routing follow the real value, the lanes follow the branch.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string_view>
+
+namespace spmd::interp {
+
+inline constexpr int kLanes = 2;
+using Fp = std::uint64_t;  // a residue modulo the lane's prime (< 2^62)
+inline constexpr std::uint32_t kMaxDeg = std::uint32_t{1} << 30;
+
+namespace num {
+
+struct LaneParams {
+  std::uint64_t seed = 0;
+};
+
+// The thread's lane context (private to num.h / num.cpp; use the functions below).
+struct Context {
+  bool on = false;
+  bool failed = false;           // a field division by zero (or log of a field zero) in this trial
+  Fp p[kLanes] = {0, 0};         // the primes
+  std::uint64_t key[kLanes] = {0, 0};  // random function keys
+  std::uint64_t uf_evals = 0;    // random function evaluations (the error bound needs them)
+};
+extern constinit thread_local Context ctx;
+
+inline bool on() { return ctx.on; }
+// Turns the lanes on for this thread while it lives (nesting restores the outer context).
+class Lanes {
+ public:
+  explicit Lanes(const LaneParams& params);
+  ~Lanes();
+  Lanes(const Lanes&) = delete;
+  Lanes& operator=(const Lanes&) = delete;
+
+ private:
+  Context saved_;
+};
+inline bool trial_failed() { return ctx.failed; }
+inline void clear_failed() { ctx.failed = false; }
+inline std::uint64_t uf_evaluations() { return ctx.uf_evals; }
+inline Fp prime(int lane) { return ctx.p[lane]; }
+
+// Field arithmetic in lane `l` (the context's prime).
+inline Fp fadd(Fp a, Fp b, int l) {
+  Fp s = a + b;
+  return s >= ctx.p[l] ? s - ctx.p[l] : s;
+}
+inline Fp fsub(Fp a, Fp b, int l) { return a >= b ? a - b : a + ctx.p[l] - b; }
+inline Fp fneg(Fp a, int l) { return a ? ctx.p[l] - a : 0; }
+inline Fp mulmod(Fp a, Fp b, Fp p) { return static_cast<Fp>(static_cast<unsigned __int128>(a) * b % p); }
+inline Fp fmul(Fp a, Fp b, int l) { return mulmod(a, b, ctx.p[l]); }
+Fp powmod(Fp a, std::uint64_t e, Fp p);
+// The inverse of `a` in lane l; a zero sets the trial-failed flag and gives 0.
+Fp finv(Fp a, int l);
+// Deterministic Miller-Rabin for 64-bit n.
+bool is_prime(std::uint64_t n);
+// The field value of a double in lane l: the nearest fraction with denominator <= 2^20 when within 2^-50
+// relative, else the double's exact dyadic value (non-finite: 0).
+Fp from_double(double x, int l);
+Fp from_int(std::int64_t v, int l);
+// A random function of (key, args) in lane l: a keyed hash reduced modulo the prime; counts an evaluation.
+Fp rf(std::uint64_t key, const Fp* args, int n, int l);
+
+// A function key from its name (FNV-1a), for uf().
+constexpr std::uint64_t key_of(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  return h;
+}
+
+}  // namespace num
+
+struct Num {
+  double d = 0;
+  Fp f[kLanes] = {0, 0};
+  Fp y[kLanes] = {1, 1};
+  std::uint32_t deg = 0;
+
+  Num() = default;
+  // A constant (degree 0); integers are exact.
+  Num(double x) : d(x) {  // NOLINT(google-explicit-constructor): kernels mix literals and values
+    if (num::ctx.on) [[unlikely]]
+      set_constant(x);
+  }
+  // The exact rational n / den (den != 0).
+  static Num rational(std::int64_t n, std::int64_t den);
+  // An input element: real value x, field values drawn from the hash h of (seed, tensor, global index) so that
+  // every run draws the same field value for the same global element (degree 1). Integer data is exact.
+  static Num input(double x, std::uint64_t h, bool integer);
+  // The shift subtracted in softmax / log-sum-exp for stability: d = the real value, field lanes 0 (the result of
+  // those kernels does not depend on the shift).
+  static Num stabilizer(double m) {
+    Num r;
+    r.d = m;
+    return r;
+  }
+  // The lane's value as a plain field element: f + L(y), L a random function with L(1) = 0.
+  Fp pure(int lane) const;
+  bool has_log(int lane) const { return y[lane] != 1; }
+
+  Num& operator+=(const Num& b);
+  Num& operator-=(const Num& b);
+  Num& operator*=(const Num& b);
+  Num& operator/=(const Num& b);
+
+ private:
+  void set_constant(double x);
+};
+
+namespace num {
+// The lane parts of the operators (only called with lanes on).
+void lanes_add(Num& r, const Num& a, const Num& b);
+void lanes_sub(Num& r, const Num& a, const Num& b);
+void lanes_mul(Num& r, const Num& a, const Num& b);
+void lanes_div(Num& r, const Num& a, const Num& b);
+void lanes_neg(Num& r, const Num& a);
+}  // namespace num
+
+inline Num operator+(const Num& a, const Num& b) {
+  Num r;
+  r.d = a.d + b.d;
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_add(r, a, b);
+  return r;
+}
+inline Num operator-(const Num& a, const Num& b) {
+  Num r;
+  r.d = a.d - b.d;
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_sub(r, a, b);
+  return r;
+}
+inline Num operator*(const Num& a, const Num& b) {
+  Num r;
+  r.d = a.d * b.d;
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_mul(r, a, b);
+  return r;
+}
+inline Num operator/(const Num& a, const Num& b) {
+  Num r;
+  r.d = a.d / b.d;
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_div(r, a, b);
+  return r;
+}
+inline Num operator-(const Num& a) {
+  Num r;
+  r.d = -a.d;
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_neg(r, a);
+  return r;
+}
+inline Num& Num::operator+=(const Num& b) { return *this = *this + b; }
+inline Num& Num::operator-=(const Num& b) { return *this = *this - b; }
+inline Num& Num::operator*=(const Num& b) { return *this = *this * b; }
+inline Num& Num::operator/=(const Num& b) { return *this = *this / b; }
+
+// Comparisons look at the real value only (branches, masks, routing).
+inline bool operator<(const Num& a, const Num& b) { return a.d < b.d; }
+inline bool operator>(const Num& a, const Num& b) { return a.d > b.d; }
+inline bool operator<=(const Num& a, const Num& b) { return a.d <= b.d; }
+inline bool operator>=(const Num& a, const Num& b) { return a.d >= b.d; }
+inline bool operator==(const Num& a, const Num& b) { return a.d == b.d; }
+
+// ---- named functions: d as the double formula the oracle always used, field lanes as docs/equivalence.md says ----
+namespace num {
+enum class Fn : std::uint64_t {
+  Exp = key_of("exp"), Log = key_of("log"), Sqrt = key_of("sqrt"), Rsqrt = key_of("rsqrt"), Silu = key_of("silu"), Gelu = key_of("gelu"),
+  Erf = key_of("erf"), Tanh = key_of("tanh"), Relu = key_of("relu"), Abs = key_of("abs"), Cos = key_of("cos"), Sin = key_of("sin"),
+};
+// The lane part of a named function of one argument (only called with lanes on).
+void lanes_fn(Fn fn, Num& r, const Num& a);
+void lanes_uf(std::uint64_t key, Num& r, const Num* const* args, int n);
+void lanes_max(Num& r, const Num& a, const Num& b, bool max);
+void lanes_pick(Num& r, const Num& a, const Num& b, bool max);
+inline Num fn1(Fn fn, double d, const Num& a) {
+  Num r;
+  r.d = d;
+  if (ctx.on) [[unlikely]]
+    lanes_fn(fn, r, a);
+  return r;
+}
+}  // namespace num
+
+// exp(a + log y) = E(a) * y, E a random function with E(0) = 1.
+inline Num exp(const Num& a) { return num::fn1(num::Fn::Exp, std::exp(a.d), a); }
+// log(x) = (f 0, y = pure(x)); a field zero fails the trial.
+inline Num log(const Num& a) { return num::fn1(num::Fn::Log, std::log(a.d), a); }
+inline Num sqrt(const Num& a) { return num::fn1(num::Fn::Sqrt, std::sqrt(a.d), a); }       // S(pure), S random
+inline Num rsqrt(const Num& a) { return num::fn1(num::Fn::Rsqrt, 1 / std::sqrt(a.d), a); }  // 1 / S(pure)
+// x / (1 + exp(-x)) in the lanes too.
+inline Num silu(const Num& a) { return num::fn1(num::Fn::Silu, a.d / (1 + std::exp(-a.d)), a); }
+// x/2 * (1 + Erf(x * c)), c the constant 1/sqrt(2), Erf random.
+inline Num gelu(const Num& a) { return num::fn1(num::Fn::Gelu, 0.5 * a.d * (1 + std::erf(a.d / std::sqrt(2.0))), a); }
+inline Num erf(const Num& a) { return num::fn1(num::Fn::Erf, std::erf(a.d), a); }
+inline Num tanh(const Num& a) { return num::fn1(num::Fn::Tanh, std::tanh(a.d), a); }
+inline Num relu(const Num& a) { return num::fn1(num::Fn::Relu, a.d > 0 ? a.d : 0.0, a); }  // random function of pure(x)
+inline Num abs(const Num& a) { return num::fn1(num::Fn::Abs, std::abs(a.d), a); }          // random function of pure(x)
+// cos and sin of an angle: (1 - t^2)/(1 + t^2) and 2t/(1 + t^2) with t = a * T(a^2), T random: cos is even, sin odd
+// and cos^2 + sin^2 = 1 (so RoPE and its inverse cancel).
+inline Num cos(const Num& a) { return num::fn1(num::Fn::Cos, std::cos(a.d), a); }
+inline Num sin(const Num& a) { return num::fn1(num::Fn::Sin, std::sin(a.d), a); }
+// max / min of two values: symmetric random functions of the pure values (M(x, x) = x).
+inline Num max2(const Num& a, const Num& b) {
+  Num r;
+  r.d = std::max(a.d, b.d);
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_max(r, a, b, true);
+  return r;
+}
+inline Num min2(const Num& a, const Num& b) {
+  Num r;
+  r.d = std::min(a.d, b.d);
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_max(r, a, b, false);
+  return r;
+}
+// The larger (smaller) of two values by d, ties broken by the lanes: a selection (routing), so a fold of
+// pick_max over any grouping and order picks the same element. Reductions (ReduceMax, AllReduce max) use it.
+inline Num pick_max(const Num& a, const Num& b) {
+  Num r;
+  r.d = std::max(a.d, b.d);
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_pick(r, a, b, true);
+  return r;
+}
+inline Num pick_min(const Num& a, const Num& b) {
+  Num r;
+  r.d = std::min(a.d, b.d);
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_pick(r, a, b, false);
+  return r;
+}
+// Any other nonlinear scalar function: d given by the caller, the lanes a random function keyed by `key` of the
+// pure values of the arguments (degree 1).
+inline Num uf(std::uint64_t key, double d, const Num& a) {
+  Num r;
+  r.d = d;
+  const Num* args[] = {&a};
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_uf(key, r, args, 1);
+  return r;
+}
+inline Num uf(std::uint64_t key, double d, const Num& a, const Num& b) {
+  Num r;
+  r.d = d;
+  const Num* args[] = {&a, &b};
+  if (num::ctx.on) [[unlikely]]
+    num::lanes_uf(key, r, args, 2);
+  return r;
+}
+
+}  // namespace spmd::interp

@@ -1,0 +1,176 @@
+// tests/mutation.cpp - mutation testing of the value-level check (ctest `mutation`; docs/reliability.md).
+//
+// From each fixed example (a plan equal to its spec) it makes every mutant of five kinds: one constant changed
+// (a `scalar`/`number` attribute doubled, or 0 made 1), one Slice offset shifted by one, two Concat blocks swapped,
+// one collective dropped (its output renamed to its input downstream), one collective's axis swapped for another.
+// A mutant "changes values" when a numeric run with independent draws (three other seeds) finds its outputs
+// different from the spec's, or the mutant no longer runs; every such mutant must be reported by the checks a
+// user runs (`spmdcheck check`: the type checks, the temporal checks, then the value check). The tool prints one
+// line per missed mutant and a summary; exit 1 when a value-changing mutant was missed.
+//
+// Usage: spmd_mutation FILE_OR_DIR...   (directories: every *_fixed.yaml / *_ok.yaml under them)
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "equiv/equiv.h"
+#include "ir/loader.h"
+#include "spatial/spatial.h"
+#include "temporal/temporal.h"
+
+namespace fs = std::filesystem;
+using namespace spmd;
+
+namespace {
+
+struct Mutant {
+  std::string what;
+  Program p;
+};
+
+bool is_collective(const Op& op) { return op_info(op.kind).category == OpCategory::collective; }
+
+// Renames every later read of `from` to `to` (ops after `after`, outputs, spec links).
+void rename_reads(Program& p, std::size_t after, NameId from, NameId to) {
+  for (std::size_t oi = after; oi < p.ops.size(); ++oi) {
+    const Op& op = p.ops[oi];
+    for (std::uint32_t i = 0; i < op.n_in; ++i)
+      if (p.operands[op.first + i] == from) p.operands[op.first + i] = to;
+  }
+  for (auto& od : p.outputs)
+    if (od.name == from) od.name = to;
+  for (auto& l : p.spec_outputs)
+    if (l.plan == from) l.plan = to;
+}
+
+std::string where(const Program& p, const Op& op) { return fmt::format("{} at line {}", op_name(op.kind), op.loc.line); }
+
+std::vector<Mutant> mutants_of(const Program& base) {
+  std::vector<Mutant> out;
+  for (std::size_t oi = 0; oi < base.ops.size(); ++oi) {
+    const Op& op = base.ops[oi];
+    if (op.attrs.has_number) {
+      Mutant m{"constant of " + where(base, op), base};
+      double& x = m.p.ops[oi].attrs.number;
+      x = x == 0 ? 1 : 2 * x;
+      out.push_back(std::move(m));
+    }
+    if (op.kind == OpKind::Slice) {
+      ExprId start = base.size_attr(op, "start"), end = base.size_attr(op, "end");
+      if (end >= 0) {
+        Mutant m{"offset of " + where(base, op) + " shifted by one", base};
+        ExprId one = m.p.exprs.constant(1);
+        m.p.set_size_attr(m.p.ops[oi], "start", start >= 0 ? m.p.exprs.add(start, one) : one);
+        m.p.set_size_attr(m.p.ops[oi], "end", m.p.exprs.add(end, one));
+        out.push_back(std::move(m));
+      }
+    }
+    if (op.kind == OpKind::Concat && op.n_in >= 2 && base.ins(op)[0] != base.ins(op)[1]) {
+      Mutant m{"first two blocks of " + where(base, op) + " swapped", base};
+      std::swap(m.p.operands[op.first], m.p.operands[op.first + 1]);
+      out.push_back(std::move(m));
+    }
+    if (is_collective(op) && op.n_in == 1 && op.n_out == 1 && op.attrs.handle < 0) {
+      Mutant m{where(base, op) + " dropped", base};
+      NameId in = base.ins(op)[0], o = base.outs(op)[0];
+      m.p.ops.erase(m.p.ops.begin() + static_cast<std::ptrdiff_t>(oi));
+      if (o != in) rename_reads(m.p, oi, o, in);
+      out.push_back(std::move(m));
+    }
+    if (is_collective(op) && std::popcount(op.attrs.axes) == 1 && base.mesh.size() >= 2)
+      for (std::size_t a = 0; a < base.mesh.size(); ++a) {
+        if (op.attrs.axes & (1u << a)) continue;
+        Mutant m{fmt::format("axis of {} swapped for {}", where(base, op), base.mesh[a].name), base};
+        m.p.ops[oi].attrs.axes = 1u << a;
+        out.push_back(std::move(m));
+      }
+  }
+  return out;
+}
+
+bool has_error(const std::vector<Diagnostic>& ds) {
+  return std::any_of(ds.begin(), ds.end(), [](const Diagnostic& d) { return d.severity == Severity::Error; });
+}
+
+// What `spmdcheck check` reports on the program: any error.
+bool reported(const Program& p) {
+  SpatialOptions so;
+  so.z3_timeout_ms = 10000;
+  if (has_error(check_spatial(p, so)) || has_error(check_temporal(p))) return true;
+  return check_equivalence(p).verdict == EquivVerdict::Mismatch;
+}
+
+// Independent draws: any of three other seeds finds a difference (or the run fails).
+bool changes_values(const Program& p) {
+  for (std::uint64_t seed : {101, 202, 303}) {
+    EquivOptions o;
+    o.seed = seed;
+    if (check_equivalence(p, o).verdict == EquivVerdict::Mismatch) return true;
+  }
+  return false;
+}
+
+bool is_fixed(const fs::path& f) {
+  std::string n = f.filename().string();
+  return f.extension() == ".yaml" && (n.ends_with("_fixed.yaml") || n.ends_with("_ok.yaml"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<fs::path> files;
+  for (int i = 1; i < argc; ++i) {
+    fs::path a = argv[i];
+    if (fs::is_directory(a)) {
+      for (const auto& e : fs::recursive_directory_iterator(a))
+        if (e.is_regular_file() && is_fixed(e.path())) files.push_back(e.path());
+    } else {
+      files.push_back(a);
+    }
+  }
+  std::sort(files.begin(), files.end());
+  int total = 0, changing = 0, caught = 0, missed = 0, equal = 0, caught_by_values = 0, bad_base = 0;
+  for (const auto& f : files) {
+    Program base;
+    try {
+      base = load_program_file(f.string());
+    } catch (const LoadError& e) {
+      std::cout << f.string() << ":" << e.loc.line << ":" << e.loc.col << ": error: " << e.what() << "\n";
+      ++bad_base;
+      continue;
+    }
+    if (!base.has_spec) continue;
+    if (reported(base)) {
+      std::cout << f.string() << ": error: the fixed program itself is reported\n";
+      ++bad_base;
+      continue;
+    }
+    int n = 0, c = 0;
+    for (auto& m : mutants_of(base)) {
+      ++total, ++n;
+      bool ch = changes_values(m.p), rep = reported(m.p);
+      if (!ch) {
+        ++equal;
+        continue;
+      }
+      ++changing;
+      if (rep) {
+        ++caught, ++c;
+        SpatialOptions so;
+        if (!has_error(check_spatial(m.p, so)) && !has_error(check_temporal(m.p))) ++caught_by_values;
+      } else {
+        ++missed;
+        std::cout << f.string() << ": missed mutant: " << m.what << "\n";
+      }
+    }
+    std::cout << f.filename().string() << ": " << n << " mutants, " << c << " value-changing reported\n";
+  }
+  std::cout << fmt::format(
+      "{} files, {} mutants: {} change values, {} of them reported ({} only by the value check), {} missed; {} leave every output equal\n", files.size(),
+      total, changing, caught, caught_by_values, missed, equal);
+  return missed || bad_base ? 1 : 0;
+}

@@ -1,0 +1,211 @@
+// tests/test_num.cpp - the number domain (interp/num.h): field arithmetic, the log part, the stabilizer, and the
+// identities the equivalence prover relies on (ring attention's merge is full attention in the field lanes).
+#include <doctest/doctest.h>
+
+#include "interp/runner.h"
+
+using namespace spmd;
+using namespace spmd::interp;
+
+namespace {
+
+// Field agreement in every lane (the values as plain field elements).
+bool same(const Num& a, const Num& b) {
+  for (int l = 0; l < kLanes; ++l)
+    if (a.pure(l) != b.pure(l)) return false;
+  return true;
+}
+
+Num draw(std::uint64_t i) { return Num::input(static_cast<double>(i % 7) * 0.25 - 0.8, mix(1234 + i), false); }
+
+Tensor random_tensor(const Shape& s, std::uint64_t salt) {
+  Tensor t(s);
+  for (std::size_t i = 0; i < t.data.size(); ++i) t.data[i] = Num::input(unit(mix(salt * 1000 + i)) * 4 - 2, mix(salt * 7777 + i), false);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("num: lanes are off by default and then only the real value is computed") {
+  CHECK(!num::on());
+  Num a = 1.5, b = 2.0;
+  Num c = a * b + exp(a);
+  CHECK(c.d == doctest::Approx(3.0 + std::exp(1.5)));
+  CHECK(c.f[0] == 0);
+  CHECK(c.y[0] == 1);
+  CHECK(c.deg == 0);
+}
+
+TEST_CASE("num: primes, field arithmetic and inverses") {
+  CHECK(num::is_prime(2));
+  CHECK(num::is_prime((std::uint64_t{1} << 61) - 1));
+  CHECK(!num::is_prime((std::uint64_t{1} << 61) + 1));
+  CHECK(!num::is_prime(3215031751ULL));  // a strong pseudoprime to bases 2, 3, 5, 7
+  num::Lanes on({42});
+  CHECK(num::on());
+  for (int l = 0; l < kLanes; ++l) {
+    Fp p = num::prime(l);
+    CHECK((p >> 61) == 1);  // 62 bits
+    CHECK(num::is_prime(p));
+    for (Fp x : {Fp{1}, Fp{2}, Fp{12345}, p - 1, p / 3}) CHECK(num::fmul(x, num::finv(x, l), l) == 1);
+  }
+  CHECK(num::prime(0) != num::prime(1));
+  Num a = draw(1), b = draw(2), c = draw(3);
+  CHECK(same((a + b) - b, a));
+  CHECK(same(a * b / b, a));
+  CHECK(same(a * (b + c), a * b + a * c));
+  CHECK(same(-(-a), a));
+  CHECK(same((a - b) * (a + b), a * a - b * b));
+  CHECK(a.deg == 1);
+  CHECK((a * b * c).deg == 3);
+  CHECK((a * b + c).deg == 2);
+  CHECK(Num(3.0).deg == 0);
+  CHECK(!num::trial_failed());
+}
+
+TEST_CASE("num: two different polynomials differ in the field lanes, equal ones agree") {
+  num::Lanes on({7});
+  Num a = draw(10), b = draw(11);
+  CHECK(!same((a + b) * (a + b), a * a + b * b));
+  CHECK(same((a + b) * (a + b), a * a + Num(2.0) * a * b + b * b));
+  CHECK(!same(a * b, a * b + Num::rational(1, 1000000)));  // a difference doubles would round away is still seen
+}
+
+TEST_CASE("num: constants are exact fractions or dyadic values") {
+  num::Lanes on({3});
+  CHECK(same(Num(0.1), Num::rational(1, 10)));
+  CHECK(same(Num(1.0 / 3.0), Num::rational(1, 3)));
+  CHECK(same(Num(-2.5), Num::rational(-5, 2)));
+  CHECK(same(Num(7.0), Num::rational(7, 1)));
+  CHECK(same(Num(1e-5), Num::rational(1, 100000)));
+  CHECK(same(Num(0.1) * Num(10.0), Num(1.0)));
+  double r2 = 1 / std::sqrt(2.0);  // irrational: its exact dyadic value
+  CHECK(same(Num(r2) * Num(std::ldexp(1.0, 60)), Num(std::ldexp(r2, 60))));
+  CHECK(same(Num(std::ldexp(1.0, 70)) * Num(std::ldexp(1.0, -70)), Num(1.0)));
+}
+
+TEST_CASE("num: the log part: exp(log y) = y, exp(a - log b) = exp(a) / b, log x + log y = log(x y)") {
+  num::Lanes on({11});
+  Num a = draw(20), x = draw(21), y = draw(22);
+  CHECK(same(exp(log(x)), x));
+  CHECK(same(exp(a - log(x)), exp(a) / x));
+  CHECK(same(exp(log(x) + log(y)), x * y));
+  CHECK(same(exp(a + log(x) - log(y)), exp(a) * x / y));
+  CHECK(same(exp(-log(x)), Num(1.0) / x));
+  CHECK(same(exp(Num(0.0)), Num(1.0)));
+  CHECK(same(exp(Num(-INFINITY)), Num(0.0)));
+  CHECK(!same(exp(a), a));
+  CHECK(!same(exp(a + x), exp(a) * exp(x)));  // not an identity the model has: E is a random function
+  CHECK(!num::trial_failed());
+}
+
+TEST_CASE("num: sqrt, rsqrt, cos and sin share one meaning") {
+  num::Lanes on({5});
+  Num a = draw(30), b = draw(31);
+  CHECK(same(rsqrt(a), Num(1.0) / sqrt(a)));
+  CHECK(same(cos(a) * cos(a) + sin(a) * sin(a), Num(1.0)));
+  CHECK(same(cos(-a), cos(a)));
+  CHECK(same(sin(-a), -sin(a)));
+  CHECK(!same(cos(a), cos(b)));
+  CHECK(same(silu(a), a / (Num(1.0) + exp(-a))));
+  CHECK(!same(relu(a), a));
+  Num u = uf(num::key_of("f"), 0.0, a), v = uf(num::key_of("g"), 0.0, a);
+  CHECK(!same(u, v));
+  CHECK(same(u, uf(num::key_of("f"), 0.0, a)));
+}
+
+TEST_CASE("num: max2 is symmetric, pick_max picks one element whatever the fold order") {
+  num::Lanes on({9});
+  Num a = draw(40), b = draw(41), c = draw(42);
+  CHECK(same(max2(a, b), max2(b, a)));
+  CHECK(same(min2(a, b), min2(b, a)));
+  CHECK(!same(max2(a, b), min2(a, b)));
+  CHECK(same(max2(a, a), a));
+  Num left = pick_max(pick_max(a, b), c), right = pick_max(a, pick_max(c, b));
+  CHECK(same(left, right));
+  CHECK(left.d == std::max({a.d, b.d, c.d}));
+}
+
+TEST_CASE("num: a field division by zero fails the trial, never crashes") {
+  num::Lanes on({13});
+  Num a = draw(50);
+  CHECK(!num::trial_failed());
+  Num z = a / (a - a);
+  (void)z;
+  CHECK(num::trial_failed());
+  num::clear_failed();
+  CHECK(!num::trial_failed());
+}
+
+TEST_CASE("num: lanes are deterministic given the seed and restored after the guard") {
+  Fp p0, x0;
+  {
+    num::Lanes on({77});
+    p0 = num::prime(0);
+    x0 = exp(draw(60) * draw(61)).pure(1);
+    CHECK(num::uf_evaluations() > 0);
+  }
+  CHECK(!num::on());
+  {
+    num::Lanes on({77});
+    CHECK(num::prime(0) == p0);
+    CHECK(exp(draw(60) * draw(61)).pure(1) == x0);
+    {
+      num::Lanes inner({78});
+      CHECK(num::prime(0) != p0);
+    }
+    CHECK(num::prime(0) == p0);
+  }
+}
+
+TEST_CASE("num: softmax is shift-invariant in the field lanes (blockwise with other shifts)") {
+  num::Lanes on({17});
+  std::vector<Num> x;
+  for (std::uint64_t i = 0; i < 6; ++i) x.push_back(draw(70 + i));
+  auto max_of = [](const std::vector<Num>& v, std::size_t lo, std::size_t hi) {
+    double m = -INFINITY;
+    for (std::size_t i = lo; i < hi; ++i) m = std::max(m, v[i].d);
+    return Num::stabilizer(m);
+  };
+  Num M = max_of(x, 0, 6), m1 = max_of(x, 0, 3), m2 = max_of(x, 3, 6);
+  Num z = 0.0, z1 = 0.0, z2 = 0.0;
+  for (std::size_t i = 0; i < 6; ++i) z += exp(x[i] - M);
+  for (std::size_t i = 0; i < 3; ++i) z1 += exp(x[i] - m1);
+  for (std::size_t i = 3; i < 6; ++i) z2 += exp(x[i] - m2);
+  Num zb = z1 * exp(m1 - M) + z2 * exp(m2 - M);
+  for (std::size_t i = 0; i < 6; ++i) {
+    Num full = exp(x[i] - M) / z;
+    Num block = exp(x[i] - (i < 3 ? m1 : m2)) * exp((i < 3 ? m1 : m2) - M) / zb;
+    CHECK(same(full, block));
+    CHECK(full.d == doctest::Approx(block.d));
+  }
+  // log-sum-exp: M + log(z) equals m1 + log(z1 + z2 exp(m2 - m1))
+  CHECK(same(M + log(z), m1 + log(z1 + z2 * exp(m2 - m1))));
+}
+
+TEST_CASE("num: ring attention's log-sum-exp merge equals full attention in the field lanes") {
+  num::Lanes on({23});
+  for (bool causal : {false, true}) {
+    // BHSD: batch 1, 2 heads, 3 queries, head dim 2; 4 keys in two blocks of 2
+    Tensor q = random_tensor({1, 2, 3, 2}, 1), k = random_tensor({1, 2, 4, 2}, 2), v = random_tensor({1, 2, 4, 2}, 3);
+    std::vector<std::int64_t> qpos{1, 2, 3}, kpos{0, 1, 2, 3};
+    Tensor full, full_lse;
+    attend_kernel(AttnLayout::BHSD, causal, "test", q, k, v, qpos, kpos, full, &full_lse);
+    Tensor O, L, o, l;
+    attend_kernel(AttnLayout::BHSD, causal, "test", q, slice(k, 2, 0, 2), slice(v, 2, 0, 2), qpos, {0, 1}, O, &L);
+    attend_kernel(AttnLayout::BHSD, causal, "test", q, slice(k, 2, 2, 4), slice(v, 2, 2, 4), qpos, {2, 3}, o, &l);
+    lse_merge(O, L, o, l);
+    REQUIRE(o.shape == full.shape);
+    for (std::size_t i = 0; i < o.data.size(); ++i) {
+      CHECK(same(o.data[i], full.data[i]));
+      CHECK(o.data[i].d == doctest::Approx(full.data[i].d));
+    }
+    for (std::size_t i = 0; i < l.data.size(); ++i) CHECK(same(l.data[i], full_lse.data[i]));
+    // without the rescale (a plain sum of the partial outputs) the lanes see the bug
+    Tensor o2, l2, O2, L2;
+    attend_kernel(AttnLayout::BHSD, causal, "test", q, slice(k, 2, 0, 2), slice(v, 2, 0, 2), qpos, {0, 1}, O2, &L2);
+    attend_kernel(AttnLayout::BHSD, causal, "test", q, slice(k, 2, 2, 4), slice(v, 2, 2, 4), qpos, {2, 3}, o2, &l2);
+    CHECK(!same(O2.data[4] + o2.data[4], full.data[4]));  // the last query sees both blocks
+  }
+  CHECK(!num::trial_failed());
+}
