@@ -156,8 +156,8 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
     }
   }
   // The value-level check runs on a plan the type checks accept: a type error is the better diagnostic.
-  if ((p.has_spec || p.local_view) && !has_errors(r.diags))
-    for (auto& d : check_equivalence(p).diags) r.diags.push_back(std::move(d));
+  if ((r.program.has_spec || r.program.local_view) && !has_errors(r.diags))
+    for (auto& d : check_equivalence(r.program).diags) r.diags.push_back(std::move(d));
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   annotate_instances(r.program, r.diags);
   return r;
