@@ -13,6 +13,7 @@
 #include "autograd/autograd.h"
 #include "cli/render.h"
 #include "ir/loader.h"
+#include "interp/interp.h"
 #include "temporal/temporal.h"
 
 namespace spmd {
@@ -134,6 +135,8 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
   to.dot = dot;
   to.p2p_model = model_option(opt);
   for (auto& d : check_temporal(r.program, to)) r.diags.push_back(std::move(d));
+  if (r.program.local_view)  // local view: no placement rules ran; the shapes are checked by a run per rank
+    for (auto& d : check_local_view(r.program)) r.diags.push_back(std::move(d));
   if (training) {
     ForwardUndo undo;
     try {

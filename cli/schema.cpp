@@ -210,6 +210,7 @@ json program_schema() {
         {"programs", {{"type", "array"}, {"minItems", 1}, {"items", rank_program}}},
         {"schedule", schedule},
         {"p2p_model", {{"enum", json::array({"eager", "rendezvous"})}}},
+        {"view", {{"enum", json::array({"local", "global"})}, {"description", "local: ops compute on each rank's local pieces (shard_map / Megatron style; docs/format.md, Local view)"}}},
         {"outputs", {{"type", json::array({"object", "null"})}, {"additionalProperties", output}}},
         {"expect", {{"anyOf", json::array({{{"type", "null"}}, {{"type", "array"}, {"items", {{"enum", ids}}}}})}}},
         {"loss", name_schema()},

@@ -356,6 +356,7 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
     if (a.ok) g.t = std::move(a.t);
     else if (g.taint.empty()) g.taint = p.name(t.name) + " has no single-device value (" + a.problem + ")";
   }
+  std::string one_failed;  // local view: the single-device run failed (no single-device meaning, not an error)
   try {
     one.run(o.seed);
   } catch (const BudgetError& e) {
@@ -364,7 +365,9 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
   } catch (const InterpError& e) {
     res.verdict = OracleVerdict::GlobalError;
     res.message = "the single-device run fails at " + op_where(p, one.failed_op) + ": " + e.what();
-    return res;
+    if (!p.local_view) return res;
+    res.verdict = OracleVerdict::Skipped;
+    one_failed = res.message;
   }
   try {
     dist.run(o.seed);
@@ -374,6 +377,13 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
   } catch (const InterpError& e) {
     res.verdict = OracleVerdict::Differ;
     res.message = "the per-rank run fails at " + op_where(p, dist.failed_op) + ": " + e.what();
+    res.failed_op = dist.failed_op;
+    res.failed_rank = coord_text(p, dist.coords(dist.failed_rank));
+    res.failure = e.what();
+    return res;
+  }
+  if (!one_failed.empty()) {
+    res.message = "local view: " + one_failed + ", so the program has no single-device meaning to compare with";
     return res;
   }
   bool differ = false;
@@ -402,6 +412,11 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
       ++res.rank_checked;
       res.notes.push_back("output " + name + " is compared across ranks only: its single-device value is undefined (" +
                           (g.defined ? g.taint : std::string("never computed")) + ")");
+      continue;
+    }
+    if (p.local_view && a.t.shape != g.t.shape) {
+      res.notes.push_back("output " + name + " is not compared: it assembles to shape " + shape_text(a.t.shape) + " but the single-device run gives " +
+                          shape_text(g.t.shape) + " (local view: no single-device meaning at these sizes)");
       continue;
     }
     ++res.compared;

@@ -42,11 +42,22 @@ struct OracleResult {
   int compared = 0;         // outputs compared with the single-device value
   int rank_checked = 0;     // outputs only checked for agreement across ranks (their global value is undefined)
   std::vector<std::string> notes;  // outputs skipped and why
+  int failed_op = -1;              // Differ because the per-rank run fails: the op (index into Program::ops)
+  std::string failed_rank;         // and the rank, e.g. {tp: 1}
+  std::string failure;             // and what failed there
 };
 
 std::string_view verdict_name(OracleVerdict v);
 
 // Runs the oracle on `program` (SPMD `ops:`). Never throws on a well-formed Program.
+// A local-view program (`view: local`) runs each rank on its local pieces and its single-device run on a mesh of
+// ones (axis_index 0, axis sizes 1); when that run fails or an output's shape differs from the assembled one the
+// program has no single-device meaning there: the output is not compared (never agreement).
 OracleResult run_oracle(const Program& program, const OracleOptions& options = {});
+
+// `spmdcheck check` on a local-view program: runs it per rank at the declared sizes (small values for symbolic
+// ones) and reports an op that fails on some rank (local shapes that do not fit, a slice out of range, a Recv of
+// another shape) as shape-mismatch at the op. A run over the interpreter's budget reports nothing.
+std::vector<Diagnostic> check_local_view(const Program& program, const OracleOptions& options = {});
 
 }  // namespace spmd

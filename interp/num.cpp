@@ -147,43 +147,92 @@ Lanes::Lanes(const LaneParams& params) : saved_(ctx) {
 
 Lanes::~Lanes() { ctx = saved_; }
 
+namespace {
+
+// a + b, or a - b (`neg_b`), lane l: the log parts combine when their coefficients agree, else both are made pure.
+void add_lane(Num& r, const Num& a, const Num& b, bool neg_b, int l) {
+  Fp fb = neg_b ? fneg(b.f[l], l) : b.f[l];
+  Fp yb = b.y[l] == 1 || !neg_b ? b.y[l] : finv(b.y[l], l);
+  bool la = a.y[l] != 1, lb = b.y[l] != 1;
+  if (la && lb && a.k[l] != b.k[l]) {
+    Fp pb = b.pure(l);
+    r.f[l] = fadd(a.pure(l), neg_b ? fneg(pb, l) : pb, l), r.y[l] = 1, r.k[l] = 1;
+    return;
+  }
+  r.f[l] = fadd(a.f[l], fb, l);
+  r.y[l] = la && lb ? fmul(a.y[l], yb, l) : la ? a.y[l] : yb;
+  r.k[l] = la ? a.k[l] : lb ? b.k[l] : 1;
+}
+
+std::uint32_t add_deg(const Num& a, const Num& b) { return any_log(a) && any_log(b) ? sat(std::uint64_t{a.deg} + b.deg) : std::max(a.deg, b.deg); }
+
+// a * b or a / b, lane l: (f + k log y) * g = fg + (kg) log y when only one side has a log part; else both pure.
+void mul_lane(Num& r, const Num& a, const Num& b, bool div, int l) {
+  bool la = a.y[l] != 1, lb = b.y[l] != 1;
+  if (la && lb) la = lb = false;
+  if (!la && !lb) {
+    Fp pa = a.pure(l), pb = b.pure(l);
+    r.f[l] = fmul(pa, div ? finv(pb, l) : pb, l), r.y[l] = 1, r.k[l] = 1;
+    return;
+  }
+  if (la) {  // (fa + ka log ya) * pb, or / pb
+    Fp g = b.f[l];
+    if (div) g = finv(g, l);
+    r.f[l] = fmul(a.f[l], g, l), r.k[l] = fmul(a.k[l], g, l), r.y[l] = a.y[l];
+    if (r.k[l] == 0) r.y[l] = 1, r.k[l] = 1;
+    return;
+  }
+  // a pure times (fb + kb log yb); a division by a log part is made pure
+  if (div) {
+    r.f[l] = fmul(a.f[l], finv(b.pure(l), l), l), r.y[l] = 1, r.k[l] = 1;
+    return;
+  }
+  Fp g = a.f[l];
+  r.f[l] = fmul(g, b.f[l], l), r.k[l] = fmul(g, b.k[l], l), r.y[l] = b.y[l];
+  if (r.k[l] == 0) r.y[l] = 1, r.k[l] = 1;
+}
+
+}  // namespace
+
 void lanes_add(Num& r, const Num& a, const Num& b) {
-  for (int l = 0; l < kLanes; ++l) r.f[l] = fadd(a.f[l], b.f[l], l), r.y[l] = fmul(a.y[l], b.y[l], l);
-  r.deg = any_log(a) && any_log(b) ? sat(std::uint64_t{a.deg} + b.deg) : std::max(a.deg, b.deg);
+  for (int l = 0; l < kLanes; ++l) add_lane(r, a, b, false, l);
+  r.deg = add_deg(a, b);
 }
 
 void lanes_sub(Num& r, const Num& a, const Num& b) {
-  for (int l = 0; l < kLanes; ++l) r.f[l] = fsub(a.f[l], b.f[l], l), r.y[l] = b.y[l] == 1 ? a.y[l] : fmul(a.y[l], finv(b.y[l], l), l);
-  r.deg = any_log(a) && any_log(b) ? sat(std::uint64_t{a.deg} + b.deg) : std::max(a.deg, b.deg);
+  for (int l = 0; l < kLanes; ++l) add_lane(r, a, b, true, l);
+  r.deg = add_deg(a, b);
 }
 
 void lanes_neg(Num& r, const Num& a) {
-  for (int l = 0; l < kLanes; ++l) r.f[l] = fneg(a.f[l], l), r.y[l] = a.y[l] == 1 ? 1 : finv(a.y[l], l);
+  for (int l = 0; l < kLanes; ++l) r.f[l] = fneg(a.f[l], l), r.y[l] = a.y[l] == 1 ? 1 : finv(a.y[l], l), r.k[l] = a.k[l];
   r.deg = a.deg;
 }
 
 void lanes_mul(Num& r, const Num& a, const Num& b) {
-  for (int l = 0; l < kLanes; ++l) r.f[l] = fmul(a.pure(l), b.pure(l), l), r.y[l] = 1;
+  for (int l = 0; l < kLanes; ++l) mul_lane(r, a, b, false, l);
   r.deg = sat(std::uint64_t{a.deg} + b.deg);
 }
 
 void lanes_div(Num& r, const Num& a, const Num& b) {
-  for (int l = 0; l < kLanes; ++l) r.f[l] = fmul(a.pure(l), finv(b.pure(l), l), l), r.y[l] = 1;
+  for (int l = 0; l < kLanes; ++l) mul_lane(r, a, b, true, l);
   r.deg = sat(std::uint64_t{a.deg} + b.deg);
 }
 
 void lanes_fn(Fn fn, Num& r, const Num& a) {
   auto key = static_cast<std::uint64_t>(fn);
   auto copy = [&](const Num& v) {
-    for (int l = 0; l < kLanes; ++l) r.f[l] = v.f[l], r.y[l] = v.y[l];
+    for (int l = 0; l < kLanes; ++l) r.f[l] = v.f[l], r.y[l] = v.y[l], r.k[l] = v.k[l];
     r.deg = v.deg;
   };
   switch (fn) {
     case Fn::Exp:
       if (a.d == -INFINITY) return copy(Num(0.0));  // exp(-inf) = 0: a masked score, an empty block's log-sum-exp
       for (int l = 0; l < kLanes; ++l) {
-        Fp e = a.f[l] == 0 ? 1 : rf(key, &a.f[l], 1, l);
-        r.f[l] = fmul(e, a.y[l], l), r.y[l] = 1;
+        // exp(f + log y) = E(f) y; a log part with another coefficient is made pure first
+        Fp f = a.y[l] == 1 || a.k[l] == 1 ? a.f[l] : a.pure(l), y = a.y[l] == 1 || a.k[l] == 1 ? a.y[l] : 1;
+        Fp e = f == 0 ? 1 : rf(key, &f, 1, l);
+        r.f[l] = fmul(e, y, l), r.y[l] = 1;
       }
       r.deg = any_log(a) ? sat(std::uint64_t{a.deg} + 1) : 1;
       return;
@@ -252,7 +301,7 @@ void lanes_max(Num& r, const Num& a, const Num& b, bool max) {
 
 void lanes_pick(Num& r, const Num& a, const Num& b, bool max) {
   bool take_a;
-  if (a.d != b.d) take_a = max ? a.d > b.d : a.d < b.d;
+  if (a.d != b.d) take_a = !(max ? a.d < b.d : b.d < a.d);  // as std::max / std::min pick d (a NaN: as they do)
   else {  // a tie: a total order on the lanes, so every fold picks the same element
     take_a = true;
     for (int l = 0; l < kLanes; ++l) {
@@ -267,7 +316,7 @@ void lanes_pick(Num& r, const Num& a, const Num& b, bool max) {
     }
   }
   const Num& c = take_a ? a : b;
-  for (int l = 0; l < kLanes; ++l) r.f[l] = c.f[l], r.y[l] = c.y[l];
+  for (int l = 0; l < kLanes; ++l) r.f[l] = c.f[l], r.y[l] = c.y[l], r.k[l] = c.k[l];
   r.deg = c.deg;
 }
 
@@ -275,7 +324,7 @@ void lanes_pick(Num& r, const Num& a, const Num& b, bool max) {
 
 Fp Num::pure(int lane) const {
   if (y[lane] == 1) return f[lane];
-  return num::fadd(f[lane], num::rf(num::kLogKey, &y[lane], 1, lane), lane);
+  return num::fadd(f[lane], num::fmul(k[lane], num::rf(num::kLogKey, &y[lane], 1, lane), lane), lane);
 }
 
 void Num::set_constant(double x) {

@@ -4,7 +4,7 @@
 // (the field lanes `f`, `y`) share each op's meaning (issue 11, docs/equivalence.md "The number domain").
 // Lanes are off by default (a thread-local flag): then only `d` is computed and the oracle keeps its speed.
 // `num::Lanes guard(params)` turns them on for the current thread: two random 62-bit primes and random
-// function keys derived from the seed. In lane i a Num means f[i] + log(y[i]) (y = 1: no log part).
+// function keys derived from the seed. In lane i a Num means f[i] + k[i] log(y[i]) (y = 1: no log part).
 // Comparisons look at `d` only: branches, masks and routing follow the real value, the lanes follow the branch.
 #pragma once
 #include <algorithm>
@@ -86,6 +86,10 @@ struct Num {
   Fp f[kLanes] = {0, 0};
   Fp y[kLanes] = {1, 1};
   std::uint32_t deg = 0;
+  // The coefficient of the log part: lane i means f + k log(y) (k = 1 when y = 1). Multiplying or dividing by a
+  // value with no log part scales k, so a mean of log-sum-exps (a loss averaged per microbatch, then over the
+  // microbatches) keeps its log part and equals the mean over all tokens (an extension of EQUIV.md's struct).
+  Fp k[kLanes] = {1, 1};
 
   Num() = default;
   // A constant (degree 0); integers are exact.
@@ -105,7 +109,7 @@ struct Num {
     r.d = m;
     return r;
   }
-  // The lane's value as a plain field element: f + L(y), L a random function with L(1) = 0.
+  // The lane's value as a plain field element: f + k L(y), L a random function with L(1) = 0.
   Fp pure(int lane) const;
   bool has_log(int lane) const { return y[lane] != 1; }
 

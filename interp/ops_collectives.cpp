@@ -36,6 +36,8 @@ void Runner::recv(int oi, std::int64_t r, const std::vector<std::int64_t>& c) {
   auto& q = queue(op, r, true);
   Val got = std::move(q.front());
   q.pop_front();
+  if (p_.local_view && got.t.shape != g)  // local view: `shape:` is the local shape the rank expects
+    throw InterpError("Recv expects shape " + shape_text(g) + " but receives " + shape_text(got.t.shape));
   v.t = std::move(got.t);
   return set_out(oi, r, 0, std::move(v), "");
 }
@@ -152,6 +154,7 @@ Tensor Runner::reduce_all(const std::vector<const Val*>& xs, ReduceOp op) {
 
 void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
   failed_op = oi;
+  failed_rank = members[0];
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   if (op.kind == OpKind::CrossEntropyLoss) return cross_entropy(oi, members);
   if (op.kind == OpKind::MoEDispatch || op.kind == OpKind::MoECombine) return moe(oi, members);

@@ -39,11 +39,8 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   if (k == OpKind::SiLU) f = [](const Num& x) { return silu(x); };
   else if (k == OpKind::GELU) f = [](const Num& x) { return gelu(x); };
   else if (k == OpKind::ReLU) f = [](const Num& x) { return relu(x); };
-  else if (k == OpKind::Cast && at.has_dtype && is_int(dt))  // to an integer type: a nonlinear function (exact on integers)
-    f = [dt](const Num& x) {
-      double d = dt == DType::Bool ? (x.d != 0 ? 1.0 : 0.0) : std::trunc(x.d);
-      return d == x.d ? x : uf(num::key_of(dt == DType::Bool ? "cast bool" : "trunc"), d, x);
-    };
+  else if (k == OpKind::Cast && at.has_dtype && is_int(dt))  // to an integer type: integer data, exact (decided by d)
+    f = [dt](const Num& x) { return Num(dt == DType::Bool ? (x.d != 0 ? 1.0 : 0.0) : std::trunc(x.d)); };
   else if (k == OpKind::LossScale) f = [s = Num(at.number)](const Num& x) { return x * s; };
   else if (k == OpKind::Neg) f = [](const Num& x) { return -x; };
   else if (k == OpKind::Exp) f = [](const Num& x) { return exp(x); };

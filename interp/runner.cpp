@@ -86,6 +86,7 @@ void Runner::declare(const TensorDecl& t, std::int64_t range, std::uint64_t seed
     }
     Shape ls = local_shape(v, c);
     v.t = Tensor(ls);
+    failed_rank = r;
     Shape lo(g.size());
     for (std::size_t d = 0; d < g.size(); ++d) {
       std::int64_t h;
@@ -106,8 +107,15 @@ void Runner::declare(const TensorDecl& t, std::int64_t range, std::uint64_t seed
         idx[static_cast<std::size_t>(d)] = 0;
       }
     }
+    if (p_.local_view) make_local(v);
     at(r, t.name) = std::move(v);
   }
+}
+
+void Runner::make_local(Val& v) {
+  v.gshape = v.t.shape;
+  v.mask.assign(v.t.shape.size(), 0);
+  v.ord.clear();
 }
 
 void Runner::run(std::uint64_t seed) {
@@ -156,7 +164,13 @@ void Runner::run(std::uint64_t seed) {
 }
 
 std::int64_t Runner::eval(ExprId e, const std::string& what) const {
-  auto v = p_.exprs.eval(e, vars_);
+  std::optional<std::int64_t> v;
+  if (p_.local_view) {  // axis_index and axis sizes take the current rank's values (all 0 / 1 on one device)
+    auto c = coords(failed_rank);
+    v = p_.exprs.eval(e, vars_, AxisEnv{&c, &sizes_});
+  } else {
+    v = p_.exprs.eval(e, vars_);
+  }
   if (!v || *v < 0) throw InterpError(what + " (" + p_.expr_str(e) + ") has no value under these sizes");
   return *v;
 }
@@ -198,6 +212,7 @@ void Runner::set_out(int op, std::int64_t r, int k, Val v, const std::string& ta
   v.defined = true;
   if (v.taint.empty() || (!taint.empty() && taint[0] == kExcluded)) v.taint = taint;
   if (global_) v.vlabel = vlabel_in_;
+  if (p_.local_view) make_local(v);
   if (v.mask.size() != v.gshape.size()) v.mask.resize(v.gshape.size(), 0);
   check_size(v.gshape);
   Shape want = local_shape(v, coords(r));
@@ -273,6 +288,7 @@ int Runner::norm_dim(int d, int rank) {
 
 void Runner::step_local(int oi, std::int64_t r) {
   failed_op = oi;
+  failed_rank = r;
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   auto c = coords(r);
   std::string taint = global_ ? taint_of(oi, r) : "";

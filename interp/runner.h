@@ -130,12 +130,16 @@ class Runner {
   int failed_op = -1;  // the op a thrown InterpError came from
   // Called after op `op` ran on rank `rank` (for a collective: once per member), when set (equiv/ records values).
   std::function<void(int op, std::int64_t rank)> after_op;
+  std::int64_t failed_rank = 0;  // and the rank (the first member for a collective)
   // When set (a shape-only pre-run with all integer inputs 0), records the range integer inputs must take:
   // Embedding ids index the table's rows, labels the logits' vocab.
   std::vector<std::int64_t>* int_range = nullptr;
 
  private:
   std::int64_t eval(ExprId e, const std::string& what) const;
+  // Local view (Program::local_view, docs/format.md "Local view"): a value is just the rank's array, so its
+  // layout is reset to "whole, unsharded" (global shape = local shape) whenever it is stored.
+  static void make_local(Val& v);
   void check_size(const Shape& s) const;
   void charge(std::int64_t n);
   const Val& in(int op, std::int64_t r, int i);

@@ -2,8 +2,48 @@
 #include "interp/tensor.h"
 
 #include <algorithm>
+#include <bit>
 
 namespace spmd::interp {
+
+namespace {
+
+constexpr std::size_t kPooled = std::size_t{1} << 20;  // buffers from 1 MiB are cached
+constexpr std::size_t kCacheCap = std::size_t{1} << 30;  // at most 1 GiB kept per thread
+
+struct BufferCache {
+  std::vector<std::pair<std::size_t, void*>> free;  // (size class, block)
+  std::size_t bytes = 0;
+  ~BufferCache() {
+    for (auto& [c, p] : free) ::operator delete(p);
+  }
+};
+thread_local BufferCache cache;
+
+std::size_t size_class(std::size_t bytes) { return std::bit_ceil(bytes); }
+
+}  // namespace
+
+void* buffer_alloc(std::size_t bytes) {
+  if (bytes < kPooled) return ::operator new(bytes);
+  std::size_t c = size_class(bytes);
+  for (std::size_t i = cache.free.size(); i-- > 0;)
+    if (cache.free[i].first == c) {
+      void* p = cache.free[i].second;
+      cache.free.erase(cache.free.begin() + static_cast<std::ptrdiff_t>(i));
+      cache.bytes -= c;
+      return p;
+    }
+  return ::operator new(c);
+}
+
+void buffer_free(void* p, std::size_t bytes) {
+  if (bytes < kPooled) return ::operator delete(p);
+  std::size_t c = size_class(bytes);
+  if (cache.bytes + c > kCacheCap) return ::operator delete(p);
+  cache.free.emplace_back(c, p);
+  cache.bytes += c;
+}
 
 Tensor::Tensor(Shape s, const Num& fill) : shape(std::move(s)), data(static_cast<std::size_t>(numel_of(shape)), fill) {}
 

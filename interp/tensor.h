@@ -22,9 +22,26 @@ struct InterpError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Large element buffers (>= 1 MiB) are recycled through a thread-local cache instead of going back to the kernel:
+// a Num is 64 bytes, so the oracle's big tensors are above glibc's mmap threshold, and a fresh mapping per op
+// made page faults most of the run's time.
+void* buffer_alloc(std::size_t bytes);
+void buffer_free(void* p, std::size_t bytes);
+template <class T>
+struct BufferAlloc {
+  using value_type = T;
+  BufferAlloc() = default;
+  template <class U>
+  BufferAlloc(const BufferAlloc<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(buffer_alloc(n * sizeof(T))); }
+  void deallocate(T* p, std::size_t n) { buffer_free(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const BufferAlloc<U>&) const { return true; }
+};
+
 struct Tensor {
   Shape shape;
-  std::vector<Num> data;
+  std::vector<Num, BufferAlloc<Num>> data;
 
   Tensor() = default;
   explicit Tensor(Shape s, const Num& fill = Num());

@@ -53,6 +53,33 @@ ExprId ExprPool::intern(ENode n) {
 ExprId ExprPool::constant(std::int64_t v) { return intern({EOp::Const, -1, -1, v}); }
 ExprId ExprPool::var(int index) { return intern({EOp::Var, index, -1, 0}); }
 
+ExprId ExprPool::axis_index(int axis, const std::string& name) {
+  if (axis_names_.size() <= static_cast<std::size_t>(axis)) axis_names_.resize(static_cast<std::size_t>(axis) + 1);
+  axis_names_[static_cast<std::size_t>(axis)] = name;
+  return intern({EOp::AxisIndex, axis, -1, 0});
+}
+
+ExprId ExprPool::axis_size(int axis, const std::string& name) {
+  if (axis_names_.size() <= static_cast<std::size_t>(axis)) axis_names_.resize(static_cast<std::size_t>(axis) + 1);
+  axis_names_[static_cast<std::size_t>(axis)] = name;
+  return intern({EOp::AxisSize, axis, -1, 0});
+}
+
+bool ExprPool::has_axis(ExprId id) const {
+  const ENode& n = node(id);
+  switch (n.op) {
+    case EOp::Const:
+    case EOp::Var: return false;
+    case EOp::AxisIndex:
+    case EOp::AxisSize: return true;
+    case EOp::Add:
+    case EOp::Sub:
+    case EOp::Mul:
+    case EOp::Div: return has_axis(n.a) || has_axis(n.b);
+  }
+  return false;
+}
+
 ExprId ExprPool::add(ExprId a, ExprId b) {
   if (is_const(a) && is_const(b)) {
     std::int64_t r;
@@ -96,10 +123,17 @@ ExprId ExprPool::div(ExprId a, ExprId b) {
   return intern({EOp::Div, a, b, 0});
 }
 
-std::optional<std::int64_t> ExprPool::eval(ExprId id, const std::vector<std::int64_t>& vars) const {
+std::optional<std::int64_t> ExprPool::eval(ExprId id, const std::vector<std::int64_t>& vars, const AxisEnv& env) const {
   const ENode& n = node(id);
   switch (n.op) {
     case EOp::Const: return n.c;
+    case EOp::AxisIndex:
+    case EOp::AxisSize: {
+      const auto* v = n.op == EOp::AxisIndex ? env.coords : env.sizes;
+      if (!v) throw AxisExprError("a size expression uses " + std::string(n.op == EOp::AxisIndex ? "axis_index" : "the size") + " of a mesh axis, which has no value outside a rank of a local-view run");
+      if (static_cast<std::size_t>(n.a) >= v->size()) return std::nullopt;
+      return (*v)[static_cast<std::size_t>(n.a)];
+    }
     case EOp::Var:
       if (static_cast<std::size_t>(n.a) >= vars.size()) return std::nullopt;
       return vars[static_cast<std::size_t>(n.a)];
@@ -107,7 +141,7 @@ std::optional<std::int64_t> ExprPool::eval(ExprId id, const std::vector<std::int
     case EOp::Sub:
     case EOp::Mul:
     case EOp::Div: {
-      auto x = eval(n.a, vars), y = eval(n.b, vars);
+      auto x = eval(n.a, vars, env), y = eval(n.b, vars, env);
       if (!x || !y) return std::nullopt;
       std::int64_t r = 0;
       if (n.op == EOp::Add) return checked_add(*x, *y, r) ? std::optional(r) : std::nullopt;
@@ -122,6 +156,7 @@ std::optional<std::int64_t> ExprPool::eval(ExprId id, const std::vector<std::int
 
 void ExprPool::collect_vars(ExprId id, std::vector<int>& out) const {
   const ENode& n = node(id);
+  if (n.op == EOp::AxisIndex || n.op == EOp::AxisSize) throw AxisExprError("collect_vars: axis_index / an axis size is not a size variable");
   if (n.op == EOp::Var) {
     if (std::find(out.begin(), out.end(), n.a) == out.end()) out.push_back(n.a);
   } else if (n.op != EOp::Const) {
@@ -132,7 +167,7 @@ void ExprPool::collect_vars(ExprId id, std::vector<int>& out) const {
 
 void ExprPool::visit(ExprId id, const std::function<void(ExprId)>& fn) const {
   const ENode& n = node(id);
-  if (n.op == EOp::Const || n.op == EOp::Var) return;
+  if (n.op == EOp::Const || n.op == EOp::Var || n.op == EOp::AxisIndex || n.op == EOp::AxisSize) return;
   visit(n.a, fn);
   visit(n.b, fn);
   fn(id);
@@ -150,6 +185,11 @@ std::string ExprPool::str(ExprId id, const std::vector<SizeVar>& vars) const {
     case EOp::Const: return std::to_string(n.c);
     case EOp::Var:
       return static_cast<std::size_t>(n.a) < vars.size() ? vars[static_cast<std::size_t>(n.a)].name : "?";
+    case EOp::AxisIndex:
+    case EOp::AxisSize: {
+      std::string name = static_cast<std::size_t>(n.a) < axis_names_.size() ? axis_names_[static_cast<std::size_t>(n.a)] : "?";
+      return n.op == EOp::AxisIndex ? "axis_index(" + name + ")" : name;
+    }
     case EOp::Add: return str(n.a, vars) + " + " + str(n.b, vars);
     case EOp::Sub: return str(n.a, vars) + " - " + wrap(n.b, true);
     case EOp::Mul:  // constants first: 4*H, not H*4
@@ -157,7 +197,8 @@ std::string ExprPool::str(ExprId id, const std::vector<SizeVar>& vars) const {
       return wrap(n.a, true) + "*" + wrap(n.b, true);
     case EOp::Div: {
       std::string rhs = str(n.b, vars);
-      if (node(n.b).op != EOp::Const && node(n.b).op != EOp::Var) rhs = "(" + rhs + ")";
+      EOp bo = node(n.b).op;
+      if (bo != EOp::Const && bo != EOp::Var && bo != EOp::AxisIndex && bo != EOp::AxisSize) rhs = "(" + rhs + ")";
       return wrap(n.a, true) + "/" + rhs;
     }
   }
@@ -181,8 +222,8 @@ namespace {
 
 class Parser {
  public:
-  Parser(ExprPool& pool, std::string_view text, const std::function<std::optional<ExprId>(std::string_view)>& lookup)
-      : pool_(pool), s_(text), lookup_(lookup) {}
+  Parser(ExprPool& pool, std::string_view text, const std::function<std::optional<ExprId>(std::string_view)>& lookup, const ExprPool::CallFn* call)
+      : pool_(pool), s_(text), lookup_(lookup), call_(call) {}
 
   ExprId parse_all() {
     ExprId e = expr(0);
@@ -252,6 +293,20 @@ class Parser {
       std::size_t start = pos_;
       while (pos_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '_')) ++pos_;
       std::string_view name = s_.substr(start, pos_ - start);
+      skip();
+      if (pos_ < s_.size() && s_[pos_] == '(') {  // a call: f(NAME)
+        ++pos_;
+        skip();
+        std::size_t a0 = pos_;
+        while (pos_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '_')) ++pos_;
+        std::string_view arg = s_.substr(a0, pos_ - a0);
+        skip();
+        if (arg.empty() || pos_ >= s_.size() || s_[pos_] != ')')
+          throw ExprError(a0, "'" + std::string(name) + "(' must be followed by a mesh axis name and ')', e.g. axis_index(tp)");
+        ++pos_;
+        if (!call_) throw ExprError(start, "'" + std::string(name) + "(...)' is not allowed in a size expression here");
+        return (*call_)(name, arg, a0);
+      }
       auto e = lookup_(name);
       if (!e) throw ExprError(start, "");  // the caller words the unknown-name error
       return *e;
@@ -262,13 +317,14 @@ class Parser {
   ExprPool& pool_;
   std::string_view s_;
   const std::function<std::optional<ExprId>(std::string_view)>& lookup_;
+  const ExprPool::CallFn* call_;
   std::size_t pos_ = 0;
 };
 
 }  // namespace
 
-ExprId ExprPool::parse(std::string_view text, const std::function<std::optional<ExprId>(std::string_view)>& lookup) {
-  return Parser(*this, text, lookup).parse_all();
+ExprId ExprPool::parse(std::string_view text, const std::function<std::optional<ExprId>(std::string_view)>& lookup, const CallFn* call) {
+  return Parser(*this, text, lookup, call).parse_all();
 }
 
 }  // namespace spmd

@@ -49,6 +49,7 @@ void Loader::prelude_head(N root) {
     p_.title = n.Scalar();
   }
   if (auto n = root["sizes"]; n.IsDefined() && !n.IsNull()) load_sizes(n);
+  if (auto n = root["view"]; n.IsDefined()) load_view(n);
   auto mesh = root["mesh"];
   if (!mesh.IsDefined()) fail(root, "missing key `mesh` (e.g. mesh: {dp: 2, tp: 4})");
   load_mesh(mesh);
@@ -101,6 +102,23 @@ void Loader::load(N root) {
   if (auto n = root["outputs"]; n.IsDefined() && !n.IsNull()) load_outputs(n);
   load_training(root);
   load_spec(root);
+  if (p_.local_view) {
+    const char* with = p_.schedule.present ? "`schedule`" : p_.per_rank ? "`programs`" : p_.train ? "`train`" : p_.has_backward ? "`backward`" : p_.has_grad_sync ? "`grad_sync`" : nullptr;
+    if (with)
+      fail_at(p_.view_loc, std::string("`view: local` does not support ") + with + " yet: write the local-view plan as one `ops:` list (forward only), or drop `view: local`");
+    // Ops whose meaning is a global-view layout (a placement change, a kernel that reads the shard layout) have
+    // no local-view meaning yet (docs/format.md, "Local view").
+    for (const Op& op : p_.ops) {
+      static constexpr OpKind kLayoutOps[] = {OpKind::Convert,     OpKind::RingAttention, OpKind::RingAttentionStep,    OpKind::LoadBalance,
+                                              OpKind::MoEDispatch, OpKind::MoECombine,    OpKind::ZeROPartitionOptState};
+      bool layout = std::find(std::begin(kLayoutOps), std::end(kLayoutOps), op.kind) != std::end(kLayoutOps) ||
+                    (op.kind == OpKind::CrossEntropyLoss && op.attrs.vocab_parallel);
+      if (layout)
+        fail_at(op.loc, std::string(op_name(op.kind)) + (op.kind == OpKind::CrossEntropyLoss ? " with `vocab_parallel: true`" : "") +
+                            " works on global-view layouts and is not available in a local-view program (`view: local`, line " +
+                            std::to_string(p_.view_loc.line) + "): write it from local ops and collectives (Slice with axis_index, AllReduce, AllGather, ...)");
+    }
+  }
   if (auto n = root["expect"]; n.IsDefined()) load_expect(n);
 }
 
@@ -118,7 +136,16 @@ ExprId Loader::constant(std::int64_t v) {
   return c.second;
 }
 
-ExprId Loader::parse_expr(N n, const What& what) {
+// `view: local | global` (docs/format.md, "Local view").
+void Loader::load_view(N n) {
+  if (!n.IsScalar() || (n.Scalar() != "local" && n.Scalar() != "global"))
+    fail(n, "`view` must be local or global, got " + kind_of(n) + (n.IsScalar() ? suggestion(n.Scalar(), {"local", "global"}) : "") +
+                " (local: ops compute on each rank's local pieces, shard_map / Megatron style; global: the default)");
+  p_.local_view = n.Scalar() == "local";
+  p_.view_loc = n.loc();
+}
+
+ExprId Loader::parse_expr(N n, const What& what, bool op_attr) {
   if (!n.IsScalar()) fail(n, what.str() + " must be an int or a size expression, got " + kind_of(n));
   std::string_view sv = n.sv();
   if (!sv.empty() && sv.size() <= 12 && std::all_of(sv.begin(), sv.end(), [](char c) { return c >= '0' && c <= '9'; })) {
@@ -128,15 +155,39 @@ ExprId Loader::parse_expr(N n, const What& what) {
   }
   const std::string text(sv);
   std::vector<std::string> known;
+  bool local = op_attr && p_.local_view;
+  auto mesh_axis = [&](std::string_view name) {
+    for (std::size_t i = 0; i < p_.mesh.size(); ++i)
+      if (p_.mesh[i].name == name) return static_cast<int>(i);
+    return -1;
+  };
+  ExprPool::CallFn call = [&](std::string_view fn, std::string_view arg, std::size_t) -> ExprId {
+    const std::string f(fn), a(arg);
+    if (fn != "axis_index") fail(n, "unknown function '" + f + "' in " + what.str() + suggestion(f, {"axis_index"}) + " (a size expression has + - * / and axis_index(AXIS))");
+    if (!op_attr)
+      fail(n, "axis_index(" + a + ") in " + what.str() + ": a rank's coordinate may only appear in the size attributes of ops (start, end, before, after, ...) of a local-view program, never in a tensor shape or a size");
+    if (!p_.local_view)
+      fail(n, "axis_index(" + a + ") in " + what.str() + " needs a local-view program: add `view: local` at the top level (in the global view every size is a global size, the same on every rank)");
+    int ax = mesh_axis(arg);
+    if (ax < 0)
+      fail(n, "axis_index(" + a + ") in " + what.str() + " names axis '" + a + "', which the mesh lacks" + suggestion(a, p_.axis_names()) +
+                  " (mesh axes: " + join(p_.axis_names()) + ")");
+    return p_.exprs.axis_index(ax, a);
+  };
   try {
     return p_.exprs.parse(text, [&](std::string_view name) -> std::optional<ExprId> {
       auto it = p_.sizes.find(std::string(name));
       if (it != p_.sizes.end()) return it->second;
+      if (local) {  // in a local-view op, a mesh axis name is its size (1 in the single-device run)
+        int ax = mesh_axis(name);
+        if (ax >= 0) return p_.exprs.axis_size(ax, std::string(name));
+      }
       for (const auto& [k, v] : p_.sizes) known.push_back(k);
+      if (local) for (const auto& ax : p_.mesh) known.push_back(ax.name);
       std::sort(known.begin(), known.end());
       fail(n, "unknown size '" + std::string(name) + "' in " + what.str() + suggestion(std::string(name), known) +
                   (known.empty() ? " (declare it under `sizes`)" : " (known sizes: " + join(known) + ")"));
-    });
+    }, &call);
   } catch (const ExprError& e) {
     fail(n, "bad size expression in " + what.str() + " ('" + (text.size() > 60 ? text.substr(0, 60) + "..." : text) + "'): " + e.what());
   }
@@ -380,7 +431,7 @@ struct Restart {};  // the streaming pass gives up; the fixed-order pass decides
 // Keys the ops depend on: seen after the ops were streamed, the ops must be loaded again.
 bool before_ops(std::string_view key) {
   return key == "sizes" || key == "mesh" || key == "tensors" || key == "schedule" || key == "ops" || key == "programs" ||
-         key == "modules" || key == "include";
+         key == "modules" || key == "include" || key == "view";
 }
 
 // Closes `root` (a mapping still being read) at node `end`, so the prelude sees the keys read so far.
@@ -411,7 +462,7 @@ Program load_streaming(EventSource& src, const std::string& filename, std::size_
     std::string key(e.text);
     std::uint32_t k = read_node(src, e, doc, 1);
     if (streamed && before_ops(key)) throw Restart{};
-    if (tensors_streamed && (key == "sizes" || key == "mesh" || key == "tensors")) throw Restart{};
+    if (tensors_streamed && (key == "sizes" || key == "mesh" || key == "tensors" || key == "view")) throw Restart{};
     src.next(e);
     if (key == "tensors" && mesh && !has_list && e.type == EvType::MapStart) {
       // Each entry is loaded as it is parsed (a generated program declares a weight per layer: half a million

@@ -89,7 +89,7 @@ inline bool parse_bool(std::string_view s, bool& v) {
 
 inline const std::vector<std::string> kTopKeys = {"name", "description", "mesh", "sizes", "tensors", "ops", "outputs",
                                                  "expect", "programs", "schedule", "train", "backward", "p2p_model",
-                                                 "loss", "grad_sync", "modules", "include", "spec"};
+                                                 "loss", "grad_sync", "modules", "include", "spec", "view"};
 
 // A module: a named op list with formal inputs and outputs, parameters and per-instance tensors.
 struct Module {
@@ -125,7 +125,9 @@ class Loader {
 
  private:
   // ---- sizes and expressions ----------------------------------------------------------------
-  ExprId parse_expr(N n, const What& what);
+  // `op_attr`: an op's size attribute, where a local-view program may use axis_index(NAME) and axis names as sizes.
+  ExprId parse_expr(N n, const What& what, bool op_attr = false);
+  void load_view(N n);
   ExprId constant(std::int64_t v);  // p_.exprs.constant through a small cache
   std::int64_t size_int(N n, const std::string& what);
   void load_sizes(N n);

@@ -459,7 +459,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       p_.coords.push_back(load_coords(v, what));
       return;
     case AttrType::Size: {
-      ExprId e = parse_expr(v, what);
+      ExprId e = parse_expr(v, what, true);
       if (p_.exprs.is_const(e) && p_.exprs.value(e) < 0) fail(v, what + " must not be negative, got " + std::to_string(p_.exprs.value(e)));
       if (p_.exprs.is_const(e) && p_.exprs.value(e) > kMaxSize) fail(v, what + " is too large (the limit is 2^40)");
       p_.set_size_attr(op, n, e);

@@ -160,6 +160,7 @@ std::string print_program(const Program& p) {
   o << "mesh: {";
   for (std::size_t i = 0; i < p.mesh.size(); ++i) o << (i ? ", " : "") << p.mesh[i].name << ": " << p.expr_str(p.mesh[i].size);
   o << "}\n";
+  if (p.local_view) o << "view: local\n";
   if (!p.tensors.empty()) {
     o << "tensors:\n";
     for (const auto& t : p.tensors) {

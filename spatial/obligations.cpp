@@ -113,6 +113,8 @@ class Prover {
       case EOp::Sub: e = tr(n.a) - tr(n.b); break;
       case EOp::Mul: e = tr(n.a) * tr(n.b); break;
       case EOp::Div: e = tr(n.a) / tr(n.b); break;
+      case EOp::AxisIndex:
+      case EOp::AxisSize: throw AxisExprError("an obligation mentions axis_index or a mesh axis size (local view): not a size variable");
     }
     memo_.emplace(id, e);
     return e;
@@ -240,6 +242,8 @@ std::int64_t known_multiple(const ExprPool& pool, const std::vector<SizeVar>& va
     case EOp::Add:
     case EOp::Sub: return std::gcd(known_multiple(pool, vars, n.a, fixed), known_multiple(pool, vars, n.b, fixed));
     case EOp::Div: return 1;
+    case EOp::AxisIndex:
+    case EOp::AxisSize: throw AxisExprError("known_multiple: axis_index or a mesh axis size is not a size variable");
   }
   return 1;
 }
@@ -279,6 +283,8 @@ std::optional<Poly> poly(const ExprPool& pool, const std::vector<SizeVar>& vars,
     case EOp::Const:
       if (!fits(n.c)) return std::nullopt;
       return constant(n.c);
+    case EOp::AxisIndex:
+    case EOp::AxisSize: throw AxisExprError("poly: axis_index or a mesh axis size is not a size variable");
     case EOp::Var: {
       if (auto it = fixed.find(n.a); it != fixed.end()) return constant(it->second);
       Poly p;

@@ -67,6 +67,7 @@ struct SpatialOptions {
   std::size_t prefix_ops = 0;
 };
 
+// A local-view program (`view: local`) gets no findings: its values have no placement.
 std::vector<Diagnostic> check_spatial(const Program& program, const SpatialOptions& options = {});
 
 }  // namespace spmd

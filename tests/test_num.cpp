@@ -209,3 +209,19 @@ TEST_CASE("num: ring attention's log-sum-exp merge equals full attention in the 
   }
   CHECK(!num::trial_failed());
 }
+
+TEST_CASE("num: a mean of per-group means of log-sum-exps equals the mean over all (the log part's coefficient)") {
+  num::Lanes on({29});
+  std::vector<Num> loss;
+  for (std::uint64_t i = 0; i < 8; ++i) loss.push_back(log(exp(draw(80 + i)) + exp(draw(90 + i))) - draw(100 + i));
+  Num all = 0.0, g1 = 0.0, g2 = 0.0;
+  for (std::size_t i = 0; i < 8; ++i) (i < 4 ? g1 : g2) += loss[i], all += loss[i];
+  Num mean_all = all / Num(8.0), mean_of_means = (g1 / Num(4.0) + g2 / Num(4.0)) / Num(2.0);
+  CHECK(same(mean_all, mean_of_means));
+  CHECK(same(Num(2.0) * (all * Num(0.5)), all));
+  // the unweighted mean of unequal groups is another value (the gradient-accumulation normalization bug)
+  Num g3 = 0.0, g4 = 0.0;
+  for (std::size_t i = 0; i < 8; ++i) (i < 2 ? g3 : g4) += loss[i];
+  CHECK(!same(mean_all, (g3 / Num(2.0) + g4 / Num(6.0)) / Num(2.0)));
+  CHECK(same(mean_all, (g3 + g4) / Num(8.0)));
+}
