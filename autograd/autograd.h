@@ -26,14 +26,35 @@ struct TrainingOptions {
   bool forward_ok = true;
 };
 
+// What check_training_in_place changes in the program it turns into the training step, to give the
+// forward back (restore_forward): the sizes of its arrays and the fields the step clears.
+struct ForwardUndo {
+  bool saved = false;
+  std::size_t ops = 0, operands = 0, names = 0, tensors = 0, int_lists = 0, shapes = 0, placement_maps = 0, coords = 0, name_lists = 0;
+  ExprPool exprs;
+  std::vector<Op> backward, grad_sync;
+  std::vector<OutputDecl> outputs;
+  std::vector<std::string> expect;
+  bool has_backward = false, has_grad_sync = false, train = false, has_expect = false;
+  Loc backward_loc;
+};
+
 struct TrainingCheck {
   bool built = false;              // false when the forward has errors (or declares no loss)
-  Program program;                 // the training step, for the temporal checks
+  Program program;                 // the training step, for the temporal checks (check_training; in place: the program itself)
   std::size_t first_backward = 0;  // ops before this index are the forward's (already checked)
   std::vector<Diagnostic> diags;   // findings in the backward and grad_sync, gradient-duality, unsynced-gradient
 };
 
 // Throws LoadError when the backward cannot be derived (an op without a VJP).
 TrainingCheck check_training(const Program& program, const TrainingOptions& options = {});
+
+// The same with no copy of the forward: `program` itself becomes the training step (the forward's ops,
+// names and declarations stay its first ones, the backward and grad_sync follow), and `undo` records how
+// to give the forward back. Findings are the same as check_training's. On a LoadError the program is
+// restored before the exception leaves.
+TrainingCheck check_training_in_place(Program& program, ForwardUndo& undo, const TrainingOptions& options = {});
+// Turns a training step made by check_training_in_place back into its forward (as it was before).
+void restore_forward(Program& program, ForwardUndo& undo);
 
 }  // namespace spmd

@@ -36,7 +36,8 @@ struct Forward {
 
 class TrainingChecker {
  public:
-  TrainingChecker(const Program& p, const TrainingOptions& o) : p_(p), o_(o) {}
+  // `p` is the forward; it becomes the training step in place (undo says how to give the forward back).
+  TrainingChecker(Program& p, ForwardUndo& undo, const TrainingOptions& o) : p_(p), step_(p), undo_(undo), o_(o) {}
 
   TrainingCheck run() {
     TrainingCheck r;
@@ -55,19 +56,19 @@ class TrainingChecker {
     }
     const SpatialTypes& ft = o_.forward_types ? *o_.forward_types : own;
     ft_ = &ft;
-    hand_ = p_.has_backward;
-    Derived derived;
-    if (hand_) {
-      r.program = p_;
-      r.program.exprs = ft.exprs;
-    } else {
-      derived = derive_backward(p_, ft, true);
-      r.program = std::move(derived.program);
-      forward_op_ = std::move(derived.forward_op);
-    }
-    Program& t = r.program;
+    // From here on p_ is also the step: the forward is its first n_ops_ ops and n_tensors_ declarations.
+    n_ops_ = p_.ops.size();
+    n_tensors_ = p_.tensors.size();
+    has_backward_ = p_.has_backward;
+    has_grad_sync_ = p_.has_grad_sync;
+    backward_loc_ = p_.backward_loc;
+    save(step_);
+    hand_ = has_backward_;
+    Program& t = step_;
+    if (hand_) t.exprs = ft.exprs;
+    else forward_op_ = derive_backward_in_place(t, ft);
     // The seed: <loss>.grad, the dual of the loss's placement.
-    ValueType lt = final_type(p_, ft, p_.loss, p_.ops.size());
+    ValueType lt = final_type(p_, ft, p_.loss, n_ops_);
     TensorDecl seed;
     seed.name = t.intern(t.name(p_.loss) + ".grad");
     seed.loc = seed.shape_loc = seed.placement_loc = p_.loss_loc;
@@ -75,13 +76,15 @@ class TrainingChecker {
     seed.dtype = lt.dtype;
     for (int a = 0; a < t.axis_count(); ++a) seed.placement[static_cast<std::size_t>(a)] = dual(lt.pl[static_cast<std::size_t>(a)]);
     t.tensors.push_back(std::move(seed));
-    first_bwd_ = p_.ops.size();  // a derived backward is appended to the ops already, a hand-written one here
-    reserve_huge(t.ops, t.ops.size() + t.backward.size() + t.grad_sync.size());
-    t.ops.insert(t.ops.end(), t.backward.begin(), t.backward.end());
+    first_bwd_ = n_ops_;  // a derived backward is appended to the ops already, a hand-written one here
+    std::size_t params = 0;
+    for (const auto& d : fwd_tensors()) params += d.param;
+    reserve_huge(t.ops, t.ops.size() + undo_.backward.size() + params * static_cast<std::size_t>(t.axis_count()) + undo_.grad_sync.size());
+    t.ops.insert(t.ops.end(), undo_.backward.begin(), undo_.backward.end());
     first_relabel_ = t.ops.size();
     relabel_mean_loss(t, lt);
     first_sync_ = t.ops.size();
-    t.ops.insert(t.ops.end(), t.grad_sync.begin(), t.grad_sync.end());
+    t.ops.insert(t.ops.end(), undo_.grad_sync.begin(), undo_.grad_sync.end());
     t.backward.clear();
     t.grad_sync.clear();
     t.has_backward = t.has_grad_sync = t.train = false;
@@ -129,7 +132,7 @@ class TrainingChecker {
       for (std::size_t k = 0; k < outs.size(); ++k)
         if (outs[k] == n) return ty.out(i, static_cast<int>(k));
     }
-    for (std::size_t d = 0; d < p.tensors.size(); ++d)
+    for (std::size_t d = 0; d < ty.decls.size(); ++d)  // the forward's declarations (a step has the seed after them)
       if (p.tensors[d].name == n) return ty.decls[d];
     return {};
   }
@@ -152,13 +155,13 @@ class TrainingChecker {
       if (p.is_r()) avg_axes_ |= 1u << a, repl_axes_ |= 1u << a;
     }
     if (!avg_axes_) return;
-    std::unordered_set<NameId> written;
+    std::vector<char> written(t.names.size(), 0);
     for (std::size_t i = first_bwd_; i < t.ops.size(); ++i)
-      for (NameId n : t.outs(t.ops[i])) written.insert(n);
-    for (const auto& decl : p_.tensors) {
+      for (NameId n : t.outs(t.ops[i])) written[static_cast<std::size_t>(n)] = 1;
+    for (const auto& decl : fwd_tensors()) {
       if (!decl.param) continue;
       auto it = t.name_ids.find(p_.name(decl.name) + ".grad");
-      if (it == t.name_ids.end() || !written.count(it->second)) continue;
+      if (it == t.name_ids.end() || !written[static_cast<std::size_t>(it->second)]) continue;
       for (int a = 0; a < t.axis_count(); ++a) {
         if (!(avg_axes_ & (1u << a))) continue;
         Op o;
@@ -183,7 +186,7 @@ class TrainingChecker {
     const Op& op = t.ops[static_cast<std::size_t>(d.op)];
     int a = std::countr_zero(op.attrs.axes);
     const TensorDecl* decl = nullptr;
-    for (const auto& td : p_.tensors)
+    for (const auto& td : fwd_tensors())
       if (td.name == relabel_param_[k]) decl = &td;
     const ValueType* g = type_of(src_[op.first]);
     if (!decl || !g) return true;
@@ -247,7 +250,7 @@ class TrainingChecker {
   int replicating_op(int a) const {
     const SpatialTypes& ft = *ft_;
     NameId n = p_.loss;
-    for (std::size_t end = p_.ops.size(); end > 0;) {
+    for (std::size_t end = n_ops_; end > 0;) {
       int w = -1;
       for (std::size_t i = end; i-- > 0 && w < 0;)
         for (NameId o : p_.outs(p_.ops[i]))
@@ -326,21 +329,21 @@ class TrainingChecker {
   // ---- gradient duality (hand-written backward) ---------------------------------------------------
   // Forward ops whose backward is needed: an output reaches the loss and an input depends on a
   // floating-point declaration.
-  std::vector<char> relevant(const Program& p, const SpatialTypes& ft) const {
-    std::vector<char> needs(p.names.size(), 0), live(p.names.size(), 0), rel(p.ops.size(), 0);
-    for (std::size_t d = 0; d < p.tensors.size(); ++d) {
+  std::vector<char> relevant(const Program& p, const SpatialTypes& ft, std::size_t n_ops) const {
+    std::vector<char> needs(p.names.size(), 0), live(p.names.size(), 0), rel(n_ops, 0);
+    for (std::size_t d = 0; d < ft.decls.size(); ++d) {
       DType dt = ft.decls[d].dtype;
       needs[static_cast<std::size_t>(p.tensors[d].name)] = !(dt == DType::I64 || dt == DType::I32 || dt == DType::I8 || dt == DType::Bool);
     }
-    std::vector<char> op_needs(p.ops.size(), 0);
-    for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    std::vector<char> op_needs(n_ops, 0);
+    for (std::size_t i = 0; i < n_ops; ++i) {
       bool any = false;
       for (NameId n : p.ins(p.ops[i])) any |= needs[static_cast<std::size_t>(n)] != 0;
       op_needs[i] = any;
       for (NameId n : p.outs(p.ops[i])) needs[static_cast<std::size_t>(n)] = any;
     }
     live[static_cast<std::size_t>(p.loss)] = 1;
-    for (std::size_t i = p.ops.size(); i-- > 0;) {
+    for (std::size_t i = n_ops; i-- > 0;) {
       bool reaches = false;
       for (NameId n : p.outs(p.ops[i])) reaches |= live[static_cast<std::size_t>(n)] != 0;
       if (!reaches) continue;
@@ -428,17 +431,17 @@ class TrainingChecker {
     const std::string& s = t.name(n);
     if (s.size() <= 5 || s.compare(s.size() - 5, 5, ".grad") != 0) return false;
     std::string base = s.substr(0, s.size() - 5);
-    for (const auto& d : p_.tensors)
+    for (const auto& d : fwd_tensors())
       if (d.param && p_.name(d.name) == base) return true;
     return false;
   }
 
   void match_duals(const Program& t, const SpatialTypes& ft, std::vector<Diagnostic>& out) {
-    std::vector<char> rel = relevant(p_, ft);
+    std::vector<char> rel = relevant(p_, ft, n_ops_);
     std::vector<Forward> fwd;
     std::vector<const ValueType*> cur(p_.names.size(), nullptr);
-    for (std::size_t d = 0; d < p_.tensors.size(); ++d) cur[static_cast<std::size_t>(p_.tensors[d].name)] = &ft.decls[d];
-    for (std::size_t i = 0; i < p_.ops.size(); ++i) {
+    for (std::size_t d = 0; d < n_tensors_; ++d) cur[static_cast<std::size_t>(p_.tensors[d].name)] = &ft.decls[d];
+    for (std::size_t i = 0; i < n_ops_; ++i) {
       const ValueType* x = p_.ops[i].n_in ? cur[static_cast<std::size_t>(p_.ins(p_.ops[i])[0])] : nullptr;
       auto outs = p_.outs(p_.ops[i]);
       for (std::size_t k = 0; k < outs.size(); ++k) cur[static_cast<std::size_t>(outs[k])] = &ft.out(i, static_cast<int>(k));
@@ -501,7 +504,7 @@ class TrainingChecker {
       d.op = f.op;
       d.tensor = y;
       d.message = fmt::format("the hand-written backward has no dual of this {}: {} is missing{}", op_name(op.kind), sig_text(t, want), why(op.kind, op.attrs.dst_invariant));
-      d.notes.push_back({p_.backward_loc, "fix: insert " + sig_yaml(t, want, y + ".grad", x + ".grad") + " into `backward:` where " + y + ".grad is complete"});
+      d.notes.push_back({backward_loc_, "fix: insert " + sig_yaml(t, want, y + ".grad", x + ".grad") + " into `backward:` where " + y + ".grad is complete"});
       out.push_back(std::move(d));
     }
   }
@@ -520,7 +523,7 @@ class TrainingChecker {
 
   // ---- consistency of a derived backward ------------------------------------------------------------
   void self_check(const Program& t, std::vector<Diagnostic>& out) const {
-    for (std::size_t d = 0; d < p_.tensors.size(); ++d) {
+    for (std::size_t d = 0; d < n_tensors_; ++d) {
       auto it = t.name_ids.find(p_.name(p_.tensors[d].name) + ".grad");
       if (it == t.name_ids.end()) continue;
       std::int64_t w = before_sync_[static_cast<std::size_t>(it->second)];
@@ -545,7 +548,7 @@ class TrainingChecker {
 
   // ---- gradient synchronization ---------------------------------------------------------------------
   void unsynced(const Program& t, std::vector<Diagnostic>& out) const {
-    for (const auto& decl : p_.tensors) {
+    for (const auto& decl : fwd_tensors()) {
       if (!decl.param) continue;
       const std::string pname = p_.name(decl.name);
       auto it = t.name_ids.find(pname + ".grad");
@@ -574,7 +577,7 @@ class TrainingChecker {
                               per_rank ? "it differs per rank, so the replicas of the parameter drift apart"
                                        : "each rank holds only its own contribution, so the replicas of the parameter drift apart");
       origin(t, w, a0, it->first, d.notes);
-      Loc where = p_.has_grad_sync ? p_.grad_sync_loc : p_.has_backward ? p_.backward_loc : decl.loc;
+      Loc where = has_grad_sync_ ? p_.grad_sync_loc : has_backward_ ? backward_loc_ : decl.loc;
       // One AllReduce per reduce op: a gradient pending an average over some axes (a per-rank mean loss)
       // and a sum over others needs both.
       std::uint32_t avg = 0;
@@ -589,7 +592,7 @@ class TrainingChecker {
         yaml += (yaml.empty() ? "" : "\n") + one;
       }
       d.notes.push_back({where, fmt::format("fix: insert {} into `grad_sync:` (after the backward, before the optimizer step)", ins)});
-      d.fix = {FixKind::Append, -1, p_.has_grad_sync ? p_.grad_sync_loc.line : 0, "grad_sync", yaml};
+      d.fix = {FixKind::Append, -1, has_grad_sync_ ? p_.grad_sync_loc.line : 0, "grad_sync", yaml};
       out.push_back(std::move(d));
     }
   }
@@ -624,7 +627,41 @@ class TrainingChecker {
     }
   }
 
+  // The forward, and the training step it becomes (the same program: the forward is the first n_ops_ ops and
+  // n_tensors_ declarations; has_backward_, has_grad_sync_ and backward_loc_ are the forward's, which the step clears).
   const Program& p_;
+  Program& step_;
+  ForwardUndo& undo_;
+  std::size_t n_ops_ = 0, n_tensors_ = 0;
+  bool has_backward_ = false, has_grad_sync_ = false;
+  Loc backward_loc_;
+  std::span<const TensorDecl> fwd_tensors() const { return {p_.tensors.data(), n_tensors_}; }
+  // Records in undo_ what the step changes, and takes out the lists it moves into its ops.
+  void save(Program& p) {
+    ForwardUndo& u = undo_;
+    u.ops = p.ops.size();
+    u.operands = p.operands.size();
+    u.names = p.names.size();
+    u.tensors = p.tensors.size();
+    u.int_lists = p.int_lists.size();
+    u.shapes = p.shapes.size();
+    u.placement_maps = p.placement_maps.size();
+    u.coords = p.coords.size();
+    u.name_lists = p.name_lists.size();
+    u.exprs = p.exprs;
+    u.backward = std::move(p.backward);
+    u.grad_sync = std::move(p.grad_sync);
+    p.backward.clear();
+    p.grad_sync.clear();
+    u.outputs = p.outputs;
+    u.expect = p.expect;
+    u.has_backward = p.has_backward;
+    u.has_grad_sync = p.has_grad_sync;
+    u.train = p.train;
+    u.has_expect = p.has_expect;
+    u.backward_loc = p.backward_loc;
+    u.saved = true;
+  }
   TrainingOptions o_;
   bool hand_ = false;
   std::vector<std::int32_t> forward_op_;
@@ -641,6 +678,54 @@ class TrainingChecker {
 
 }  // namespace
 
-TrainingCheck check_training(const Program& program, const TrainingOptions& options) { return TrainingChecker(program, options).run(); }
+TrainingCheck check_training_in_place(Program& program, ForwardUndo& undo, const TrainingOptions& options) {
+  undo = ForwardUndo();
+  try {
+    return TrainingChecker(program, undo, options).run();
+  } catch (...) {
+    restore_forward(program, undo);
+    throw;
+  }
+}
+
+TrainingCheck check_training(const Program& program, const TrainingOptions& options) {
+  Program step = program;
+  ForwardUndo undo;
+  TrainingCheck r = check_training_in_place(step, undo, options);
+  if (r.built) r.program = std::move(step);
+  return r;
+}
+
+void restore_forward(Program& p, ForwardUndo& u) {
+  if (!u.saved) return;
+  auto cut = [](auto& v, std::size_t n) {
+    if (v.size() > n) v.erase(v.begin() + static_cast<std::ptrdiff_t>(n), v.end());
+  };
+  cut(p.ops, u.ops);
+  cut(p.operands, u.operands);
+  if (p.names.size() > u.names) {  // the names interned after the forward's: Program::intern is the only writer of both
+    cut(p.names, u.names);
+    p.name_ids.clear();
+    p.name_ids.reserve(p.names.size());
+    for (std::size_t i = 0; i < p.names.size(); ++i) p.name_ids.find_or_insert(p.names[i], static_cast<NameId>(i));
+  }
+  cut(p.tensors, u.tensors);
+  cut(p.int_lists, u.int_lists);
+  cut(p.shapes, u.shapes);
+  cut(p.placement_maps, u.placement_maps);
+  cut(p.coords, u.coords);
+  cut(p.name_lists, u.name_lists);
+  p.exprs = std::move(u.exprs);
+  p.backward = std::move(u.backward);
+  p.grad_sync = std::move(u.grad_sync);
+  p.outputs = std::move(u.outputs);
+  p.expect = std::move(u.expect);
+  p.has_backward = u.has_backward;
+  p.has_grad_sync = u.has_grad_sync;
+  p.train = u.train;
+  p.has_expect = u.has_expect;
+  p.backward_loc = u.backward_loc;
+  u = ForwardUndo();
+}
 
 }  // namespace spmd

@@ -123,4 +123,8 @@ Derived derive_backward(const Program& forward, const SpatialTypes& types, bool 
   return autograd_detail::Deriver(forward, types, append_to_ops).run();
 }
 
+std::vector<std::int32_t> derive_backward_in_place(Program& program, const SpatialTypes& types) {
+  return autograd_detail::Deriver(program, types).run().forward_op;
+}
+
 }  // namespace spmd

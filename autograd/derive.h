@@ -28,4 +28,9 @@ Placement dual(Placement p);
 // the backward) and `program.backward` stays empty.
 Derived derive_backward(const Program& forward, const SpatialTypes& types, bool append_to_ops = false);
 
+// The same in place, with no copy of the forward: the backward's ops, names and side-table entries are
+// appended to `program`'s own (its ops stay the first ones), as derive_backward(program, types, true) would
+// give them. Returns, per backward op, the forward op it is part of the VJP of.
+std::vector<std::int32_t> derive_backward_in_place(Program& program, const SpatialTypes& types);
+
 }  // namespace spmd

@@ -28,18 +28,26 @@ struct Step {
 
 class Deriver {
  public:
-  Deriver(const Program& f, const SpatialTypes& ty, bool append_to_ops) : f_(f), ty_(ty) {
-    Program& p = d_.program;
-    p = f;
+  // A copy of the forward with the backward in `backward` (or appended to its ops).
+  Deriver(const Program& f, const SpatialTypes& ty, bool append_to_ops) : f_(f), ty_(ty), n_ops_(f.ops.size()), out_(&d_.program) {
+    d_.program = f;
+    setup(append_to_ops);
+  }
+  // In place: the backward is appended to the forward's own ops (the forward is read as the prefix it stays).
+  Deriver(Program& forward, const SpatialTypes& ty) : f_(forward), ty_(ty), n_ops_(forward.ops.size()), out_(&forward) { setup(true); }
+
+  void setup(bool append_to_ops) {
+    Program& p = P();
     list_ = append_to_ops ? &p.ops : &p.backward;
-    // A VJP emits a few ops per forward op (about 3.3 on a transformer): room for them once.
+    // A VJP emits a few ops per forward op (about 3.9 on a transformer): room for them once.
     // (on huge pages, ir/memory.h: first-touch page faults were a large part of a 10^6-op derivation)
-    reserve_huge(*list_, list_->size() + 4 * f.ops.size());
-    reserve_huge(p.operands, p.operands.size() + 10 * f.ops.size());
-    reserve_huge(p.names, p.names.size() + 3 * f.ops.size());
-    p.name_ids.reserve(p.names.size() + 3 * f.ops.size());
-    reserve_huge(d_.forward_op, 4 * f.ops.size());
-    p.exprs = ty.exprs;
+    std::size_t n = n_ops_;
+    reserve_huge(*list_, list_->size() + 4 * n);
+    reserve_huge(p.operands, p.operands.size() + 10 * n);
+    reserve_huge(p.names, p.names.size() + 3 * n);
+    p.name_ids.reserve(p.names.size() + 3 * n);
+    reserve_huge(d_.forward_op, 4 * n);
+    p.exprs = ty_.exprs;
     p.backward.clear();
     p.has_backward = true;
     p.backward_loc = p.loss_loc;
@@ -55,8 +63,9 @@ class Deriver {
     if (lv < 0 || !needs_[static_cast<std::size_t>(lv)]) return std::move(d_);
     grad_[static_cast<std::size_t>(lv)] = P().intern(f_.name(f_.loss) + ".grad");
     claim(grad_[static_cast<std::size_t>(lv)]);
-    for (std::size_t i = f_.ops.size(); i-- > 0;) {
-      op_ = &f_.ops[i];
+    for (std::size_t i = n_ops_; i-- > 0;) {
+      op_copy_ = f_.ops[i];  // a copy: in place, the ops the VJPs append may move the forward's
+      op_ = &op_copy_;
       op_idx_ = static_cast<int>(i);
       bool has_dy = false, needs_in = false;
       for (int k = 0; k < op_->n_out; ++k) has_dy |= grad_[out_ver(k)] >= 0;
@@ -68,8 +77,8 @@ class Deriver {
 
  private:
   using Ver = std::size_t;
-  Program& P() { return d_.program; }
-  const Program& P() const { return d_.program; }
+  Program& P() { return *out_; }
+  const Program& P() const { return *out_; }
 
   // ---- versions -------------------------------------------------------------------------------
   void scan() {
@@ -86,7 +95,7 @@ class Deriver {
       needs_[t] = floating(ty_.decls[t].dtype);
       claim(f_.tensors[t].name);
     }
-    for (std::size_t i = 0; i < f_.ops.size(); ++i) {
+    for (std::size_t i = 0; i < n_ops_; ++i) {
       const Op& op = f_.ops[i];
       bool any = false;
       auto ins = f_.ins(op);
@@ -118,7 +127,7 @@ class Deriver {
   NameId fwd(NameId n, Ver v) const {
     if (cur_[static_cast<std::size_t>(n)] != static_cast<std::int64_t>(v)) {
       std::uint32_t line = 0;
-      for (std::size_t j = static_cast<std::size_t>(op_idx_) + 1; j < f_.ops.size() && !line; ++j)
+      for (std::size_t j = static_cast<std::size_t>(op_idx_) + 1; j < n_ops_ && !line; ++j)
         for (NameId o : f_.outs(f_.ops[j]))
           if (o == n) line = f_.ops[j].loc.line;
       throw LoadError(op_->loc, "the backward of this " + std::string(op_name(op_->kind)) + " reads " + f_.name(n) +
@@ -424,9 +433,14 @@ class Deriver {
   }
   static int norm_dim(int d, int rank) { return d < 0 ? d + rank : d; }
 
+  // The forward: in place, the same program as P(), whose ops, operands and names grow past the forward's
+  // (n_ops_ is the forward's op count; names and operands are read by index, never held across an emit).
   const Program& f_;
   const SpatialTypes& ty_;
+  std::size_t n_ops_;
   Derived d_;
+  Program* out_;  // where the derived ops go: d_.program (a copy of the forward) or the forward itself
+  Op op_copy_;
   std::vector<Op>* list_ = nullptr;  // where the backward goes: Program::backward, or after the forward in Program::ops
   std::vector<std::int64_t> cur_;
   std::vector<std::uint32_t> in_ver_;

@@ -153,13 +153,15 @@ int main(int argc, char** argv) {
       spmd::TrainingOptions to;
       to.forward_types = &types;
       to.forward_ok = std::none_of(sd.begin(), sd.end(), [](const spmd::Diagnostic& d) { return d.severity == spmd::Severity::Error; });
-      spmd::TrainingCheck t = spmd::check_training(p, to);
+      spmd::ForwardUndo undo;  // in place, as `spmdcheck check` does (cli/check_file.cpp)
+      spmd::TrainingCheck t = spmd::check_training_in_place(p, undo, to);
       auto t4 = clock::now();
-      std::size_t n = 0;
-      if (t.built) n = spmd::check_temporal(t.program).size();
+      std::size_t n = 0, step_ops = p.ops.size();
+      if (t.built) n = spmd::check_temporal(p).size();
+      spmd::restore_forward(p, undo);
       auto t5 = clock::now();
-      std::printf("training (derive + backward spatial) %.1f ms, training temporal %.1f ms, step ops %zu, RSS %ld MiB (%zu findings)\n", ms(t3, t4),
-                  ms(t4, t5), t.program.ops.size(), peak_rss_mib(), t.diags.size() + n);
+      std::printf("training (derive + backward spatial) %.1f ms, training temporal + restore %.1f ms, step ops %zu, RSS %ld MiB (%zu findings)\n",
+                  ms(t3, t4), ms(t4, t5), step_ops, peak_rss_mib(), t.diags.size() + n);
     }
     std::printf("total %.1f ms\n", ms(t0, clock::now()));
     return 0;

@@ -137,18 +137,21 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
   for (auto& d : check_temporal(r.program, to)) r.diags.push_back(std::move(d));
   if (r.program.local_view)  // local view: no placement rules ran; the shapes are checked by a run per rank
     for (auto& d : check_local_view(r.program)) r.diags.push_back(std::move(d));
-  const Program& p = r.program;
   if (training) {
+    ForwardUndo undo;
     try {
-      if (p.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
-      TrainingCheck t = check_training(p, {opt.z3_timeout_ms, so.types, forward_ok});
+      if (r.program.loss < 0) throw LoadError({}, "--backward needs a `loss:` in the program (the tensor the backward starts from)");
+      // The step is built in the program itself (no copy of the forward) and turned back into the forward after.
+      TrainingCheck t = check_training_in_place(r.program, undo, {opt.z3_timeout_ms, so.types, forward_ok});
       for (auto& d : t.diags) r.diags.push_back(std::move(d));
       TemporalOptions step_to;  // the CLI's `--p2p-model` holds for the step too (no second DOT graph)
       step_to.p2p_model = to.p2p_model;
       if (t.built)
-        for (auto& d : check_temporal(t.program, step_to))
+        for (auto& d : check_temporal(r.program, step_to))
           if (d.op >= static_cast<int>(t.first_backward)) r.diags.push_back(std::move(d));
+      restore_forward(r.program, undo);
     } catch (const LoadError& e) {
+      restore_forward(r.program, undo);
       r.load_failed = true;
       r.load_error = e;
       r.load_message = render_load_error(display_name(path), e);
@@ -156,8 +159,8 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
     }
   }
   // The value-level check runs on a plan the type checks accept: a type error is the better diagnostic.
-  if ((p.has_spec || p.local_view) && !has_errors(r.diags))
-    for (auto& d : check_equivalence(p).diags) r.diags.push_back(std::move(d));
+  if ((r.program.has_spec || r.program.local_view) && !has_errors(r.diags))
+    for (auto& d : check_equivalence(r.program).diags) r.diags.push_back(std::move(d));
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   annotate_instances(r.program, r.diags);
   return r;

@@ -675,4 +675,44 @@ TEST_CASE("spmdcheck backward prints a program that loads and checks like the or
   CHECK(out.str().find("needs a `loss:`") != std::string::npos);
 }
 
+// check_training_in_place turns the program itself into the step; restore_forward gives the forward back
+// as it was (the printed text, the names and their table), with check_training's findings, also after a LoadError.
+TEST_CASE("training in place: the same findings as check_training, and the forward given back unchanged") {
+  std::vector<std::string> programs = {std::string(kSp) + "train: true\n", std::string(kDp),
+                                       hand("{op: AllGather, in: [hf.grad], out: h.grad, axis: tp, dim: 1}"),
+                                       hand("{op: ReduceScatter, in: [hf.grad], out: h.grad, axis: tp, dim: 1}")};
+  for (const auto& yaml : programs) {
+    Program p = load_program_string(yaml, "t.yaml");
+    std::string before = print_program(p);
+    std::size_t names = p.names.size(), ops = p.ops.size(), tensors = p.tensors.size();
+    std::size_t seed_named = p.name_ids.count(p.name(p.loss) + ".grad");
+    TrainingCheck copy = check_training(p);
+    ForwardUndo undo;
+    TrainingCheck in_place = check_training_in_place(p, undo);
+    CHECK(in_place.built == copy.built);
+    if (copy.built) CHECK(p.ops.size() == copy.program.ops.size());
+    REQUIRE(in_place.diags.size() == copy.diags.size());
+    for (std::size_t i = 0; i < copy.diags.size(); ++i) {
+      CHECK(in_place.diags[i].message == copy.diags[i].message);
+      CHECK(in_place.diags[i].op == copy.diags[i].op);
+    }
+    restore_forward(p, undo);
+    CHECK(print_program(p) == before);
+    CHECK(p.names.size() == names);
+    CHECK(p.ops.size() == ops);
+    CHECK(p.tensors.size() == tensors);
+    for (std::size_t n = 0; n < p.names.size(); ++n) CHECK(p.name_ids.find(p.names[n])->second == static_cast<NameId>(n));
+    CHECK(p.name_ids.count(p.name(p.loss) + ".grad") == seed_named);
+  }
+  // An op with no VJP: the LoadError leaves, and the program is the forward again.
+  Program p = load_program_string("mesh: {a: 2}\ntensors:\n  x: {shape: [4]}\nops:\n  - {op: Exp, in: [x], out: e}\n  - {op: ReduceMax, in: [e], out: "
+                                  "m, dims: [0]}\nloss: m\ntrain: true\n",
+                                  "t.yaml");
+  std::string before = print_program(p);
+  ForwardUndo undo;
+  CHECK_THROWS_AS(check_training_in_place(p, undo), LoadError);
+  CHECK(print_program(p) == before);
+  CHECK(p.names.size() == 3);
+}
+
 }  // namespace spmd::test
