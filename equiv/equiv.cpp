@@ -378,10 +378,10 @@ bool partial_by_design(const Op& op) { return op.kind == OpKind::RingAttentionSt
 struct Culprit {
   int op = -1;         // plan op
   int spec_op = -1;    // the model op it should have matched
-  std::string why;
+  int frontier = -1;   // the first op on the way whose value matches no model value, when it is not `op`
 };
 
-Culprit localize(Setup& s, Run& run, NameId output) {
+Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<NameId, NameId>>& links) {
   const Program& p = s.p;
   std::vector<SpecValue> table;
   for (const auto& t : p.tensors) {
@@ -425,7 +425,26 @@ Culprit localize(Setup& s, Run& run, NameId output) {
     if (inputs_good && frontier < 0) frontier = static_cast<int>(oi);
     if (fallback < 0) fallback = static_cast<int>(oi);
   }
-  c.op = frontier >= 0 ? frontier : fallback >= 0 ? fallback : last;
+  // A value the plan and the model both name (the same name, a lineage: pair, a compared output) is a lineage
+  // point the user declared: the first one that does not equal its own counterpart is where the plan goes wrong.
+  std::vector<NameId> counterpart(p.names.size(), -1);
+  for (std::size_t oi = 0; oi < s.model.ops.size(); ++oi)
+    for (NameId n : s.model.outs(s.model.ops[oi])) counterpart[static_cast<std::size_t>(n)] = n;
+  for (const auto& l : p.lineage) counterpart[static_cast<std::size_t>(l.plan)] = l.spec;
+  for (const auto& [pl, sp] : links) counterpart[static_cast<std::size_t>(pl)] = sp;
+  int named = -1;
+  for (std::size_t oi = 0; oi < p.ops.size() && named < 0; ++oi) {
+    if (!in_cone[oi] || run.plan_vals[oi].empty() || p.ops[oi].n_out == 0) continue;
+    NameId want = counterpart[static_cast<std::size_t>(p.outs(p.ops[oi])[0])];
+    if (want < 0) continue;
+    std::vector<SpecValue> own;
+    for (const auto& sv : table)
+      if (sv.name == want) own.push_back(sv);
+    if (!own.empty() && !match(s, own, run.plan_vals[oi][0])) named = static_cast<int>(oi);
+  }
+  int first = frontier >= 0 ? frontier : fallback;
+  c.op = named >= 0 ? named : first >= 0 ? first : last;
+  if (first >= 0 && first < c.op) c.frontier = first;
   const Op& op = p.ops[static_cast<std::size_t>(c.op)];
   // The model op it should have matched: one writing the same name (or linked by lineage), else one of the same
   // kind reading what this op's inputs matched, else the one writing the compared output.
@@ -528,7 +547,11 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   if (!rec || !rdiff) rdiff = diff, rec.reset();
   const Link& shown = links[rdiff->link];
   Culprit c;
-  if (rec) c = localize(s, *rec, shown.plan);
+  if (rec) {
+    std::vector<std::pair<NameId, NameId>> pairs;
+    for (const auto& l : links) pairs.emplace_back(l.plan, l.spec);
+    c = localize(s, *rec, shown.plan, pairs);
+  }
   if (diff.kind == DiffKind::Lanes) {
     d.id = CheckId::ValueUnproved;
     d.severity = Severity::Warning;
@@ -562,6 +585,11 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
     if (c.spec_op >= 0) {
       const Op& mo = s.model.ops[static_cast<std::size_t>(c.spec_op)];
       d.notes.push_back({mo.loc, "the spec computes it here: " + op_text(s.model, mo)});
+    }
+    if (c.frontier >= 0) {
+      const Op& fo = p.ops[static_cast<std::size_t>(c.frontier)];
+      d.notes.push_back({fo.loc, fmt::format("the first value on the way with no counterpart in the spec is {}: the difference arises between there and line {}",
+                                             op_text(p, fo), op.loc.line)});
     }
     d.notes.push_back({shown.loc, fmt::format("output {} is compared here, read by its placement", p.name(shown.plan))});
   } else {
@@ -607,7 +635,7 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   if (p.local_view && !p.has_spec) return skip("a local-view plan needs a `spec:` to be compared with");
   for (const auto* list : {&p.ops, &p.spec_ops})
     for (const auto& op : *list)
-      if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step || op_info(op.kind).category == OpCategory::gradient)
+      if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step || (op_info(op.kind).category == OpCategory::gradient && op.kind != OpKind::Expand))
         return skip(fmt::format("{} (line {}) has no value semantics", op_name(op.kind), op.loc.line));
   Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, 0};
   s.oo.seed = opt.seed;

@@ -305,7 +305,7 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
     return res;
   }
   for (const auto& op : p.ops)
-    if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step || op_info(op.kind).category == OpCategory::gradient) {
+    if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step || (op_info(op.kind).category == OpCategory::gradient && op.kind != OpKind::Expand)) {
       res.message = std::string(op_name(op.kind)) + " (line " + std::to_string(op.loc.line) + ") has no numeric kernel in the oracle";
       return res;
     }

@@ -1,6 +1,6 @@
 // interp/ops_shape.cpp - the numeric oracle: shape ops.
 //
-// Ops: Reshape, Transpose.
+// Ops: Reshape, Transpose, Expand.
 #include "interp/runner.h"
 
 namespace spmd::interp {
@@ -45,6 +45,31 @@ void Runner::reshape(int oi, std::int64_t r, const std::string& taint) {
     for (std::size_t k = i0; k < i; ++k) o.mask[j0] |= x.mask[k];
   }
   o.t = interp::reshape(x.t, local_shape(o, coords(r)));
+  set_out(oi, r, 0, std::move(o), taint);
+}
+
+// Expand: x broadcast to `shape` (right-aligned; a size-1 dim grows, any other must equal the target's), times
+// `scale`. A sharded dim stays sharded alike; new leading dims are whole.
+void Runner::expand(int oi, std::int64_t r, const std::string& taint) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  const Val& x = in(oi, r, 0);
+  Val o;
+  for (ExprId e : p_.shapes[op.attrs.shape]) o.gshape.push_back(eval(e, "a dim of an Expand target"));
+  if (o.gshape.size() < x.gshape.size())
+    throw InterpError("Expand of " + shape_text(x.gshape) + " to " + shape_text(o.gshape) + " drops dims");
+  std::size_t lead = o.gshape.size() - x.gshape.size();
+  o.mask.assign(o.gshape.size(), 0);
+  for (std::size_t d = 0; d < x.gshape.size(); ++d) {
+    if (x.gshape[d] != 1 && x.gshape[d] != o.gshape[lead + d])
+      throw InterpError("Expand of " + shape_text(x.gshape) + " to " + shape_text(o.gshape) + ": dim " + std::to_string(d) + " is neither 1 nor the target's");
+    if (d < x.mask.size() && x.gshape[d] != 1) o.mask[lead + d] = x.mask[d];
+  }
+  if (!x.ord.empty()) throw InterpError("Expand of a value sharded in a strided order is not modelled by the oracle");
+  o.taint = x.taint;
+  o.vlabel = x.vlabel;
+  Tensor target(local_shape(o, coords(r)));
+  Num s = op.attrs.has_number ? Num(op.attrs.number) : Num(1.0);
+  o.t = binary(x.t, target, [&](const Num& a, const Num&) { return op.attrs.has_number ? a * s : a; });
   set_out(oi, r, 0, std::move(o), taint);
 }
 

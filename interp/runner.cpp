@@ -333,6 +333,7 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::TopKGate: return topk(oi, r, taint);
     case OpKind::AmaxUpdate: return amax(oi, r, taint);
     case OpKind::Reshape: return reshape(oi, r, taint);
+    case OpKind::Expand: return expand(oi, r, taint);
     case OpKind::Transpose: return transpose_dims(oi, r, taint);
     case OpKind::Reinterpret:
       return set_out(oi, r, 0, in(oi, r, 0), global_ ? std::string(1, kExcluded) + "it passes through Reinterpret, which changes the global value on purpose" : "");
@@ -361,7 +362,6 @@ void Runner::step_local(int oi, std::int64_t r) {
     // numeric kernel yet: the program is skipped with the reason, never counted as agreement. Collectives run in
     // step_group (ops_collectives.cpp) and the later ops are rejected by the loader: neither reaches here.
     case OpKind::Step:
-    case OpKind::Expand:
     case OpKind::PointwiseGrad:
     case OpKind::NormGrad:
     case OpKind::AttentionGrad:

@@ -183,6 +183,7 @@ class Runner {
   void embedding(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void topk(int oi, std::int64_t r, const std::string& taint);
   void reshape(int oi, std::int64_t r, const std::string& taint);
+  void expand(int oi, std::int64_t r, const std::string& taint);
   void convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   // ZeRO (ops_zero.cpp); ZeROGatherParam and ZeROScatterGrad run in step_group as AllGather and ReduceScatter
   void zero_partition(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);

@@ -4,7 +4,10 @@
 // examples/equiv/ and tests/programs/equiv/ test the whole path from YAML.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
+#include <set>
 #include <string>
 
 #include "equiv/equiv.h"
@@ -88,6 +91,41 @@ TEST_CASE("equiv: without a spec the plan is compared with its own ops on one de
   text.replace(text.find("SCALE"), 5, "0.5");
   Program p = load_program_string(text, "mlp.yaml");
   CHECK(check_equivalence(p).verdict == EquivVerdict::Equivalent);
+}
+
+}  // namespace
+}  // namespace spmd
+
+namespace spmd {
+namespace {
+
+// Every bug of examples/equiv is located at the op its README row names (the line holding the bug, or the first
+// compared value after it), as the error or as one of its notes.
+TEST_CASE("equiv: examples/equiv bugs are located where the README says") {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(SPMD_SOURCE_DIR) / "examples" / "equiv";
+  std::ifstream readme(dir / "README.md");
+  std::string line;
+  int checked = 0;
+  while (std::getline(readme, line)) {
+    if (line.rfind("| `", 0) != 0) continue;
+    std::string pair = line.substr(3, line.find('`', 3) - 3);
+    std::set<unsigned> lines;
+    for (std::size_t at = line.find("(line "); at != std::string::npos; at = line.find("(line ", at + 1)) lines.insert(std::stoul(line.substr(at + 6)));
+    fs::path file = dir / (pair + "_bug.yaml");
+    if (!fs::exists(file) || lines.empty()) continue;
+    INFO(pair);
+    Program p = load_program_file(file.string());
+    EquivResult r = check_equivalence(p);
+    REQUIRE(r.verdict == EquivVerdict::Mismatch);
+    REQUIRE(!r.diags.empty());
+    bool at = lines.count(r.diags[0].loc.line) > 0;
+    for (const auto& n : r.diags[0].notes) at |= lines.count(n.loc.line) > 0;
+    CHECK(at);
+    CHECK(check_equivalence(load_program_file((dir / (pair + "_fixed.yaml")).string())).verdict == EquivVerdict::Equivalent);
+    ++checked;
+  }
+  CHECK(checked >= 8);
 }
 
 }  // namespace
