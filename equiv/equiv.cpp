@@ -639,6 +639,13 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
     for (const auto& op : *list)
       if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step || (op_info(op.kind).category == OpCategory::gradient && op.kind != OpKind::Expand))
         return skip(fmt::format("{} (line {}) has no value semantics", op_name(op.kind), op.loc.line));
+  for (const auto& t : p.tensors)
+    for (std::size_t a = 0; a < p.mesh.size(); ++a)
+      if (t.placement[a].is_v())
+        return skip(fmt::format("input {} is V over {}: per-rank values with no single-device value to compare with", p.name(t.name), p.mesh[a].name));
+  for (const auto& op : p.ops)
+    if (op.kind == OpKind::Reinterpret)
+      return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
   Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, 0};
   s.oo.seed = opt.seed;
   auto insts = instantiations(p, s.oo);

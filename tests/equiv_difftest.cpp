@@ -21,7 +21,10 @@ using namespace spmd;
 
 namespace {
 
+int show_extra = 0;  // --show-extra N: print the first N pairs called value-mismatch that the interpreter finds equal
+
 struct Tally {
+  int extra = 0;
   int pairs = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0, differs = 0, false_equivalent = 0;
   std::map<std::string, int> reasons;
 };
@@ -58,6 +61,8 @@ void judge(Tally& t, const Program& p, bool differs, const std::string& text, co
       ++t.reasons[r.message.substr(0, 70)];
       break;
   }
+  if (r.verdict == EquivVerdict::Mismatch && !differs && ++t.extra <= show_extra)
+    std::printf("MISMATCH WHERE THE INTERPRETER AGREES (%s): %s\n---\n%s---\n", kind, r.message.c_str(), text.c_str());
   if (r.verdict == EquivVerdict::Equivalent && differs) {
     ++t.false_equivalent;
     std::printf("FALSE EQUIVALENT (%s): %s\n---\n%s---\n", kind, r.message.c_str(), text.c_str());
@@ -73,8 +78,9 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a == "--count") count = std::atoi(argv[i + 1]);
     else if (a == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--show-extra") show_extra = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--seed S]\n");
+      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--seed S] [--show-extra N]\n");
       return 2;
     }
   }
