@@ -12,6 +12,8 @@
 //        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
 //        spmd_bench --training-yaml OPS > f.yaml (the training program as YAML: `spmdcheck check f.yaml` end to end)
 //        spmd_bench --training-json OPS > f.json (the same training program as JSON, the form a generator writes)
+//        spmd_bench --equiv-llama LAYERS [bug] > f.yaml (issue 11: a Llama stack on {dp: 2, tp: 8, cp: 2} with its
+//                   single-device `spec:`, for `spmdcheck equiv`; `bug`: the attention scale applied twice)
 //        spmd_bench --ranks-local [RANKS...] (spatial and temporal check of per-rank programs with rank-local names)
 //        spmd_bench --ranks-local-yaml RANKS > f.yaml (the same program as YAML)
 //        spmd_bench --phases FILE [--backward] (time each phase of `spmdcheck check FILE`: load, spatial, temporal, training)
@@ -34,6 +36,7 @@
 
 #include "autograd/autograd.h"
 #include "bench/forms.h"
+#include "bench/equiv_llama.h"
 #include "bench/generator.h"
 #include "bench/ranks.h"
 #include "ir/doc.h"
@@ -119,6 +122,10 @@ int main(int argc, char** argv) {
     }
     std::printf("ranks %s, ops %zu: build %.1f ms, spatial %.1f ms, temporal %.1f ms, peak RSS %ld MiB\n", argv[2], p.ops.size(), ms(t0, t1), ms(t1, t2),
                 ms(t2, t3), peak_rss_mib());
+    return 0;
+  }
+  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--equiv-llama") {
+    std::fputs(spmd::bench::make_equiv_llama_yaml(std::max(1, std::atoi(argv[2])), argc == 4 && std::string(argv[3]) == "bug").c_str(), stdout);
     return 0;
   }
   if (argc == 3 && (std::string(argv[1]) == "--training-yaml" || std::string(argv[1]) == "--training-json")) {

@@ -341,8 +341,9 @@ Num Num::rational(std::int64_t n, std::int64_t den) {
 }
 
 Num Num::input(double x, std::uint64_t h, bool integer) {
-  Num r(x);
-  if (!num::ctx.on || integer) return r;
+  if (!num::ctx.on || integer) return Num(x);
+  Num r;  // the lanes are drawn below: converting x to a field constant first would be discarded work
+  r.d = x;
   for (int l = 0; l < kLanes; ++l) r.f[l] = num::splitmix(h ^ num::ctx.key[l] ^ num::kInput) % num::ctx.p[l];
   r.deg = 1;
   return r;
