@@ -72,7 +72,7 @@ void judge(Tally& t, const Program& p, bool differs, const std::string& text, co
 
 struct LocalTally {
   int pairs = 0, load_errors = 0, injected = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0, differs = 0;
-  int false_equivalent = 0, missed = 0, harmless = 0, fixed_differs = 0, fixed_unproved = 0, spec_fails = 0;
+  int false_equivalent = 0, missed = 0, harmless = 0, fixed_differs = 0, fixed_unproved = 0, spec_fails = 0, false_mismatch = 0;
   std::map<std::string, int> by_mistake, missed_by_mistake, unproved_reasons;
 };
 
@@ -117,7 +117,12 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
           std::printf("MISSED (%s, %s): %s\n---\n%s---\n", lp.mistake.c_str(), equiv_verdict_name(r.verdict), r.message.c_str(), lp.text.c_str());
       } else {
         ++t.harmless;
+        if (verbose) std::printf("HARMLESS (%s, %s): %s\n---\n%s---\n", lp.mistake.c_str(), equiv_verdict_name(r.verdict), r.message.c_str(), lp.text.c_str());
       }
+    }
+    if (r.verdict == EquivVerdict::Mismatch && !differs) {
+      ++t.false_mismatch;
+      std::printf("VALUE-MISMATCH BUT THE DOUBLES AGREE (%s): %s\n---\n%s---\n", bug ? lp.mistake.c_str() : "no mistake", r.message.c_str(), lp.text.c_str());
     }
     if (!bug && differs) {
       ++t.fixed_differs;
@@ -131,9 +136,9 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
   }
   std::printf("local-view pairs: %d pairs (%d with an injected mistake): %d equivalent, %d value-mismatch, %d not proved, %d not checked; "
               "%d differ numerically; %d false equivalent; %d injected mistakes not reported as value-mismatch (%d numerically harmless "
-              "not counted); %d mistake-free plans differ; %d mistake-free plans not proved; %d did not load; %d more where the spec's own run fails\n",
+              "not counted); %d mistake-free plans differ; %d mistake-free plans not proved; %d did not load; %d more where the spec's own run fails; %d value-mismatch while the doubles agree\n",
               t.pairs, t.injected, t.equivalent, t.mismatch, t.unknown, t.skipped, t.differs, t.false_equivalent, t.missed, t.harmless,
-              t.fixed_differs, t.fixed_unproved, t.load_errors, t.spec_fails);
+              t.fixed_differs, t.fixed_unproved, t.load_errors, t.spec_fails, t.false_mismatch);
   for (const auto& [m, k] : t.by_mistake) {
     auto it = t.missed_by_mistake.find(m);
     std::printf("  injected x%d: %s (missed %d)\n", k, m.c_str(), it == t.missed_by_mistake.end() ? 0 : it->second);
