@@ -87,7 +87,6 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
       if (++t.load_errors <= 3) std::printf("generator wrote a program that does not load: %s\n---\n%s---\n", e.what(), lp.text.c_str());
       continue;
     }
-    ++t.pairs;
     bool bug = !lp.mistake.empty();
     EquivResult r = check_equivalence(p);
     if (r.message.rfind("the spec's run fails", 0) == 0) {
@@ -95,6 +94,7 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
       if (++t.spec_fails <= 2 || verbose) std::printf("SPEC RUN FAILS (%s): %s\n---\n%s---\n", bug ? lp.mistake.c_str() : "no mistake", r.message.c_str(), lp.text.c_str());
       continue;
     }
+    ++t.pairs;
     t.injected += bug;
     if (bug) ++t.by_mistake[lp.mistake];
     bool differs = doubles_differ(p);

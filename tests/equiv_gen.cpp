@@ -251,6 +251,7 @@ struct Gen {
         else both(pick(2) ? "GELU" : "SiLU", "");
         break;
       case 5:
+        if (any_p() && inject("nonlinear op on a partial sum (reduced after it)")) both(pick(2) ? "GELU" : "SiLU", "");
         for (std::size_t a = 0; a < lay.size(); ++a)
           if (lay[a] == Pl::P) resolve(static_cast<int>(a));
         if (coin(0.5)) both(pick(2) ? "GELU" : "SiLU", "");
