@@ -379,6 +379,7 @@ struct Culprit {
   int op = -1;         // plan op
   int spec_op = -1;    // the model op it should have matched
   int frontier = -1;   // the first op on the way whose value matches no model value, when it is not `op`
+  NameId named = -1;   // when `op` is a lineage point: the model's name it differs from
 };
 
 Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<NameId, NameId>>& links) {
@@ -440,7 +441,7 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
     std::vector<SpecValue> own;
     for (const auto& sv : table)
       if (sv.name == want) own.push_back(sv);
-    if (!own.empty() && !match(s, own, run.plan_vals[oi][0])) named = static_cast<int>(oi);
+    if (!own.empty() && !match(s, own, run.plan_vals[oi][0])) named = static_cast<int>(oi), c.named = want;
   }
   int first = frontier >= 0 ? frontier : fallback;
   c.op = named >= 0 ? named : first >= 0 ? first : last;
@@ -580,8 +581,9 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
     d.loc = op.loc;
     d.op = c.op;
     d.tensor = p.outs(op).empty() ? d.tensor : p.name(p.outs(op)[0]);
-    d.message = fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, whose value matches no value of the spec",
-                            rdiff->what, op_text(p, op));
+    d.message = fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, {}", rdiff->what, op_text(p, op),
+                            c.named >= 0 ? "whose value differs from the spec's " + p.name(c.named) + " by every placement"
+                                         : std::string("whose value matches no value of the spec"));
     if (c.spec_op >= 0) {
       const Op& mo = s.model.ops[static_cast<std::size_t>(c.spec_op)];
       d.notes.push_back({mo.loc, "the spec computes it here: " + op_text(s.model, mo)});

@@ -112,7 +112,20 @@ ExprId ExprPool::mul(ExprId a, ExprId b) {
   }
   if (is_const(a) && value(a) == 1) return b;
   if (is_const(b) && value(b) == 1) return a;
-  if (a > b) std::swap(a, b);
+  // Operand order is canonical so that printing and loading again is a fixed point: by id, except that a factor with
+  // a mesh axis (axis_index, an axis size) goes after constants and size variables, ordered by kind and axis (its
+  // id depends on where the parser met it first).
+  auto axis_rank = [&](ExprId e) {
+    EOp o = node(e).op;
+    return o == EOp::AxisSize ? 1 + 2 * node(e).a : o == EOp::AxisIndex ? 2 + 2 * node(e).a : 0;
+  };
+  int ra = axis_rank(a), rb = axis_rank(b);
+  bool leaf_b = is_const(b) || node(b).op == EOp::Var;
+  if (ra || rb) {
+    if ((ra && rb && ra > rb) || (ra && !rb && leaf_b)) std::swap(a, b);
+  } else if (a > b) {
+    std::swap(a, b);
+  }
   return intern({EOp::Mul, a, b, 0});
 }
 
@@ -192,9 +205,11 @@ std::string ExprPool::str(ExprId id, const std::vector<SizeVar>& vars) const {
     }
     case EOp::Add: return str(n.a, vars) + " + " + str(n.b, vars);
     case EOp::Sub: return str(n.a, vars) + " - " + wrap(n.b, true);
-    case EOp::Mul:  // constants first: 4*H, not H*4
-      if (node(n.b).op == EOp::Const && node(n.a).op != EOp::Const) return wrap(n.b, true) + "*" + wrap(n.a, true);
-      return wrap(n.a, true) + "*" + wrap(n.b, true);
+    case EOp::Mul: {  // constants first: 4*H, not H*4; a quotient on the right keeps its parentheses (H*(T/2) is not H*T/2)
+      ExprId l = n.a, r = n.b;
+      if (node(r).op == EOp::Const && node(l).op != EOp::Const) std::swap(l, r);
+      return wrap(l, true) + "*" + (node(r).op == EOp::Div ? "(" + str(r, vars) + ")" : wrap(r, true));
+    }
     case EOp::Div: {
       std::string rhs = str(n.b, vars);
       EOp bo = node(n.b).op;

@@ -1,7 +1,7 @@
 // tests/mutation.cpp - mutation testing of the value-level check (ctest `mutation`; docs/reliability.md).
 //
 // From each fixed example (a plan equal to its spec) it makes every mutant of five kinds: one constant changed
-// (a `scalar`/`number` attribute doubled, or 0 made 1), one Slice offset shifted by one, two Concat blocks swapped,
+// (a `scalar`/`number` attribute doubled, or 0 made 1), one Slice / Arange / Pad offset shifted by one, two Concat blocks swapped,
 // one collective dropped (its output renamed to its input downstream), one collective's axis swapped for another.
 // A mutant "changes values" when a numeric run with independent draws (three other seeds) finds its outputs
 // different from the spec's, or the mutant no longer runs; every such mutant must be reported by the checks a
@@ -66,6 +66,26 @@ std::vector<Mutant> mutants_of(const Program& base) {
         ExprId one = m.p.exprs.constant(1);
         m.p.set_size_attr(m.p.ops[oi], "start", start >= 0 ? m.p.exprs.add(start, one) : one);
         m.p.set_size_attr(m.p.ops[oi], "end", m.p.exprs.add(end, one));
+        out.push_back(std::move(m));
+      }
+    }
+    if (op.kind == OpKind::Arange) {  // positions shifted by one: start and end move together
+      ExprId start = base.size_attr(op, "start"), end = base.size_attr(op, "end");
+      if (end >= 0) {
+        Mutant m{"offset of " + where(base, op) + " shifted by one", base};
+        ExprId one = m.p.exprs.constant(1);
+        m.p.set_size_attr(m.p.ops[oi], "start", start >= 0 ? m.p.exprs.add(start, one) : one);
+        m.p.set_size_attr(m.p.ops[oi], "end", m.p.exprs.add(end, one));
+        out.push_back(std::move(m));
+      }
+    }
+    if (op.kind == OpKind::Pad) {  // one more element before, one fewer after (the same size)
+      ExprId before = base.size_attr(op, "before"), after = base.size_attr(op, "after");
+      if (after >= 0 && !(base.exprs.is_const(after) && base.exprs.value(after) == 0)) {
+        Mutant m{"padding of " + where(base, op) + " shifted by one", base};
+        ExprId one = m.p.exprs.constant(1);
+        m.p.set_size_attr(m.p.ops[oi], "before", before >= 0 ? m.p.exprs.add(before, one) : one);
+        m.p.set_size_attr(m.p.ops[oi], "after", m.p.exprs.sub(after, one));
         out.push_back(std::move(m));
       }
     }
