@@ -5,6 +5,11 @@
 // (when it has one). Ground truth is the numeric interpreter with independent draws: run_oracle on three other
 // seeds for the first pair, the double-precision comparison of three other seeds for the second. A pair the value
 // check calls equivalent while the interpreter finds a difference is a soundness bug: printed, exit 1.
+//
+// `--local N` runs N random local-view plan/spec pairs (tests/equiv_gen.h: a spec chain and a plan derived from it
+// by a random sharding strategy, with one injected mistake about half the time). Ground truth: the doubles of the
+// plan's assembled outputs against the spec's on three other seeds. Counted: verdicts, false equivalent (exit 1),
+// injected mistakes not reported as value-mismatch, and mistake-free plans not proved (with their reasons).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -16,6 +21,7 @@
 #include "interp/interp.h"
 #include "ir/loader.h"
 #include "tests/difftest.h"
+#include "tests/equiv_gen.h"
 
 using namespace spmd;
 
@@ -69,21 +75,108 @@ void judge(Tally& t, const Program& p, bool differs, const std::string& text, co
   }
 }
 
+struct LocalTally {
+  int pairs = 0, load_errors = 0, injected = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0, differs = 0;
+  int false_equivalent = 0, missed = 0, harmless = 0, fixed_differs = 0, fixed_unproved = 0, spec_fails = 0, false_mismatch = 0;
+  std::map<std::string, int> by_mistake, missed_by_mistake, unproved_reasons;
+};
+
+void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
+  for (int i = 0; i < count; ++i) {
+    test::LocalPair lp = test::generate_local_pair(seed + static_cast<std::uint64_t>(i));
+    if (lp.text.empty()) continue;
+    Program p;
+    try {
+      p = load_program_string(lp.text, "local_gen.yaml");
+    } catch (const LoadError& e) {
+      if (++t.load_errors <= 3) std::printf("generator wrote a program that does not load: %s\n---\n%s---\n", e.what(), lp.text.c_str());
+      continue;
+    }
+    bool bug = !lp.mistake.empty();
+    EquivResult r = check_equivalence(p);
+    if (r.message.rfind("the spec's run fails", 0) == 0) {
+      // The single-device spec does not run (an engine finding, not a verdict on the plan): counted apart.
+      if (++t.spec_fails <= 2 || verbose) std::printf("SPEC RUN FAILS (%s): %s\n---\n%s---\n", bug ? lp.mistake.c_str() : "no mistake", r.message.c_str(), lp.text.c_str());
+      continue;
+    }
+    ++t.pairs;
+    t.injected += bug;
+    if (bug) ++t.by_mistake[lp.mistake];
+    bool differs = doubles_differ(p);
+    t.differs += differs;
+    switch (r.verdict) {
+      case EquivVerdict::Equivalent: ++t.equivalent; break;
+      case EquivVerdict::Mismatch: ++t.mismatch; break;
+      case EquivVerdict::Unknown: ++t.unknown; break;
+      case EquivVerdict::Skipped: ++t.skipped; break;
+    }
+    if (r.verdict == EquivVerdict::Equivalent && differs) {
+      ++t.false_equivalent;
+      std::printf("FALSE EQUIVALENT (local, %s): %s\n---\n%s---\n", bug ? lp.mistake.c_str() : "no mistake", r.message.c_str(), lp.text.c_str());
+    }
+    if (bug && r.verdict != EquivVerdict::Mismatch) {
+      if (differs) {
+        ++t.missed;
+        ++t.missed_by_mistake[lp.mistake];
+        if (verbose || t.missed <= 3)
+          std::printf("MISSED (%s, %s): %s\n---\n%s---\n", lp.mistake.c_str(), equiv_verdict_name(r.verdict), r.message.c_str(), lp.text.c_str());
+      } else {
+        ++t.harmless;
+        if (verbose) std::printf("HARMLESS (%s, %s): %s\n---\n%s---\n", lp.mistake.c_str(), equiv_verdict_name(r.verdict), r.message.c_str(), lp.text.c_str());
+      }
+    }
+    if (r.verdict == EquivVerdict::Mismatch && !differs) {
+      ++t.false_mismatch;
+      std::printf("VALUE-MISMATCH BUT THE DOUBLES AGREE (%s): %s\n---\n%s---\n", bug ? lp.mistake.c_str() : "no mistake", r.message.c_str(), lp.text.c_str());
+    }
+    if (!bug && differs) {
+      ++t.fixed_differs;
+      if (verbose || t.fixed_differs <= 3) std::printf("MISTAKE-FREE PLAN DIFFERS (%s): %s\n---\n%s---\n", equiv_verdict_name(r.verdict), r.message.c_str(), lp.text.c_str());
+    }
+    if (!bug && !differs && r.verdict != EquivVerdict::Equivalent) {
+      ++t.fixed_unproved;
+      ++t.unproved_reasons[fmt::format("{}: {}", equiv_verdict_name(r.verdict), r.message.substr(0, 90))];
+      if (verbose) std::printf("UNPROVED: %s\n---\n%s---\n", r.message.c_str(), lp.text.c_str());
+    }
+  }
+  std::printf("local-view pairs: %d pairs (%d with an injected mistake): %d equivalent, %d value-mismatch, %d not proved, %d not checked; "
+              "%d differ numerically; %d false equivalent; %d injected mistakes not reported as value-mismatch (%d numerically harmless "
+              "not counted); %d mistake-free plans differ; %d mistake-free plans not proved; %d did not load; %d more where the spec's own run fails; %d value-mismatch while the doubles agree\n",
+              t.pairs, t.injected, t.equivalent, t.mismatch, t.unknown, t.skipped, t.differs, t.false_equivalent, t.missed, t.harmless,
+              t.fixed_differs, t.fixed_unproved, t.load_errors, t.spec_fails, t.false_mismatch);
+  for (const auto& [m, k] : t.by_mistake) {
+    auto it = t.missed_by_mistake.find(m);
+    std::printf("  injected x%d: %s (missed %d)\n", k, m.c_str(), it == t.missed_by_mistake.end() ? 0 : it->second);
+  }
+  for (const auto& [why, k] : t.unproved_reasons) std::printf("  mistake-free not proved x%d: %s\n", k, why.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::uint64_t seed = 1;
-  int count = 10000;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  int count = 10000, local = 0;
+  bool count_given = false, verbose = false;
+  for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--count") count = std::atoi(argv[i + 1]);
+    if (a == "--verbose") {
+      verbose = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) a = "";
+    if (a == "--count") count = std::atoi(argv[i + 1]), count_given = true;
+    else if (a == "--local") local = std::atoi(argv[i + 1]);
     else if (a == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
     else if (a == "--show-extra") show_extra = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--seed S] [--show-extra N]\n");
+      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--local N] [--seed S] [--verbose] [--show-extra N]\n");
       return 2;
     }
   }
+  if (local > 0 && !count_given) count = 0;  // --local alone runs only the local-view pairs
+  LocalTally lt;
+  if (local > 0) run_local(lt, seed, local, verbose);
   Tally own, mutated;
   for (int i = 0; i < count; ++i) {
     std::string text = test::generate_program(seed + static_cast<std::uint64_t>(i));
@@ -108,10 +201,11 @@ int main(int argc, char** argv) {
     judge(mutated, q, doubles_differ(q), text + fmt::format("# spec: op {} constant changed to {}\n", target, x), "mutated spec");
   }
   for (auto* t : {&own, &mutated}) {
+    if (count == 0) break;
     std::printf("%s: %d pairs: %d equivalent, %d value-mismatch, %d not proved, %d not checked; %d differ numerically; %d false equivalent\n",
                 t == &own ? "plan vs its own ops" : "plan vs a mutated spec", t->pairs, t->equivalent, t->mismatch, t->unknown, t->skipped, t->differs,
                 t->false_equivalent);
     for (const auto& [why, n] : t->reasons) std::printf("  not checked x%d: %s\n", n, why.c_str());
   }
-  return own.false_equivalent + mutated.false_equivalent ? 1 : 0;
+  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent ? 1 : 0;
 }
