@@ -750,6 +750,50 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
     res.diags.push_back(std::move(d));
     return res;
   };
+  // An explicit lineage pair must fit: some placement reads the plan's value with the spec's shape.
+  if (!p.lineage.empty()) {
+    std::unique_ptr<Run> rec;
+    try {
+      rec = run_once(s, opt.seed, false, true, work);
+    } catch (const BudgetError& e) {
+      return skip(e.what());
+    }
+    if (!rec->failure.empty()) return located_failure(*rec);
+    std::vector<int> writer(p.names.size(), -1);
+    for (std::size_t oi = 0; oi < p.ops.size(); ++oi)
+      for (NameId n : p.outs(p.ops[oi])) writer[static_cast<std::size_t>(n)] = static_cast<int>(oi);
+    for (const auto& l : p.lineage) {
+      const Val& g = rec->model->at(0, l.spec);
+      int w = writer[static_cast<std::size_t>(l.plan)];
+      if (!g.defined || w < 0) continue;  // an input, or a name the loader already checked
+      const Op& op = p.ops[static_cast<std::size_t>(w)];
+      std::size_t k = 0;
+      while (k < op.n_out && p.outs(op)[k] != l.plan) ++k;
+      const auto& ranks = rec->plan_vals[static_cast<std::size_t>(w)][k];
+      bool fits = false;
+      for (const Placements& pl : readings(p, ranks)) {
+        std::vector<Tensor> pieces;
+        for (const auto& v : ranks) pieces.push_back(v.t);
+        Assembled a = assemble_pieces(p, s.inst.mesh, std::move(pieces), pl, s.oo);
+        if (a.ok && a.t.shape == g.t.shape) {
+          fits = true;
+          break;
+        }
+      }
+      if (fits) continue;
+      Diagnostic d;
+      d.id = CheckId::ShapeMismatch;
+      d.loc = l.loc;
+      d.tensor = p.name(l.plan);
+      d.message = fmt::format("lineage {} -> {}: the plan's {} (shape {} on rank 0) cannot be read as the spec's {} (shape {}) by any placement", p.name(l.plan),
+                              p.name(l.spec), p.name(l.plan), shape_text(ranks[0].t.shape), p.name(l.spec), shape_text(g.t.shape));
+      d.notes.push_back({op.loc, "the plan computes " + p.name(l.plan) + " here: " + op_text(p, op)});
+      res.verdict = EquivVerdict::Skipped;
+      res.message = d.message;
+      res.diags.push_back(std::move(d));
+      return res;
+    }
+  }
   // Trials: each draws fresh primes, random functions and inputs; the error bound of agreeing trials multiplies.
   // A trial whose field arithmetic hit a zero divisor does not count.
   double log2_bound = 0;  // log2 of the probability that every agreeing trial agreed by chance
