@@ -163,8 +163,12 @@ TEST_CASE("oracle: every example and test program") {
     if (p.has_spec) {  // judged against its spec (the model), not against its own ops on one device
       bool mismatch = std::find(p.expect.begin(), p.expect.end(), "value-mismatch") != p.expect.end();
       bool unproved = std::find(p.expect.begin(), p.expect.end(), "value-unproved") != p.expect.end();
+      bool other = !p.expect.empty() && !mismatch && !unproved;  // e.g. a lineage that does not fit: never equivalent
       EquivVerdict v = check_equivalence(p).verdict;
-      CHECK_MESSAGE((mismatch ? v == EquivVerdict::Mismatch : unproved ? (v == EquivVerdict::Unknown || v == EquivVerdict::Skipped) : v == EquivVerdict::Equivalent),
+      CHECK_MESSAGE((mismatch ? v == EquivVerdict::Mismatch
+                     : unproved ? (v == EquivVerdict::Unknown || v == EquivVerdict::Skipped)
+                     : other    ? v != EquivVerdict::Equivalent
+                                : v == EquivVerdict::Equivalent),
                     "the value check's verdict does not fit `expect:`: " << f);
       continue;
     }
