@@ -163,7 +163,7 @@ void cut_lanes(Tensor& t, int c) {
 }
 
 void round_to_small_ints(Val& v, DType dt) {
-  if (dt == DType::I64 || dt == DType::I32 || dt == DType::I8 || dt == DType::Bool) return;
+  if (is_int(dt)) return;
   for (auto& e : v.t.data) e.d = std::clamp(std::round(e.d * 1.25), -2.0, 2.0);
 }
 
@@ -337,40 +337,40 @@ std::vector<Placements> readings(const Program& p, const std::vector<Val>& ranks
   return out;
 }
 
+// Assembles the per-rank `ranks` by every reading (with or without pending sums) until `found` accepts one.
+template <class Found>
+bool any_reading(const Setup& s, const std::vector<Val>& ranks, bool pending, const OracleOptions& o, Found&& found) {
+  for (const Placements& pl : readings(s.p, ranks, pending)) {
+    std::vector<Tensor> pieces;
+    for (const auto& v : ranks) pieces.push_back(v.t);
+    Assembled a = assemble_pieces(s.p, s.inst.mesh, std::move(pieces), pl, o);
+    if (a.ok && found(a.t)) return true;
+  }
+  return false;
+}
+
 // The model value `v` equals under some reading, if any.
 const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks) {
   if (ranks.empty() || !ranks[0].defined) return nullptr;
   OracleOptions quiet = s.oo;
   quiet.rtol = kRtol, quiet.atol = kAtol;
-  for (const Placements& pl : readings(s.p, ranks)) {
-    std::vector<Tensor> pieces;
-    for (const auto& v : ranks) pieces.push_back(v.t);
-    Assembled a = assemble_pieces(s.p, s.inst.mesh, std::move(pieces), pl, quiet);
-    if (!a.ok) continue;
+  const SpecValue* hit = nullptr;
+  any_reading(s, ranks, true, quiet, [&](const Tensor& t) {
     for (const auto& sv : table)
-      if (sv.t->shape == a.t.shape && same_value(a.t, *sv.t)) return &sv;
-  }
-  return nullptr;
+      if (sv.t->shape == t.shape && same_value(t, *sv.t)) return hit = &sv, true;
+    return false;
+  });
+  return hit;
 }
 
 // Every stage cut of the run holds: the plan's value before the cut, read by some placement with no pending sum (a cut
 // of per-rank summands would not be a cut of their sum), equals the model's in doubles and in every lane.
 bool cuts_hold(const Setup& s, const Run& run) {
-  OracleOptions quiet = s.oo;
   for (std::size_t c = 0; c < run.model_cut.size(); ++c) {
     const auto& ranks = run.plan_cut[c];
     if (ranks.empty() || std::any_of(ranks.begin(), ranks.end(), [](const Val& v) { return !v.defined; })) return false;
-    bool ok = false;
-    for (const Placements& pl : readings(s.p, ranks, false)) {
-      std::vector<Tensor> pieces;
-      for (const auto& v : ranks) pieces.push_back(v.t);
-      Assembled a = assemble_pieces(s.p, s.inst.mesh, std::move(pieces), pl, quiet);
-      if (a.ok && a.t.shape == run.model_cut[c].shape && same_value(a.t, run.model_cut[c])) {
-        ok = true;
-        break;
-      }
-    }
-    if (!ok) return false;
+    const Tensor& want = run.model_cut[c];
+    if (!any_reading(s, ranks, false, s.oo, [&](const Tensor& t) { return t.shape == want.shape && same_value(t, want); })) return false;
   }
   return true;
 }
@@ -494,20 +494,18 @@ double trial_log2_bound(std::uint64_t degree, std::uint64_t uf) {
   return total;
 }
 
-// What a verdict covers beyond the real inputs: integer inputs and value-dependent choices are the drawn ones.
+// What an `equivalent` verdict covers beyond the real inputs: the drawn integer inputs and dropout masks.
 std::string scope_text(const Program& p) {
   std::vector<std::string> parts;
   std::string ints;
   for (const auto& t : p.tensors)
-    if (t.dtype == DType::I64 || t.dtype == DType::I32 || t.dtype == DType::I8 || t.dtype == DType::Bool) ints += (ints.empty() ? "" : ", ") + p.name(t.name);
+    if (is_int(t.dtype)) ints += (ints.empty() ? "" : ", ") + p.name(t.name);
   if (!ints.empty()) parts.push_back("the drawn integer inputs (" + ints + ")");
-  bool choices = false;
+  // Value-dependent choices never reach `equivalent` (value_choice); what is left is Dropout's seeded masks.
+  bool dropout = false;
   for (const auto* list : {&p.ops, &p.spec_ops})
-    for (const auto& op : *list)
-      choices |= op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin || op.kind == OpKind::TopKGate || op.kind == OpKind::MoEDispatch ||
-                 op.kind == OpKind::Dropout || op.kind == OpKind::AmaxUpdate || op.kind == OpKind::AmaxHistory ||
-                 (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
-  if (choices) parts.push_back("the max/min choices and routing the drawn values make");
+    for (const auto& op : *list) dropout |= op.kind == OpKind::Dropout;
+  if (dropout) parts.push_back("the drawn dropout masks");
   if (parts.empty()) return "";
   std::string s = ", for ";
   for (std::size_t i = 0; i < parts.size(); ++i) s += (i ? " and " : "") + parts[i];
@@ -521,8 +519,7 @@ const Op* value_choice(const Program& p) {
     for (const auto& op : *list) {
       bool choice = op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin || op.kind == OpKind::TopKGate || op.kind == OpKind::MoEDispatch ||
                     op.kind == OpKind::AmaxUpdate || op.kind == OpKind::AmaxHistory ||
-                    (op.kind == OpKind::Cast && op.attrs.has_dtype &&
-                     (op.attrs.dtype == DType::I64 || op.attrs.dtype == DType::I32 || op.attrs.dtype == DType::I8 || op.attrs.dtype == DType::Bool)) ||
+                    (op.kind == OpKind::Cast && op.attrs.has_dtype && is_int(op.attrs.dtype)) ||
                     (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
       if (choice) return &op;
     }
@@ -655,7 +652,7 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   if (p.local_view && !p.has_spec) return skip("a local-view plan needs a `spec:` to be compared with");
   for (const auto* list : {&p.ops, &p.spec_ops})
     for (const auto& op : *list)
-      if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step || (op_info(op.kind).category == OpCategory::gradient && op.kind != OpKind::Expand))
+      if (!has_value_kernel(op.kind))
         return skip(fmt::format("{} (line {}) has no value semantics", op_name(op.kind), op.loc.line));
   for (const auto& t : p.tensors)
     for (std::size_t a = 0; a < p.mesh.size(); ++a)
@@ -770,17 +767,7 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
       std::size_t k = 0;
       while (k < op.n_out && p.outs(op)[k] != l.plan) ++k;
       const auto& ranks = rec->plan_vals[static_cast<std::size_t>(w)][k];
-      bool fits = false;
-      for (const Placements& pl : readings(p, ranks)) {
-        std::vector<Tensor> pieces;
-        for (const auto& v : ranks) pieces.push_back(v.t);
-        Assembled a = assemble_pieces(p, s.inst.mesh, std::move(pieces), pl, s.oo);
-        if (a.ok && a.t.shape == g.t.shape) {
-          fits = true;
-          break;
-        }
-      }
-      if (fits) continue;
+      if (any_reading(s, ranks, true, s.oo, [&](const Tensor& t) { return t.shape == g.t.shape; })) continue;
       Diagnostic d;
       d.id = CheckId::ShapeMismatch;
       d.loc = l.loc;

@@ -17,6 +17,10 @@ struct Instantiation {
   bool even = true;  // every declared shape has a value and every declared shard divides evenly (or is declared uneven)
 };
 
+// Whether the interpreter has a value kernel for ops of kind `k` (not the opaque OverlapRegion and Step, nor the
+// gradient ops of derived backwards other than Expand).
+bool has_value_kernel(OpKind k);
+
 // The instantiations of `p`'s symbolic sizes that fit the oracle's limits, smallest first (at most 64).
 std::vector<Instantiation> instantiations(const Program& p, const OracleOptions& o);
 

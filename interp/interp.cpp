@@ -40,6 +40,10 @@ using namespace interp;
 // ---- size instantiation ---------------------------------------------------------------------------
 
 
+bool has_value_kernel(OpKind k) {
+  return k != OpKind::OverlapRegion && k != OpKind::Step && (op_info(k).category != OpCategory::gradient || k == OpKind::Expand);
+}
+
 std::vector<Instantiation> instantiations(const Program& p, const OracleOptions& o) {
   std::vector<std::vector<std::int64_t>> cand;
   for (const auto& v : p.vars) {
@@ -305,7 +309,7 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
     return res;
   }
   for (const auto& op : p.ops)
-    if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step || (op_info(op.kind).category == OpCategory::gradient && op.kind != OpKind::Expand)) {
+    if (!has_value_kernel(op.kind)) {
       res.message = std::string(op_name(op.kind)) + " (line " + std::to_string(op.loc.line) + ") has no numeric kernel in the oracle";
       return res;
     }

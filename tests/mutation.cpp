@@ -47,32 +47,22 @@ void rename_reads(Program& p, std::size_t after, NameId from, NameId to) {
     if (l.plan == from) l.plan = to;
 }
 
-std::string where(const Program& p, const Op& op) { return fmt::format("{} at line {}", op_name(op.kind), op.loc.line); }
+std::string where(const Op& op) { return fmt::format("{} at line {}", op_name(op.kind), op.loc.line); }
 
 std::vector<Mutant> mutants_of(const Program& base) {
   std::vector<Mutant> out;
   for (std::size_t oi = 0; oi < base.ops.size(); ++oi) {
     const Op& op = base.ops[oi];
     if (op.attrs.has_number) {
-      Mutant m{"constant of " + where(base, op), base};
+      Mutant m{"constant of " + where(op), base};
       double& x = m.p.ops[oi].attrs.number;
       x = x == 0 ? 1 : 2 * x;
       out.push_back(std::move(m));
     }
-    if (op.kind == OpKind::Slice) {
+    if (op.kind == OpKind::Slice || op.kind == OpKind::Arange) {  // the window (or the positions) moves by one
       ExprId start = base.size_attr(op, "start"), end = base.size_attr(op, "end");
       if (end >= 0) {
-        Mutant m{"offset of " + where(base, op) + " shifted by one", base};
-        ExprId one = m.p.exprs.constant(1);
-        m.p.set_size_attr(m.p.ops[oi], "start", start >= 0 ? m.p.exprs.add(start, one) : one);
-        m.p.set_size_attr(m.p.ops[oi], "end", m.p.exprs.add(end, one));
-        out.push_back(std::move(m));
-      }
-    }
-    if (op.kind == OpKind::Arange) {  // positions shifted by one: start and end move together
-      ExprId start = base.size_attr(op, "start"), end = base.size_attr(op, "end");
-      if (end >= 0) {
-        Mutant m{"offset of " + where(base, op) + " shifted by one", base};
+        Mutant m{"offset of " + where(op) + " shifted by one", base};
         ExprId one = m.p.exprs.constant(1);
         m.p.set_size_attr(m.p.ops[oi], "start", start >= 0 ? m.p.exprs.add(start, one) : one);
         m.p.set_size_attr(m.p.ops[oi], "end", m.p.exprs.add(end, one));
@@ -82,7 +72,7 @@ std::vector<Mutant> mutants_of(const Program& base) {
     if (op.kind == OpKind::Pad) {  // one more element before, one fewer after (the same size)
       ExprId before = base.size_attr(op, "before"), after = base.size_attr(op, "after");
       if (after >= 0 && !(base.exprs.is_const(after) && base.exprs.value(after) == 0)) {
-        Mutant m{"padding of " + where(base, op) + " shifted by one", base};
+        Mutant m{"padding of " + where(op) + " shifted by one", base};
         ExprId one = m.p.exprs.constant(1);
         m.p.set_size_attr(m.p.ops[oi], "before", before >= 0 ? m.p.exprs.add(before, one) : one);
         m.p.set_size_attr(m.p.ops[oi], "after", m.p.exprs.sub(after, one));
@@ -90,12 +80,12 @@ std::vector<Mutant> mutants_of(const Program& base) {
       }
     }
     if (op.kind == OpKind::Concat && op.n_in >= 2 && base.ins(op)[0] != base.ins(op)[1]) {
-      Mutant m{"first two blocks of " + where(base, op) + " swapped", base};
+      Mutant m{"first two blocks of " + where(op) + " swapped", base};
       std::swap(m.p.operands[op.first], m.p.operands[op.first + 1]);
       out.push_back(std::move(m));
     }
     if (is_collective(op) && op.n_in == 1 && op.n_out == 1 && op.attrs.handle < 0) {
-      Mutant m{where(base, op) + " dropped", base};
+      Mutant m{where(op) + " dropped", base};
       NameId in = base.ins(op)[0], o = base.outs(op)[0];
       m.p.ops.erase(m.p.ops.begin() + static_cast<std::ptrdiff_t>(oi));
       if (o != in) rename_reads(m.p, oi, o, in);
@@ -104,7 +94,7 @@ std::vector<Mutant> mutants_of(const Program& base) {
     if (is_collective(op) && std::popcount(op.attrs.axes) == 1 && base.mesh.size() >= 2)
       for (std::size_t a = 0; a < base.mesh.size(); ++a) {
         if (op.attrs.axes & (1u << a)) continue;
-        Mutant m{fmt::format("axis of {} swapped for {}", where(base, op), base.mesh[a].name), base};
+        Mutant m{fmt::format("axis of {} swapped for {}", where(op), base.mesh[a].name), base};
         m.p.ops[oi].attrs.axes = 1u << a;
         out.push_back(std::move(m));
       }
