@@ -21,6 +21,7 @@
 #include "interp/assembly.h"
 #include "interp/num.h"
 #include "interp/runner.h"
+#include "equiv/training.h"
 
 namespace spmd {
 namespace {
@@ -142,6 +143,7 @@ struct Setup {
   // Stage cut points: a value written once by the plan and once by the spec under one name (or a lineage pair);
   // NameId -> cut index or -1, for the plan's names and the model's.
   std::vector<int> plan_cut, model_cut;
+  std::vector<int> plan_last, model_last;  // NameId -> the last op writing it (-1: none)
   int n_cuts = 0;
 };
 
@@ -210,7 +212,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       }
       if (cut)
         for (NameId n : s.model.outs(op))
-          if (int c = s.model_cut[static_cast<std::size_t>(n)]; c >= 0) {
+          if (int c = s.model_cut[static_cast<std::size_t>(n)]; c >= 0 && s.model_last[static_cast<std::size_t>(n)] == oi) {
             r->model_cut[static_cast<std::size_t>(c)] = one.at(0, n).t;
             cut_lanes(one.at(0, n).t, c);
           }
@@ -225,7 +227,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       }
       if (cut)
         for (NameId n : p.outs(op))
-          if (int c = s.plan_cut[static_cast<std::size_t>(n)]; c >= 0) {
+          if (int c = s.plan_cut[static_cast<std::size_t>(n)]; c >= 0 && s.plan_last[static_cast<std::size_t>(n)] == oi) {
             r->plan_cut[static_cast<std::size_t>(c)][static_cast<std::size_t>(rank)] = dist.at(rank, n);
             cut_lanes(dist.at(rank, n).t, c);
           }
@@ -632,7 +634,11 @@ const char* equiv_verdict_name(EquivVerdict v) {
   return "?";
 }
 
-EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
+namespace {
+
+// The check of a plan/spec pair (a forward program, or the training steps of equiv/training.h). `pending` (per
+// NameId, optional): values the plan holds as a pending sum at their last write, which are never stage cuts.
+EquivResult check_pair(const Program& p, const EquivOptions& opt, const std::vector<char>* pending) {
   EquivResult res;
   auto skip = [&](std::string why) {
     res.verdict = EquivVerdict::Skipped;
@@ -661,7 +667,7 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   for (const auto& op : p.ops)
     if (op.kind == OpKind::Reinterpret)
       return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
-  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, 0};
+  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, 0};
   s.oo.seed = opt.seed;
   auto insts = instantiations(p, s.oo);
   if (insts.empty()) return skip("no small instantiation of the sizes fits the interpreter");
@@ -701,25 +707,29 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
     for (const auto& od : p.outputs) links.push_back({od.name, od.name, od.loc, od.has_placement ? od.placement : Placements{}});
   }
   if (links.empty()) return skip("nothing to compare (no outputs)");
-  // Stage cut points: names the plan and the spec each write once (the spec's name through lineage:), neither a
-  // declared tensor nor a compared output.
+  // Stage cut points: names the plan and the spec both write (the spec's name through lineage:), neither a declared
+  // tensor nor a compared output, nor a pending sum in the plan; each is cut at its last write in each program
+  // (a gradient accumulated in place is cut once it is whole).
   {
-    std::vector<int> plan_writes(p.names.size(), 0), model_writes(p.names.size(), 0);
-    for (const auto& op : p.ops)
-      for (NameId n : p.outs(op)) ++plan_writes[static_cast<std::size_t>(n)];
-    for (const auto& op : s.model.ops)
-      for (NameId n : s.model.outs(op)) ++model_writes[static_cast<std::size_t>(n)];
+    s.plan_last.assign(p.names.size(), -1);
+    s.model_last.assign(p.names.size(), -1);
+    for (std::size_t oi = 0; oi < p.ops.size(); ++oi)
+      for (NameId n : p.outs(p.ops[oi])) s.plan_last[static_cast<std::size_t>(n)] = static_cast<int>(oi);
+    for (std::size_t oi = 0; oi < s.model.ops.size(); ++oi)
+      for (NameId n : s.model.outs(s.model.ops[oi])) s.model_last[static_cast<std::size_t>(n)] = static_cast<int>(oi);
     s.plan_cut.assign(p.names.size(), -1);
     s.model_cut.assign(p.names.size(), -1);
     std::vector<char> excluded(p.names.size(), 0);
     for (const auto& t : p.tensors) excluded[static_cast<std::size_t>(t.name)] = 1;
     for (const auto& l : links) excluded[static_cast<std::size_t>(l.plan)] = excluded[static_cast<std::size_t>(l.spec)] = 1;
+    if (pending)
+      for (std::size_t n = 0; n < p.names.size() && n < pending->size(); ++n) excluded[n] |= (*pending)[n];
     std::vector<NameId> spec_of(p.names.size());
     for (std::size_t n = 0; n < p.names.size(); ++n) spec_of[n] = static_cast<NameId>(n);
     for (const auto& l : p.lineage) spec_of[static_cast<std::size_t>(l.plan)] = l.spec;
     for (std::size_t n = 0; n < p.names.size() && p.has_spec; ++n) {
       auto m = static_cast<std::size_t>(spec_of[n]);
-      if (plan_writes[n] != 1 || model_writes[m] != 1 || excluded[n] || excluded[m] || s.model_cut[m] >= 0) continue;
+      if (s.plan_last[n] < 0 || s.model_last[m] < 0 || excluded[n] || excluded[m] || s.model_cut[m] >= 0) continue;
       s.plan_cut[n] = s.model_cut[m] = s.n_cuts++;
     }
   }
@@ -856,6 +866,26 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
                             "evaluations; real arithmetic, floating-point rounding out of scope)",
                             links.size(), links.size() == 1 ? "" : "s", s.sizes.empty() ? "" : " at " + s.sizes, scope, log2_bound, trials,
                             trials == 1 ? "" : "s", max_degree, max_uf);
+  return res;
+}
+
+}  // namespace
+
+EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
+  if (p.loss < 0 || !(p.train || p.has_backward)) return check_pair(p, opt, nullptr);
+  // A training program: the plan's training step against the spec's (its gradients compared too).
+  equiv_detail::TrainingPair tp = equiv_detail::training_pair(p);
+  if (tp.ok) return check_pair(tp.program, opt, &tp.pending);
+  EquivResult res = check_pair(p, opt, nullptr);
+  if (res.verdict != EquivVerdict::Equivalent) return res;
+  res.verdict = EquivVerdict::Unknown;
+  res.message = "the forward's outputs equal the spec's, but the gradients are not compared: " + tp.why;
+  Diagnostic d;
+  d.id = CheckId::ValueUnproved;
+  d.severity = Severity::Warning;
+  d.loc = p.loss_loc;
+  d.message = "equivalence not proved: " + res.message;
+  res.diags.push_back(std::move(d));
   return res;
 }
 
