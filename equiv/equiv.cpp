@@ -155,9 +155,10 @@ void cut_lanes(Tensor& t, int c) {
   for (auto& e : t.data) {
     Num r;  // no log part, degree 1
     r.d = e.d;
+    r.tag = static_cast<std::uint32_t>(c) + 1;  // downstream random functions are this stage's own
     for (int l = 0; l < kLanes; ++l) {
       Fp x = e.pure(l);
-      r.f[l] = num::rf(kCutKey + static_cast<std::uint64_t>(c), &x, 1, l);
+      r.f[l] = num::rf(kCutKey + static_cast<std::uint64_t>(c), &x, 1, l, r.tag);
     }
     r.deg = 1;
     e = r;
@@ -487,10 +488,10 @@ std::string op_text(const Program& p, const Op& op) {
 constexpr int kMaxAttempts = 8;
 constexpr double kLog2Target = -40;
 
-// log2 of one trial's false-agreement probability: per lane eps = (U(U-1)/2 + 1) D / p (docs/equivalence.md), two
-// independent lanes multiply.
-double trial_log2_bound(std::uint64_t degree, std::uint64_t uf) {
-  double u = static_cast<double>(uf), pairs = u * (u - 1) / 2 + 1, d = static_cast<double>(std::max<std::uint64_t>(degree, 1));
+// log2 of one trial's false-agreement probability: per lane eps = (sum over stage tags of U_t(U_t-1)/2 + 1) D / p
+// (docs/equivalence.md), two independent lanes multiply.
+double trial_log2_bound(std::uint64_t degree) {
+  double pairs = num::uf_pairs() + 1, d = static_cast<double>(std::max<std::uint64_t>(degree, 1));
   double total = 0;
   for (int l = 0; l < kLanes; ++l) total += std::min(0.0, std::log2(pairs) + std::log2(d) - std::log2(static_cast<double>(num::prime(l))));
   return total;
@@ -828,7 +829,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const std::vec
     ++trials;
     std::uint64_t uf = num::uf_evaluations();
     max_degree = std::max(max_degree, degree), max_uf = std::max(max_uf, uf);
-    log2_bound += trial_log2_bound(degree, uf);
+    log2_bound += trial_log2_bound(degree);
   }
   std::string scope = scope_text(p);
   if (const Op* choice = value_choice(p)) {
