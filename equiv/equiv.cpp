@@ -889,7 +889,23 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   if (p.loss < 0 || !(p.train || p.has_backward)) return check_pair(p, opt, nullptr);
   // A training program: the plan's training step against the spec's (its gradients compared too).
   equiv_detail::TrainingPair tp = equiv_detail::training_pair(p);
-  if (tp.ok) return check_pair(tp.program, opt, &tp);
+  if (tp.ok) {
+    EquivResult res = check_pair(tp.program, opt, &tp);
+    // A parameter the spec's loss depends on that no plan gradient reaches is never updated: a mismatch whatever
+    // the compared values say.
+    for (const auto& m : tp.missing) {
+      Diagnostic d;
+      d.id = CheckId::ValueMismatch;
+      d.loc = m.loc;
+      d.tensor = p.name(m.param);
+      d.message = fmt::format("no gradient reaches parameter {} in the plan's backward, but the spec's loss depends on it (the spec's backward writes {}.grad)",
+                              p.name(m.param), p.name(m.param));
+      d.notes.push_back({p.loss_loc, "the loss the gradients are taken of"});
+      if (res.verdict != EquivVerdict::Mismatch) res.verdict = EquivVerdict::Mismatch, res.message = d.message, res.diags.clear();
+      res.diags.push_back(std::move(d));
+    }
+    return res;
+  }
   EquivResult res = check_pair(p, opt, nullptr);
   if (res.verdict != EquivVerdict::Equivalent) return res;
   res.verdict = EquivVerdict::Unknown;

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "autograd/autograd.h"
 #include "spatial/spatial.h"
 
@@ -160,6 +162,16 @@ TrainingPair training_pair(const Program& p) {
         m.attrs.has_number = true;
         s.add_op(spec_ops, m, std::span<const NameId>(&g.name, 1), std::span<const NameId>(&g.name, 1));
       }
+    // A parameter the spec's loss depends on but no plan gradient reaches: the plan would never update it.
+    for (const auto& d : p.tensors) {
+      if (!d.param) continue;
+      auto it = s.name_ids.find(s.name(d.name) + ".grad");
+      if (it == s.name_ids.end() || std::any_of(grads.begin(), grads.end(), [&](const Grad& g) { return g.name == it->second; })) continue;
+      bool spec_writes = false;
+      for (const auto& op : spec_ops)
+        for (NameId n : s.outs(op)) spec_writes |= n == it->second;
+      if (spec_writes) r.missing.push_back({d.name, d.loc});
+    }
     std::size_t shift = prologue.size();
     r.spec_bwd = {sc.first_backward + shift, sc.first_relabel + shift};
     c = std::move(s);

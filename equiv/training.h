@@ -22,6 +22,11 @@ struct TrainingPair {
   Program program;               // the pair: ops = the plan's step, spec_ops = the spec's (or none: its own step)
   std::vector<char> pending;     // per NameId: the plan's last write is a pending sum somewhere (never a stage cut)
   std::pair<std::size_t, std::size_t> plan_bwd{0, 0}, spec_bwd{0, 0};  // the ops of each that are a derived backward
+  struct Missing {
+    NameId param;
+    Loc loc;
+  };
+  std::vector<Missing> missing;  // parameters the spec's loss depends on that no plan gradient reaches
 };
 
 // `p` has `loss:` and `train: true` (or a hand-written `backward:`). Throws nothing: a backward that cannot be
