@@ -46,8 +46,6 @@ void group_layout(const Shape& s, const std::vector<int>& dims, std::vector<std:
   if (numel_of(s) == 0) bases.clear();
 }
 
-const Num kOne = 1.0;
-
 }  // namespace
 
 int dropout_forward(const Program& p, const std::vector<Op>& ops, const Op& grad) {
@@ -120,8 +118,9 @@ void Runner::pointwise_grad(int oi, std::int64_t r, const std::vector<std::int64
   else if (of == "Rsqrt") f = [](const Num& g, const Num& a) { return g * (Num(-0.5) * rsqrt(a) / a); };
   else if (of == "SiLU")
     f = [](const Num& g, const Num& a) {
-      Num s = kOne / (kOne + exp(-a));
-      return g * (s + a * s * (kOne - s));
+      const Num one = 1.0;  // made here: a constant's lanes are set only while the lanes are on
+      Num s = one / (one + exp(-a));
+      return g * (s + a * s * (one - s));
     };
   else if (of == "GELU")
     f = [](const Num& g, const Num& a) {
@@ -449,6 +448,7 @@ void Runner::cross_entropy_grad(int oi, const std::vector<std::int64_t>& members
     std::int64_t V = P.lg.shape.back(), vocab = P.out.gshape.back();
     std::int64_t off = static_cast<std::int64_t>(k) * V;  // as the forward: rank g owns labels [g * V, (g + 1) * V)
     P.out.t = Tensor(P.lg.shape);
+    const Num one = 1.0;
     for (std::size_t i = 0; i < nt; ++i) {
       std::int64_t label = as_index(P.lb.data[i], vocab, "a CrossEntropyGrad label");
       if (!op.attrs.vocab_parallel && label >= V) throw InterpError("a label indexes past the " + std::to_string(V) + " local logits");
@@ -458,7 +458,7 @@ void Runner::cross_entropy_grad(int oi, const std::vector<std::int64_t>& members
       for (std::int64_t v = 0; v < V; ++v) {
         const std::size_t e = i * static_cast<std::size_t>(V) + static_cast<std::size_t>(v);
         Num p = exp(P.lg.data[e] - m) / gse[i];
-        if (label == off + v) p = p - kOne;
+        if (label == off + v) p = p - one;
         P.out.t.data[e] = p * coef;
       }
     }
