@@ -18,7 +18,7 @@ struct Instantiation {
 };
 
 // Whether the interpreter has a value kernel for `op`, one of `ops` (the list it runs in): not the opaque
-// OverlapRegion and Step, nor MoEGateGrad, nor a PointwiseGrad of Dropout without the one forward Dropout of its x
+// OverlapRegion and Step, nor a PointwiseGrad of Dropout without the one forward Dropout of its x
 // in `ops` (its mask cannot be redrawn: such a program is skipped, never run with a made-up mask).
 bool has_value_kernel(const Program& p, const std::vector<Op>& ops, const Op& op);
 

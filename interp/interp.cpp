@@ -41,7 +41,7 @@ using namespace interp;
 
 
 bool has_value_kernel(const Program& p, const std::vector<Op>& ops, const Op& op) {
-  if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step || op.kind == OpKind::MoEGateGrad) return false;
+  if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step) return false;
   if (op.kind == OpKind::PointwiseGrad)  // of Dropout: only with its forward's mask to redraw
     return op_info(op.kind).find_attr("of")->choices[op.attrs.choice] != "Dropout" || dropout_forward(p, ops, op) >= 0;
   return true;

@@ -158,6 +158,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   if (op.kind == OpKind::CrossEntropyLoss) return cross_entropy(oi, members);
   if (op.kind == OpKind::CrossEntropyGrad) return cross_entropy_grad(oi, members);
+  if (op.kind == OpKind::MoEGateGrad) return moe_gate_grad(oi, members);
   if (op.kind == OpKind::MoEDispatch || op.kind == OpKind::MoECombine) return moe(oi, members);
   if (op.kind == OpKind::RingRotate || op.kind == OpKind::RingAttention) return ring_group(oi, members);
   const OpAttrs& at = op.attrs;

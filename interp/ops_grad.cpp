@@ -1,7 +1,8 @@
 // interp/ops_grad.cpp - the numeric oracle: the gradient ops of derived backward programs.
 //
-// Ops: PointwiseGrad, NormGrad, AttentionGrad, EmbeddingGrad, TopKGrad (per rank, from step_local) and
-// CrossEntropyGrad (per rank, or across the vocab-parallel group from step_group, like its forward).
+// Ops: PointwiseGrad, NormGrad, AttentionGrad, EmbeddingGrad, TopKGrad (per rank, from step_local),
+// CrossEntropyGrad (per rank, or across the vocab-parallel group from step_group, like its forward) and MoEGateGrad
+// (across its axis's group from step_group, like MoEDispatch and MoECombine).
 // Each kernel is the exact chain rule of its forward kernel's formula, written on Num: the double is the real
 // derivative, and the field lanes use the forward's random functions (exp, sqrt) with exact relations for their
 // derivatives (exp' = exp, sqrt'(x) = sqrt(x) / (2x), rsqrt'(x) = -rsqrt(x) / (2x)), so the backward of a
@@ -464,6 +465,68 @@ void Runner::cross_entropy_grad(int oi, const std::vector<std::int64_t>& members
     }
     set_out(oi, members[k], 0, std::move(P.out), taint);
   }
+}
+
+// MoEGateGrad (tokens [..., T, H], buffer [..., E, C, H], indices [..., T, k]; `axis`): per (token, choice) the dot
+// product of the token with its expert slot, the slot found as MoEDispatch / MoECombine find it (the same capacity
+// groups, member k's slots of expert e on the rank holding e); a dropped choice has no slot and gets 0.
+void Runner::moe_gate_grad(int oi, const std::vector<std::int64_t>& members) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  auto n = static_cast<std::int64_t>(members.size());
+  std::int64_t G = 1;  // capacity groups per member: the single-device run holds every rank's tokens (as Runner::moe)
+  if (global_)
+    for (std::size_t a = 0; a < real_sizes_.size(); ++a)
+      if (op.attrs.axes & (1u << a)) G *= real_sizes_[a];
+  std::string taint = global_ ? taint_of(oi, members[0]) : "";
+  NameId idx_name = p_.ins(op)[2];
+  const Val& b0 = in(oi, members[0], 1);
+  if (b0.t.rank() < 3) throw InterpError("MoEGateGrad's buffer must be [..., E, C, H]");
+  std::size_t nl = b0.t.shape.size() - 3;
+  std::int64_t El = b0.t.shape[nl], Cl = b0.t.shape[nl + 1], H = b0.t.shape[nl + 2], E = El * n;
+  if (Cl % (n * G)) throw InterpError("MoEGateGrad cannot split " + std::to_string(Cl) + " capacity slots over " + std::to_string(n * G) + " ranks");
+  std::int64_t c = Cl / (n * G);
+  for (std::int64_t k = 0; k < n; ++k)
+    if (in(oi, members[static_cast<std::size_t>(k)], 1).t.shape != b0.t.shape) throw InterpError("MoEGateGrad ranks hold buffers of different shapes");
+  std::vector<Val> outs(static_cast<std::size_t>(n));
+  for (std::int64_t k = 0; k < n; ++k) {
+    failed_rank = members[static_cast<std::size_t>(k)];
+    const Val& x = in(oi, members[static_cast<std::size_t>(k)], 0);
+    const Val& idx = in(oi, members[static_cast<std::size_t>(k)], 2);
+    if (x.t.rank() != static_cast<int>(nl) + 2 || idx.t.rank() != static_cast<int>(nl) + 2 || x.t.shape[nl + 1] != H ||
+        idx.t.shape[nl] != x.t.shape[nl] || !std::equal(x.t.shape.begin(), x.t.shape.begin() + static_cast<std::ptrdiff_t>(nl), b0.t.shape.begin()))
+      throw InterpError("MoEGateGrad local tokens " + shape_text(x.t.shape) + ", buffer " + shape_text(b0.t.shape) + " and indices " +
+                        shape_text(idx.t.shape) + " do not fit");
+    // member k's slots of every expert: from rank j, expert block j
+    Tensor Bk;
+    if (n == 1) {
+      Bk = b0.t;
+    } else {
+      std::vector<Tensor> parts;
+      for (std::int64_t j = 0; j < n; ++j) parts.push_back(slice(in(oi, members[static_cast<std::size_t>(j)], 1).t, static_cast<int>(nl) + 1, k * c, (k + 1) * c));
+      Bk = concat(parts, static_cast<int>(nl));
+    }
+    std::int64_t B = numel_of(Shape(idx.t.shape.begin(), idx.t.shape.begin() + static_cast<std::ptrdiff_t>(nl))), T = idx.t.shape[nl],
+                 K = idx.t.shape[nl + 1], GC = G * c;
+    auto slot = moe_slots(idx, E, G, c, idx_name);
+    Val o;
+    o.gshape = idx.gshape;
+    o.mask = idx.mask;
+    o.t = Tensor(idx.t.shape, 0.0);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t j = 0; j < K; ++j) {
+          std::size_t at = static_cast<std::size_t>((b * T + t) * K + j);
+          if (slot[at] < 0) continue;
+          std::int64_t e = static_cast<std::int64_t>(idx.t.data[at].d);
+          std::int64_t src = ((b * E + e) * GC + slot[at]) * H, tok = (b * T + t) * H;
+          Num acc = 0.0;
+          for (std::int64_t h = 0; h < H; ++h) acc += x.t.data[static_cast<std::size_t>(tok + h)] * Bk.data[static_cast<std::size_t>(src + h)];
+          o.t.data[at] = acc;
+        }
+    charge(B * T * K * H);
+    outs[static_cast<std::size_t>(k)] = std::move(o);
+  }
+  for (std::int64_t k = 0; k < n; ++k) set_out(oi, members[static_cast<std::size_t>(k)], 0, std::move(outs[static_cast<std::size_t>(k)]), taint);
 }
 
 }  // namespace spmd::interp

@@ -185,6 +185,7 @@ class Runner {
   void embedding_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void topk_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void cross_entropy_grad(int oi, const std::vector<std::int64_t>& members);
+  void moe_gate_grad(int oi, const std::vector<std::int64_t>& members);
 
   // ---- context parallelism (ops_cp.cpp) -------------------------------------------------------
   static std::int64_t cp_position(std::int64_t g, std::int64_t len, std::int64_t n, bool zigzag);

@@ -341,6 +341,42 @@ TEST_CASE("gradient kernels: TopKGrad against central differences of TopKGate's 
   }
 }
 
+TEST_CASE("gradient kernels: MoEGateGrad of a dispatch and of a combine over 2 expert-parallel ranks (with dropped tokens)") {
+  // 4 tokens per rank, k = 2, 4 experts, 2 slots per expert and rank: some choices are dropped (gradient 0)
+  const char* head = R"(
+mesh: {ep: 2}
+tensors:
+  x: {shape: [8, 3], placement: {ep: S(0)}}
+  gi: {shape: [8, 2], placement: {ep: S(0)}, dtype: i64}
+  gw: {shape: [8, 2], placement: {ep: S(0)}}
+  b: {shape: [4, 4, 3], placement: {ep: S(0)}}
+ops:
+)";
+  Program disp = load(std::string(head) + "  - {op: MoEDispatch, in: [x, gi, gw], out: y, axis: ep, buffer: [4, 4]}\n"
+                                          "  - {op: MoEGateGrad, in: [x, b, gi], out: ggw, axis: ep}\n");
+  Program comb = load(std::string(head) + "  - {op: MoECombine, in: [b, gi, gw], out: y, axis: ep}\n"
+                                          "  - {op: MoEGateGrad, in: [x, b, gi], out: ggw, axis: ep}\n");
+  int dropped = 0;
+  for (const Program* p : {&disp, &comb}) {
+    // the loss: sum(x' * y) with x' the coefficient of y's shape (the buffer b for a dispatch, the tokens x for a combine)
+    const char* coef = p == &disp ? "b" : "x";
+    for (std::int64_t r = 0; r < 2; ++r) check_fd(*p, {2}, nullptr, "gw", dot("y", coef, {0, 1}), "ggw", r, r, false, 4);
+    for (bool lanes : {false, true}) {
+      std::optional<num::Lanes> guard;
+      if (lanes) guard.emplace(num::LaneParams{14});
+      Sim one(*p, {2}, true, 4), dist(*p, {2}, false, 4);
+      one.go();
+      dist.go();
+      Tensor g = concat({dist.t("ggw", 0), dist.t("ggw", 1)}, 0);
+      check_close(g, one.t("ggw"), "ggw");
+      CHECK(same_lanes(g, one.t("ggw")));
+      if (!lanes)
+        for (const auto& e : g.data) dropped += e.d == 0;
+    }
+  }
+  CHECK(dropped > 0);
+}
+
 // ---- the field lanes ---------------------------------------------------------------------------------------
 
 namespace {
