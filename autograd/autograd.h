@@ -24,6 +24,8 @@ struct TrainingOptions {
   // The forward is never checked again: the training step's check takes its types as they are.
   const SpatialTypes* forward_types = nullptr;
   bool forward_ok = true;
+  // When set, receives the types of every value of the training step (as check_spatial's SpatialOptions::types).
+  SpatialTypes* step_types = nullptr;
 };
 
 // What check_training_in_place changes in the program it turns into the training step, to give the
@@ -43,6 +45,9 @@ struct TrainingCheck {
   bool built = false;              // false when the forward has errors (or declares no loss)
   Program program;                 // the training step, for the temporal checks (check_training; in place: the program itself)
   std::size_t first_backward = 0;  // ops before this index are the forward's (already checked)
+  // Ops in [first_relabel, first_sync) relabel a mean loss's parameter gradients P -> P(avg) (Reinterpret, no data
+  // moves); grad_sync's ops start at first_sync.
+  std::size_t first_relabel = 0, first_sync = 0;
   std::vector<Diagnostic> diags;   // findings in the backward and grad_sync, gradient-duality, unsynced-gradient
 };
 

@@ -121,6 +121,9 @@ class TrainingChecker {
     if (!hand_) self_check(t, r.diags);
     unsynced(t, r.diags);
     sort_and_cap(r.diags, r.diags.size());
+    r.first_relabel = first_relabel_;
+    r.first_sync = first_sync_;
+    if (o_.step_types) *o_.step_types = std::move(tt_);
     return r;
   }
 

@@ -1,0 +1,196 @@
+// equiv/training.cpp - the plan's and the spec's training steps as one plan/spec pair (see training.h).
+#include "equiv/training.h"
+
+#include <fmt/format.h>
+
+#include "autograd/autograd.h"
+#include "spatial/spatial.h"
+
+namespace spmd::equiv_detail {
+namespace {
+
+// The last op of `p` writing `n` and the output slot, or -1.
+int last_writer(const Program& p, NameId n, int& slot) {
+  for (std::size_t i = p.ops.size(); i-- > 0;) {
+    auto outs = p.outs(p.ops[i]);
+    for (std::size_t k = 0; k < outs.size(); ++k)
+      if (outs[k] == n) return slot = static_cast<int>(k), static_cast<int>(i);
+  }
+  return -1;
+}
+
+// `ops` without the relabels in [from, to) (Reinterpret P -> P(avg) of a mean loss's gradients: no data moves).
+std::vector<Op> without_relabels(const std::vector<Op>& ops, std::size_t from, std::size_t to) {
+  std::vector<Op> out;
+  out.reserve(ops.size());
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    if (i < from || i >= to || ops[i].kind != OpKind::Reinterpret) out.push_back(ops[i]);
+  return out;
+}
+
+std::string first_error(const std::vector<Diagnostic>& diags) {
+  for (const auto& d : diags)
+    if (d.severity == Severity::Error) return fmt::format("line {}: {}", d.loc.line, d.message);
+  return "";
+}
+
+}  // namespace
+
+TrainingPair training_pair(const Program& p) {
+  TrainingPair r;
+  if (p.loss < 0) return r.why = "a training program needs `loss:`", r;
+  // The plan's step, with the types of every value in it.
+  SpatialTypes st;
+  TrainingOptions to;
+  to.step_types = &st;
+  Program base = p;
+  base.train = true;
+  TrainingCheck tc;
+  try {
+    tc = check_training(base, to);
+  } catch (const LoadError& e) {
+    return r.why = fmt::format("the plan's backward cannot be derived (line {}: {})", e.loc.line, e.what()), r;
+  }
+  if (!tc.built) return r.why = "the plan's forward has errors", r;
+  if (std::string e = first_error(tc.diags); !e.empty()) return r.why = "the plan's training step has errors (" + e + ")", r;
+  Program& t = tc.program;
+  // The seed: each rank seeds its own backward with the same value (a P(sum) seed of a replicated loss is relabeled
+  // P(avg) by the step, so the value is not split into summands).
+  TensorDecl seed = t.tensors.back();
+  for (int a = 0; a < t.axis_count(); ++a)
+    if (seed.placement[static_cast<std::size_t>(a)].is_p()) seed.placement[static_cast<std::size_t>(a)] = Placement::r();
+  // The compared gradients: each parameter's, by the placement it has at its last write (after grad_sync).
+  struct Grad {
+    NameId name;
+    Placements pl;
+    Loc loc;
+  };
+  std::vector<Grad> grads;
+  for (const auto& d : p.tensors) {
+    if (!d.param) continue;
+    auto it = t.name_ids.find(t.name(d.name) + ".grad");
+    if (it == t.name_ids.end()) continue;
+    int k = 0, w = last_writer(t, it->second, k);
+    if (w < 0) continue;  // no gradient reaches it in the plan
+    grads.push_back({it->second, st.out(static_cast<std::size_t>(w), k).pl, d.loc});
+  }
+  if (grads.empty()) return r.why = "no parameter gets a gradient (mark parameters with `param: true`)", r;
+  // Names whose last write in the plan is a pending sum on some axis: a cut there would cut the summands.
+  r.pending.assign(t.names.size(), 0);
+  for (std::size_t i = 0; i < t.ops.size(); ++i) {
+    auto outs = t.outs(t.ops[i]);
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      const Placements& pl = st.out(i, static_cast<int>(k)).pl;
+      bool pend = false;
+      for (int a = 0; a < t.axis_count(); ++a) pend |= pl[static_cast<std::size_t>(a)].is_p() || pl[static_cast<std::size_t>(a)].is_v();
+      r.pending[static_cast<std::size_t>(outs[k])] = pend;  // the last write wins
+    }
+  }
+  // N: how many copies of the loss the plan's backward differentiates (each rank seeds its own; the step relabels the
+  // gradients P(avg) over those axes): the sizes of the axes on which the loss is R or P(avg).
+  double n_copies = 1;
+  {
+    int k = 0, w = last_writer(t, p.loss, k);
+    Placements lpl = w >= 0 ? st.out(static_cast<std::size_t>(w), k).pl : Placements{};
+    for (int a = 0; a < t.axis_count(); ++a) {
+      Placement q = lpl[static_cast<std::size_t>(a)];
+      if (!(q.is_r() || (q.is_p() && q.op == ReduceOp::Avg))) continue;
+      ExprId e = t.mesh[static_cast<std::size_t>(a)].size;
+      if (!t.exprs.is_const(e)) return r.why = fmt::format("mesh axis {} has a symbolic size", t.mesh[static_cast<std::size_t>(a)].name), r;
+      n_copies *= static_cast<double>(t.exprs.value(e));
+    }
+  }
+  std::vector<Op> plan_ops = without_relabels(t.ops, tc.first_relabel, tc.first_sync);
+  if (!p.has_backward) r.plan_bwd = {tc.first_backward, tc.first_relabel};
+  NameId plan_seed = seed.name;
+  Program c;
+  if (p.has_spec) {
+    // The spec's step: its forward on the same declarations, whole (R everywhere), its backward derived. Built on a
+    // copy of the plan's step so that every side table the plan's ops use stays valid in the pair.
+    NameId spec_loss = p.loss;
+    for (const auto& l : p.spec_outputs)
+      if (l.plan == p.loss) spec_loss = l.spec;
+    bool writes = false;
+    for (const auto& op : p.spec_ops)
+      for (NameId n : p.outs(op)) writes |= n == spec_loss;
+    if (!writes) return r.why = fmt::format("the spec does not compute the loss {} (name it alike, or list it under the spec's outputs)", p.name(p.loss)), r;
+    Program s = t;
+    s.ops = p.spec_ops;
+    s.tensors.assign(p.tensors.begin(), p.tensors.end());
+    for (auto& d : s.tensors) d.placement = Placements{}, d.uneven = false;
+    s.loss = spec_loss;
+    s.train = true;
+    s.has_backward = s.has_grad_sync = s.has_spec = s.has_expect = s.local_view = false;
+    s.backward.clear(), s.grad_sync.clear(), s.spec_ops.clear(), s.outputs.clear(), s.expect.clear(), s.spec_outputs.clear(), s.lineage.clear();
+    ForwardUndo undo;
+    TrainingCheck sc;
+    try {
+      sc = check_training_in_place(s, undo, {});
+    } catch (const LoadError& e) {
+      return r.why = fmt::format("the spec's backward cannot be derived (line {}: {})", e.loc.line, e.what()), r;
+    }
+    if (!sc.built) return r.why = "the spec's forward does not check as a single-device program", r;
+    // The spec's seed is the plan's input, times N: the plan's backward computes the gradients of N copies of the
+    // loss (every intermediate gradient is N times the spec's), and the P(avg) relabel with grad_sync's average
+    // divides by N at the end; the spec mirrors both, so intermediate gradients are comparable stage by stage.
+    NameId spec_seed = s.tensors.back().name;
+    std::vector<Op> spec_ops = without_relabels(s.ops, sc.first_relabel, sc.first_sync);
+    NameId seed_in = plan_seed;
+    std::vector<Op> prologue;
+    if (n_copies != 1) {
+      seed_in = s.intern(s.name(plan_seed) + ".copies");
+      Op m;
+      m.kind = OpKind::Multiply;
+      m.loc = p.loss_loc;
+      m.attrs.number = n_copies;
+      m.attrs.has_number = true;
+      s.add_op(prologue, m, std::span<const NameId>(&plan_seed, 1), std::span<const NameId>(&seed_in, 1));
+    }
+    if (spec_seed != seed_in)
+      for (const auto& op : spec_ops)
+        for (std::uint32_t j = op.first; j < op.first + op.n_in + op.n_out; ++j)
+          if (s.operands[j] == spec_seed) s.operands[j] = seed_in;
+    spec_ops.insert(spec_ops.begin(), prologue.begin(), prologue.end());
+    if (n_copies != 1)
+      for (const auto& g : grads) {
+        Op m;
+        m.kind = OpKind::Multiply;
+        m.loc = p.loss_loc;
+        m.attrs.number = 1.0 / n_copies;
+        m.attrs.has_number = true;
+        s.add_op(spec_ops, m, std::span<const NameId>(&g.name, 1), std::span<const NameId>(&g.name, 1));
+      }
+    std::size_t shift = prologue.size();
+    r.spec_bwd = {sc.first_backward + shift, sc.first_relabel + shift};
+    c = std::move(s);
+    c.ops = std::move(plan_ops);
+    c.spec_ops = std::move(spec_ops);
+    c.has_spec = true;
+    c.spec_loc = p.spec_loc;
+    c.spec_outputs = p.spec_outputs;
+    c.lineage = p.lineage;
+  } else {
+    return r.why = "gradients are compared with a spec's (`spec:`); without one only the forward is compared", r;
+  }
+  c.tensors.assign(p.tensors.begin(), p.tensors.end());
+  c.tensors.push_back(seed);
+  c.outputs = p.outputs;
+  for (const auto& g : grads) {
+    OutputDecl od;
+    od.name = g.name;
+    od.loc = g.loc;
+    od.has_placement = true;
+    od.placement = g.pl;
+    c.outputs.push_back(od);
+    if (c.has_spec) c.spec_outputs.push_back({g.name, g.name, g.loc});
+  }
+  c.train = c.has_backward = c.has_grad_sync = c.has_expect = false;
+  c.backward.clear(), c.grad_sync.clear(), c.expect.clear();
+  c.loss = -1;
+  r.pending.resize(c.names.size(), 0);
+  r.program = std::move(c);
+  r.ok = true;
+  return r;
+}
+
+}  // namespace spmd::equiv_detail

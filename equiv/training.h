@@ -1,0 +1,31 @@
+// equiv/training.h - training equivalence: a training program becomes a plan/spec pair of training steps.
+//
+// training_pair builds the plan's training step (forward, derived or hand-written backward, grad_sync; the same
+// step `check --backward` checks) and the spec's (the spec's forward and its derived backward, on one device),
+// in one program whose `ops` are the plan's step and whose `spec_ops` are the spec's. Every parameter whose
+// gradient the plan writes is compared: `<param>.grad`, read by the placement it has when it reaches the
+// optimizer, against the spec's `<param>.grad`. The seed `<loss>.grad` is the same value on every rank (each rank
+// seeds its own backward, as PyTorch's loss.backward() does); the step's P(avg) relabels of a mean loss's
+// gradients move no data and are left out.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ir/program.h"
+
+namespace spmd::equiv_detail {
+
+struct TrainingPair {
+  bool ok = false;
+  std::string why;               // when not ok: why the gradients cannot be compared
+  Program program;               // the pair: ops = the plan's step, spec_ops = the spec's (or none: its own step)
+  std::vector<char> pending;     // per NameId: the plan's last write is a pending sum somewhere (never a stage cut)
+  std::pair<std::size_t, std::size_t> plan_bwd{0, 0}, spec_bwd{0, 0};  // the ops of each that are a derived backward
+};
+
+// `p` has `loss:` and `train: true` (or a hand-written `backward:`). Throws nothing: a backward that cannot be
+// derived is a reason (`why`).
+TrainingPair training_pair(const Program& p);
+
+}  // namespace spmd::equiv_detail
