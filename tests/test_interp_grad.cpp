@@ -385,7 +385,9 @@ namespace {
 Program step_of(const std::string& yaml) {
   TrainingCheck t = check_training(load(yaml));
   REQUIRE(t.built);
-  for (const auto& d : t.diags) INFO(d.message);
+  // the derived backward checks clean (a norm's eps too); the one-rank dp mesh leaves the gradients unsynced, which is no matter here
+  for (const auto& d : t.diags)
+    if (d.id != CheckId::UnsyncedGradient) FAIL_CHECK(d.message);
   return std::move(t.program);
 }
 
