@@ -142,6 +142,8 @@ void Deriver::norm() {
     Op o = make(OpKind::NormGrad);
     o.attrs.choice = norm_choice(op_->kind);
     o.attrs.dims = op_->attrs.dims;
+    o.attrs.number = op_->attrs.number;  // eps
+    o.attrs.has_number = op_->attrs.has_number;
     if (op_->n_in >= 2) emit(o, {dy(), fin(0), fin(1)}, dst);
     else emit(o, {dy(), fin(0)}, dst);
   });

@@ -671,7 +671,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   if (p.local_view && !p.has_spec) return skip("a local-view plan needs a `spec:` to be compared with");
   for (const auto* list : {&p.ops, &p.spec_ops})
     for (const auto& op : *list)
-      if (!has_value_kernel(op.kind))
+      if (!has_value_kernel(p, *list, op))
         return skip(fmt::format("{} (line {}) has no value semantics", op_name(op.kind), op.loc.line));
   for (const auto& t : p.tensors)
     for (std::size_t a = 0; a < p.mesh.size(); ++a)

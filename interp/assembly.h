@@ -17,9 +17,10 @@ struct Instantiation {
   bool even = true;  // every declared shape has a value and every declared shard divides evenly (or is declared uneven)
 };
 
-// Whether the interpreter has a value kernel for ops of kind `k` (not the opaque OverlapRegion and Step, nor the
-// gradient ops of derived backwards other than Expand).
-bool has_value_kernel(OpKind k);
+// Whether the interpreter has a value kernel for `op`, one of `ops` (the list it runs in): not the opaque
+// OverlapRegion and Step, nor a PointwiseGrad of Dropout without the one forward Dropout of its x
+// in `ops` (its mask cannot be redrawn: such a program is skipped, never run with a made-up mask).
+bool has_value_kernel(const Program& p, const std::vector<Op>& ops, const Op& op);
 
 // The instantiations of `p`'s symbolic sizes that fit the oracle's limits, smallest first (at most 64).
 std::vector<Instantiation> instantiations(const Program& p, const OracleOptions& o);

@@ -40,8 +40,11 @@ using namespace interp;
 // ---- size instantiation ---------------------------------------------------------------------------
 
 
-bool has_value_kernel(OpKind k) {
-  return k != OpKind::OverlapRegion && k != OpKind::Step && (op_info(k).category != OpCategory::gradient || k == OpKind::Expand);
+bool has_value_kernel(const Program& p, const std::vector<Op>& ops, const Op& op) {
+  if (op.kind == OpKind::OverlapRegion || op.kind == OpKind::Step) return false;
+  if (op.kind == OpKind::PointwiseGrad)  // of Dropout: only with its forward's mask to redraw
+    return op_info(op.kind).find_attr("of")->choices[op.attrs.choice] != "Dropout" || dropout_forward(p, ops, op) >= 0;
+  return true;
 }
 
 std::vector<Instantiation> instantiations(const Program& p, const OracleOptions& o) {
@@ -309,7 +312,7 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
     return res;
   }
   for (const auto& op : p.ops)
-    if (!has_value_kernel(op.kind)) {
+    if (!has_value_kernel(p, p.ops, op)) {
       res.message = std::string(op_name(op.kind)) + " (line " + std::to_string(op.loc.line) + ") has no numeric kernel in the oracle";
       return res;
     }

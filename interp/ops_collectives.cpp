@@ -104,10 +104,10 @@ void Runner::convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c,
 
 std::vector<std::int64_t> Runner::group(const Op& op, std::int64_t r) {
   std::uint32_t axes = op.attrs.axes;
-  if (op.kind == OpKind::CrossEntropyLoss && !axes) {
+  if ((op.kind == OpKind::CrossEntropyLoss || op.kind == OpKind::CrossEntropyGrad) && !axes) {
     // No `axis`: the axes that shard the vocab; with none, the group a vocab-parallel kernel uses
     // anyway (Megatron's tensor-parallel group: the axis named tp, else the whole mesh).
-    NameId lg = p_.ins(op)[0];
+    NameId lg = p_.ins(op)[op.kind == OpKind::CrossEntropyGrad ? 1 : 0];
     const Val& v = at(r, lg);
     if (v.defined && !v.mask.empty()) axes = v.mask.back();
     for (std::size_t a = 0; a < p_.mesh.size() && !axes; ++a)
@@ -157,6 +157,8 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
   failed_rank = members[0];
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   if (op.kind == OpKind::CrossEntropyLoss) return cross_entropy(oi, members);
+  if (op.kind == OpKind::CrossEntropyGrad) return cross_entropy_grad(oi, members);
+  if (op.kind == OpKind::MoEGateGrad) return moe_gate_grad(oi, members);
   if (op.kind == OpKind::MoEDispatch || op.kind == OpKind::MoECombine) return moe(oi, members);
   if (op.kind == OpKind::RingRotate || op.kind == OpKind::RingAttention) return ring_group(oi, members);
   const OpAttrs& at = op.attrs;

@@ -14,6 +14,8 @@ bool all_finite(const Tensor& t) {
   return std::all_of(t.data.begin(), t.data.end(), [](const Num& e) { return std::isfinite(e.d); });
 }
 
+}  // namespace
+
 // The single-device run's taint of a result that leaves the reals where its inputs did not (x / 0, log 0,
 // 1 / sqrt(0)): there the program has no real value, and IEEE's signed zeros and infinities make the per-rank
 // and single-device runs differ in ways the real-number semantics does not define, so it is not compared.
@@ -23,8 +25,6 @@ std::string leaves_reals(bool global, const Tensor& out, std::initializer_list<c
     if (!all_finite(*t)) return taint;
   return std::string(1, kExcluded) + "its value leaves the reals (a division by zero, a log or rsqrt of zero) where its inputs did not";
 }
-
-}  // namespace
 
 // SiLU, GELU, ReLU, Cast, LossScale, Neg, Exp, Log, Sqrt, Rsqrt: a function of each element.
 void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {

@@ -124,7 +124,8 @@ void Runner::run(std::uint64_t seed) {
   std::iota(prog.begin(), prog.end(), 0);
   std::vector<std::size_t> pc(static_cast<std::size_t>(ranks_), 0);
   auto group_op = [&](const Op& op) {
-    return op_info(op.kind).category == OpCategory::collective || (op.kind == OpKind::CrossEntropyLoss && op.attrs.vocab_parallel);
+    return op_info(op.kind).category == OpCategory::collective || op.kind == OpKind::MoEGateGrad ||
+           ((op.kind == OpKind::CrossEntropyLoss || op.kind == OpKind::CrossEntropyGrad) && op.attrs.vocab_parallel);
   };
   for (;;) {
     bool progress = false, done = true;
@@ -358,16 +359,17 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::WaitStream:
     case OpKind::RecordEvent:
     case OpKind::WaitEvent: return;  // async values are available at their op; stream order moves no data
-    // Opaque ops (OverlapRegion, a schedule's Step) and the gradient ops of derived backwards have no
-    // numeric kernel yet: the program is skipped with the reason, never counted as agreement. Collectives run in
-    // step_group (ops_collectives.cpp) and the later ops are rejected by the loader: neither reaches here.
+    // Gradient ops of derived backwards (ops_grad.cpp); a vocab-parallel CrossEntropyGrad runs in step_group.
+    case OpKind::PointwiseGrad: return pointwise_grad(oi, r, c, taint);
+    case OpKind::NormGrad: return norm_grad(oi, r, c, taint);
+    case OpKind::AttentionGrad: return attention_grad(oi, r, c, taint);
+    case OpKind::EmbeddingGrad: return embedding_grad(oi, r, c, taint);
+    case OpKind::CrossEntropyGrad: return cross_entropy_grad(oi, {r});
+    case OpKind::TopKGrad: return topk_grad(oi, r, c, taint);
+    // Opaque ops (OverlapRegion, a schedule's Step) have no numeric kernel: the program is skipped with the
+    // reason (has_value_kernel), never counted as agreement. Collectives run in step_group
+    // (ops_collectives.cpp) and the later ops are rejected by the loader: neither reaches here.
     case OpKind::Step:
-    case OpKind::PointwiseGrad:
-    case OpKind::NormGrad:
-    case OpKind::AttentionGrad:
-    case OpKind::EmbeddingGrad:
-    case OpKind::CrossEntropyGrad:
-    case OpKind::TopKGrad:
     case OpKind::AllReduce:
     case OpKind::AllGather:
     case OpKind::ReduceScatter:
@@ -383,7 +385,7 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::RingAttention:
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:
-    case OpKind::MoEGateGrad:
+    case OpKind::MoEGateGrad:  // an all-to-all inside: step_group (ops_grad.cpp)
       throw InterpError(std::string(op_name(op.kind)) + " has no numeric kernel in the oracle");
   }
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -90,6 +91,13 @@ inline std::uint64_t mix(std::uint64_t x) {
 }
 inline double unit(std::uint64_t h) { return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
 
+// The forward Dropout whose mask a PointwiseGrad of Dropout (`grad`, one of `ops`) must reproduce: the one Dropout
+// of `ops` reading the gradient's x; -1 when there is none or more than one (then it has no value kernel).
+int dropout_forward(const Program& p, const std::vector<Op>& ops, const Op& grad);
+
+// The single-device run's taint of a result that leaves the reals where its inputs did not (ops_elementwise.cpp).
+std::string leaves_reals(bool global, const Tensor& out, std::initializer_list<const Tensor*> ins, const std::string& taint);
+
 inline bool is_int(DType d) { return d == DType::I64 || d == DType::I32 || d == DType::I8 || d == DType::Bool; }
 
 inline std::string coord_text(const Program& p, const std::vector<std::int64_t>& c) {
@@ -169,6 +177,15 @@ class Runner {
   void norm(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void reduce_dims(int oi, std::int64_t r, const std::string& taint);
   void attention(int oi, std::int64_t r, const std::string& taint);
+
+  // ---- gradient ops of derived backwards (ops_grad.cpp) ------------------------------------------
+  void pointwise_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void norm_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void attention_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void embedding_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void topk_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void cross_entropy_grad(int oi, const std::vector<std::int64_t>& members);
+  void moe_gate_grad(int oi, const std::vector<std::int64_t>& members);
 
   // ---- context parallelism (ops_cp.cpp) -------------------------------------------------------
   static std::int64_t cp_position(std::int64_t g, std::int64_t len, std::int64_t n, bool zigzag);

@@ -132,7 +132,9 @@ void Checker::add_like(bool multiply) {
                                           iname(0), iname(0), axn(a)));
     return (void)map_partials(o, 0, PointwiseMap::offset(+1), fmt::format("adding {}", at().number));
   }
-  if (at().has_number) return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
+  // (NormGrad's number is its norm's eps, not a scalar operand)
+  if (at().has_number && op_->kind != OpKind::NormGrad)
+    return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
   if (!invariant_ok({0, 1})) return;
   Value& o = out();
   if (!broadcast_shape(in(0), in(1), o)) return;

@@ -1,0 +1,495 @@
+// tests/test_interp_grad.cpp - the value kernels of the gradient ops (interp/ops_grad.cpp): each gradient against
+// central differences of its forward kernel (doubles), per-rank runs (context parallel, vocab-parallel, a
+// vocab-sharded table) against the single-device run, and the field lanes: the derived backward of a primitive
+// composition equals the fused gradient op in every lane, and a wrong gradient does not.
+#include <doctest/doctest.h>
+
+#include <memory>
+#include <optional>
+
+#include "autograd/autograd.h"
+#include "interp/assembly.h"
+#include "interp/runner.h"
+#include "ir/loader.h"
+
+using namespace spmd;
+using namespace spmd::interp;
+
+namespace {
+
+NameId name_id(const Program& p, const std::string& n) {
+  for (std::size_t i = 0; i < p.names.size(); ++i)
+    if (p.names[i] == n) return static_cast<NameId>(i);
+  FAIL("no name " << n);
+  return -1;
+}
+
+// One run of a program: per rank on `mesh` (sizes per axis), or the single-device run (`global`, a mesh of ones
+// standing for `mesh`). Inputs are drawn as the oracle draws them (integers below `range`), then `init` may
+// overwrite them; `go` runs the ops.
+struct Sim {
+  const Program& p;
+  std::vector<std::int64_t> vars;
+  OracleOptions o;
+  std::int64_t work = 0;
+  std::unique_ptr<Runner> run;
+  Sim(const Program& prog, std::vector<std::int64_t> mesh, bool global = false, std::int64_t range = 5) : p(prog) {
+    std::vector<std::int64_t> sizes = global ? std::vector<std::int64_t>(mesh.size(), 1) : mesh;
+    run = std::make_unique<Runner>(p, vars, sizes, global, o, work, mesh);
+    for (const auto& t : p.tensors) run->declare(t, range, 17);
+  }
+  Tensor& t(const std::string& n, std::int64_t r = 0) { return run->at(r, name_id(p, n)).t; }
+  void go() { run->run(17); }
+  std::int64_t ranks() const { return run->ranks(); }
+};
+
+using Init = std::function<void(Sim&)>;
+
+// Central differences of loss(sim) in each element of `x` on rank `xr` (with `all_ranks`, the element moves on
+// every rank together: a replicated input), against `grad` (the gradient op's local value on rank `gr`).
+void check_fd(const Program& p, std::vector<std::int64_t> mesh, const Init& init, const std::string& x, const std::function<double(Sim&)>& loss,
+              const std::string& grad, std::int64_t xr = 0, std::int64_t gr = 0, bool all_ranks = false, std::int64_t range = 5, bool global = false) {
+  Sim base(p, mesh, global, range);
+  if (init) init(base);
+  base.go();
+  const Tensor g = base.t(grad, gr);
+  const std::size_t n = base.t(x, xr).data.size();
+  REQUIRE(g.data.size() == n);
+  const double h = 1e-5;
+  for (std::size_t i = 0; i < n; ++i) {
+    double l[2];
+    for (int s = 0; s < 2; ++s) {
+      Sim sim(p, mesh, global, range);
+      if (init) init(sim);
+      for (std::int64_t r = 0; r < sim.ranks(); ++r)
+        if (r == xr || all_ranks) sim.t(x, r).data[i] = Num(sim.t(x, r).data[i].d + (s ? -h : h));
+      sim.go();
+      l[s] = loss(sim);
+    }
+    double fd = (l[0] - l[1]) / (2 * h);
+    INFO(grad << "[" << i << "] on rank " << gr << ": kernel " << g.data[i].d << ", central difference " << fd);
+    CHECK(std::abs(fd - g.data[i].d) <= 1e-6 * std::max(1.0, std::abs(fd)));
+  }
+}
+
+// sum(c * y) over every element of every listed rank's local y.
+std::function<double(Sim&)> dot(const std::string& y, const std::string& c, std::vector<std::int64_t> ranks = {0}) {
+  return [=](Sim& s) {
+    double acc = 0;
+    for (auto r : ranks) {
+      const Tensor& a = s.t(y, r);
+      const Tensor& b = s.t(c, r);
+      REQUIRE(a.data.size() == b.data.size());
+      for (std::size_t i = 0; i < a.data.size(); ++i) acc += a.data[i].d * b.data[i].d;
+    }
+    return acc;
+  };
+}
+
+Program load(const std::string& yaml) { return load_program_string(yaml, "t.yaml"); }
+
+// Doubles of two tensors agree (to rounding).
+void check_close(const Tensor& a, const Tensor& b, const char* what) {
+  REQUIRE(a.shape == b.shape);
+  for (std::size_t i = 0; i < a.data.size(); ++i) {
+    INFO(what << "[" << i << "]: " << a.data[i].d << " vs " << b.data[i].d);
+    CHECK(std::abs(a.data[i].d - b.data[i].d) <= 1e-9 * std::max(1.0, std::abs(b.data[i].d)));
+  }
+}
+
+// Every element equal in every lane (and in doubles, to rounding).
+bool same_lanes(const Tensor& a, const Tensor& b) {
+  if (a.shape != b.shape) return false;
+  for (std::size_t i = 0; i < a.data.size(); ++i) {
+    if (std::abs(a.data[i].d - b.data[i].d) > 1e-9 * std::max(1.0, std::abs(b.data[i].d))) return false;
+    for (int l = 0; l < kLanes; ++l)
+      if (a.data[i].pure(l) != b.data[i].pure(l)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("gradient kernels: PointwiseGrad against central differences of each pointwise op") {
+  for (const char* f : {"Exp", "Log", "Sqrt", "Rsqrt", "SiLU", "GELU", "ReLU"}) {
+    INFO(f);
+    Program p = load(std::string("mesh: {dp: 1}\ntensors:\n  x: {shape: [3, 4]}\n  c: {shape: [3, 4]}\nops:\n") + "  - {op: " + f +
+                     ", in: [x], out: y}\n  - {op: PointwiseGrad, in: [c, x], out: gx, of: " + f + "}\n");
+    bool positive = std::string(f) == "Log" || std::string(f) == "Sqrt" || std::string(f) == "Rsqrt";
+    Init init = [&](Sim& s) {
+      for (auto& e : s.t("x").data) {
+        double v = e.d;
+        if (positive) v = 0.3 + std::abs(v);
+        if (std::abs(v) < 0.05) v += 0.2;  // ReLU: away from the kink
+        e = Num(v);
+      }
+    };
+    check_fd(p, {1}, init, "x", dot("y", "c"), "gx");
+  }
+}
+
+TEST_CASE("gradient kernels: PointwiseGrad of Dropout redraws its forward's mask, and is skipped without one") {
+  const char* yaml = R"(
+mesh: {dp: 2}
+tensors:
+  x: {shape: [4, 6], placement: {dp: S(0)}}
+  c: {shape: [4, 6], placement: {dp: S(0)}}
+ops:
+  - {op: Dropout, in: [x], out: y, p: 0.4}
+  - {op: PointwiseGrad, in: [c, x], out: gx, of: Dropout}
+outputs:
+  gx: {placement: {dp: S(0)}}
+)";
+  Program p = load(yaml);
+  for (std::int64_t r = 0; r < 2; ++r) check_fd(p, {2}, nullptr, "x", dot("y", "c", {r}), "gx", r, r);
+  // some elements are dropped, some kept: the check above saw both
+  Sim s(p, {2});
+  s.go();
+  int zeros = 0;
+  for (auto& e : s.t("gx", 0).data) zeros += e.d == 0;
+  CHECK(zeros > 0);
+  CHECK(zeros < 12);
+  CHECK(run_oracle(p).verdict == OracleVerdict::Agree);
+  for (const auto& op : p.ops) CHECK(has_value_kernel(p, p.ops, op));
+  // no forward Dropout of x, or two of them: the mask cannot be redrawn, so the program is skipped
+  for (const char* ops : {"  - {op: PointwiseGrad, in: [c, x], out: gx, of: Dropout}\n",
+                          "  - {op: Dropout, in: [x], out: y}\n  - {op: Dropout, in: [x], out: y2}\n  - {op: PointwiseGrad, in: [c, x], out: gx, of: Dropout}\n"}) {
+    Program q = load(std::string("mesh: {dp: 2}\ntensors:\n  x: {shape: [4, 6]}\n  c: {shape: [4, 6]}\nops:\n") + ops + "outputs:\n  gx: {placement: {dp: R}}\n");
+    CHECK(!has_value_kernel(q, q.ops, q.ops.back()));
+    OracleResult res = run_oracle(q);
+    CHECK(res.verdict == OracleVerdict::Skipped);
+    CHECK(res.message.find("PointwiseGrad") != std::string::npos);
+  }
+}
+
+TEST_CASE("gradient kernels: NormGrad of LayerNorm, RMSNorm (with and without weight) and Softmax against central differences") {
+  struct C {
+    const char* of;
+    bool weight;
+    const char* dims;
+    const char* eps;
+  };
+  for (C c : {C{"LayerNorm", false, "", ""}, C{"LayerNorm", true, "", ", eps: 0.001"}, C{"RMSNorm", false, "", ""}, C{"RMSNorm", true, "", ", eps: 0.01"},
+              C{"LayerNorm", true, ", dims: [1, 2]", ""}, C{"RMSNorm", false, ", dims: [0, 2]", ", eps: 0.5"}}) {
+    INFO(c.of << " weight " << c.weight << c.dims << c.eps);
+    std::string wshape = std::string(c.dims) == ", dims: [1, 2]" ? "[3, 4]" : std::string(c.dims) == ", dims: [0, 2]" ? "[2, 4]" : "[4]";
+    std::string yaml = "mesh: {dp: 1}\ntensors:\n  x: {shape: [2, 3, 4]}\n  c: {shape: [2, 3, 4]}\n  w: {shape: " + wshape + "}\nops:\n";
+    std::string w = c.weight ? ", w" : "";
+    yaml += std::string("  - {op: ") + c.of + ", in: [x" + w + "], out: y" + c.dims + c.eps + "}\n";
+    yaml += std::string("  - {op: NormGrad, in: [c, x") + w + "], out: gx, of: " + c.of + c.dims + c.eps + "}\n";
+    Program p = load(yaml);
+    check_fd(p, {1}, nullptr, "x", dot("y", "c"), "gx");
+  }
+  for (const char* dim : {"-1", "0", "1"}) {
+    INFO("Softmax dim " << dim);
+    Program p = load(std::string("mesh: {dp: 1}\ntensors:\n  x: {shape: [3, 5]}\n  c: {shape: [3, 5]}\nops:\n  - {op: Softmax, in: [x], out: y, dim: ") + dim +
+                     "}\n  - {op: NormGrad, in: [c, y], out: gx, of: Softmax, dims: [" + dim + "]}\n");
+    check_fd(p, {1}, nullptr, "x", dot("y", "c"), "gx");
+  }
+}
+
+namespace {
+
+std::string attention_yaml(const char* layout, bool causal, const Shape& qs, const Shape& ks, const std::string& extra = "", const std::string& qpl = "",
+                           const std::string& mesh = "{dp: 1}") {
+  auto sh = [](const Shape& s) {
+    std::string t = "[";
+    for (std::size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+    return t + "]";
+  };
+  std::string y = "mesh: " + mesh + "\ntensors:\n";
+  y += "  q: {shape: " + sh(qs) + qpl + "}\n  k: {shape: " + sh(ks) + "}\n  v: {shape: " + sh(ks) + "}\n  c: {shape: " + sh(qs) + qpl + "}\nops:\n";
+  std::string a = std::string(", layout: ") + layout + ", causal: " + (causal ? "true" : "false") + extra;
+  y += "  - {op: FlashAttention, in: [q, k, v], out: y" + a + "}\n";
+  const char* wrt[] = {"q", "k", "v"};
+  for (const char* w : wrt) y += std::string("  - {op: AttentionGrad, in: [c, q, k, v], out: g") + w + ", wrt: " + w + a + "}\n";
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("gradient kernels: AttentionGrad with respect to q, k and v against central differences (layouts, causal, GQA)") {
+  struct C {
+    const char* layout;
+    bool causal;
+    Shape q, k;
+  };
+  // bhsd [B, H, S, D], bshd [B, S, H, D], sbhd [S, B, H, D]; GQA: 4 query heads over 2 kv heads; S_q != S_k
+  for (C c : {C{"bhsd", false, {1, 2, 3, 2}, {1, 2, 3, 2}}, C{"bhsd", true, {2, 2, 3, 2}, {2, 2, 3, 2}}, C{"bshd", true, {1, 3, 4, 2}, {1, 3, 2, 2}},
+              C{"sbhd", false, {3, 1, 4, 2}, {2, 1, 2, 2}}, C{"sbhd", true, {3, 2, 2, 3}, {3, 2, 1, 3}}}) {
+    INFO(c.layout << (c.causal ? " causal" : ""));
+    Program p = load(attention_yaml(c.layout, c.causal, c.q, c.k));
+    for (const char* w : {"q", "k", "v"}) check_fd(p, {1}, nullptr, w, dot("y", "c"), std::string("g") + w);
+  }
+}
+
+TEST_CASE("gradient kernels: AttentionGrad under context parallelism (causal, contiguous and zigzag) equals the single-device gradient") {
+  for (const char* order : {"contiguous", "zigzag"}) {
+    INFO(order);
+    // q sharded on the sequence over cp, k and v whole: dq is each rank's rows, dk and dv are pending sums
+    Program p = load(attention_yaml("bshd", true, {1, 8, 2, 2}, {1, 8, 2, 2}, std::string(", cp: cp, order: ") + order, ", placement: {cp: S(1)}", "{cp: 2}"));
+    for (bool lanes : {false, true}) {  // doubles, then the field lanes too: the per-rank pieces assemble to the same expressions
+      std::optional<num::Lanes> guard;
+      if (lanes) guard.emplace(num::LaneParams{11});
+      Sim one(p, {2}, true), dist(p, {2});
+      one.go();
+      dist.go();
+      Tensor dq = concat({dist.t("gq", 0), dist.t("gq", 1)}, 1);
+      check_close(dq, one.t("gq"), "dq");
+      CHECK(same_lanes(dq, one.t("gq")));
+      for (const char* g : {"gk", "gv"}) {
+        Tensor sum = binary(dist.t(g, 0), dist.t(g, 1), [](const Num& a, const Num& b) { return a + b; });
+        check_close(sum, one.t(g), g);
+        CHECK(same_lanes(sum, one.t(g)));
+      }
+    }
+    // the single-device gradient (the mask in the global positions of `order` over 2 ranks) against central differences
+    for (const char* w : {"q", "k", "v"}) check_fd(p, {2}, nullptr, w, dot("y", "c"), std::string("g") + w, 0, 0, false, 5, true);
+  }
+}
+
+TEST_CASE("gradient kernels: EmbeddingGrad against central differences, and with a vocab-sharded table") {
+  const char* yaml = R"(
+mesh: {tp: 2}
+tensors:
+  ids: {shape: [2, 5], dtype: i64}
+  w: {shape: [6, 3], placement: {tp: S(0)}}
+  c: {shape: [2, 5, 3]}
+ops:
+  - {op: Embedding, in: [ids, w], out: y}
+  - {op: EmbeddingGrad, in: [c, ids, w], out: gw}
+)";
+  Program p = load(yaml);
+  // the single-device gradient against central differences (ids repeat: 10 draws from 6 rows)
+  Sim one(p, {2}, true, 6);
+  one.go();
+  {
+    Program q = load(std::string(yaml).replace(std::string(yaml).find("placement: {tp: S(0)}"), 21, "placement: {tp: R}"));
+    check_fd(q, {1}, nullptr, "w", dot("y", "c"), "gw", 0, 0, false, 6);
+  }
+  // each rank's block of the table gets the rows of its own ids (the masked lookup), whole dy
+  Sim dist(p, {2}, false, 6);
+  dist.go();
+  check_close(concat({dist.t("gw", 0), dist.t("gw", 1)}, 0), one.t("gw"), "gw");
+  {
+    num::Lanes guard({13});
+    Sim l1(p, {2}, true, 6), ld(p, {2}, false, 6);
+    l1.go();
+    ld.go();
+    CHECK(same_lanes(concat({ld.t("gw", 0), ld.t("gw", 1)}, 0), l1.t("gw")));
+  }
+}
+
+TEST_CASE("gradient kernels: CrossEntropyGrad (mean, sum, none) against central differences") {
+  for (const char* red : {"mean", "sum", "none"}) {
+    INFO(red);
+    bool none = std::string(red) == "none";
+    std::string yaml = std::string("mesh: {dp: 1}\ntensors:\n  lg: {shape: [2, 3, 5]}\n  lb: {shape: [2, 3], dtype: i64}\n  c: {shape: ") +
+                       (none ? "[2, 3]" : "[]") + "}\nops:\n  - {op: CrossEntropyLoss, in: [lg, lb], out: loss, reduction: " + red +
+                       "}\n  - {op: CrossEntropyGrad, in: [c, lg, lb], out: glg, reduction: " + red + "}\n";
+    Program p = load(yaml);
+    check_fd(p, {1}, nullptr, "lg", dot("loss", "c"), "glg");
+  }
+}
+
+TEST_CASE("gradient kernels: CrossEntropyGrad with the vocab split over 2 ranks, and with the tokens split (a per-rank mean)") {
+  const char* yaml = R"(
+mesh: {tp: 2}
+tensors:
+  lg: {shape: [2, 3, 6], placement: {tp: S(2)}}
+  lb: {shape: [2, 3], dtype: i64}
+  c: {shape: []}
+ops:
+  - {op: CrossEntropyLoss, in: [lg, lb], out: loss, vocab_parallel: true}
+  - {op: CrossEntropyGrad, in: [c, lg, lb], out: glg, vocab_parallel: true}
+)";
+  Program p = load(yaml);
+  for (bool lanes : {false, true}) {
+    std::optional<num::Lanes> guard;
+    if (lanes) guard.emplace(num::LaneParams{12});
+    Sim one(p, {2}, true, 6), dist(p, {2}, false, 6);
+    one.go();
+    dist.go();
+    Tensor g = concat({dist.t("glg", 0), dist.t("glg", 1)}, 2);
+    check_close(g, one.t("glg"), "glg");
+    CHECK(same_lanes(g, one.t("glg")));
+  }
+  // every rank holds the whole loss: a logit on either rank moves rank 0's loss by its gradient there
+  for (std::int64_t r = 0; r < 2; ++r) check_fd(p, {2}, nullptr, "lg", dot("loss", "c"), "glg", r, r, false, 6);
+  // tokens split over dp: each rank's loss is the mean over its own tokens (as the forward divides), and so is
+  // its gradient
+  const char* tok = R"(
+mesh: {dp: 2}
+tensors:
+  lg: {shape: [4, 5], placement: {dp: S(0)}}
+  lb: {shape: [4], placement: {dp: S(0)}, dtype: i64}
+  c: {shape: []}
+ops:
+  - {op: CrossEntropyLoss, in: [lg, lb], out: loss}
+  - {op: CrossEntropyGrad, in: [c, lg, lb], out: glg}
+)";
+  Program q = load(tok);
+  for (std::int64_t r = 0; r < 2; ++r) check_fd(q, {2}, nullptr, "lg", dot("loss", "c", {r}), "glg", r, r);
+}
+
+TEST_CASE("gradient kernels: TopKGrad against central differences of TopKGate's weights") {
+  for (int k : {1, 2, 3}) {
+    INFO("k = " << k);
+    Program p = load("mesh: {dp: 1}\ntensors:\n  x: {shape: [3, 5]}\n  c: {shape: [3, " + std::to_string(k) +
+                     "]}\nops:\n  - {op: TopKGate, in: [x], out: [w, idx], k: " + std::to_string(k) + "}\n  - {op: TopKGrad, in: [c, x, idx], out: gx}\n");
+    check_fd(p, {1}, nullptr, "x", dot("w", "c"), "gx");
+  }
+}
+
+TEST_CASE("gradient kernels: MoEGateGrad of a dispatch and of a combine over 2 expert-parallel ranks (with dropped tokens)") {
+  // 4 tokens per rank, k = 2, 4 experts, 2 slots per expert and rank: some choices are dropped (gradient 0)
+  const char* head = R"(
+mesh: {ep: 2}
+tensors:
+  x: {shape: [8, 3], placement: {ep: S(0)}}
+  gi: {shape: [8, 2], placement: {ep: S(0)}, dtype: i64}
+  gw: {shape: [8, 2], placement: {ep: S(0)}}
+  b: {shape: [4, 4, 3], placement: {ep: S(0)}}
+ops:
+)";
+  Program disp = load(std::string(head) + "  - {op: MoEDispatch, in: [x, gi, gw], out: y, axis: ep, buffer: [4, 4]}\n"
+                                          "  - {op: MoEGateGrad, in: [x, b, gi], out: ggw, axis: ep}\n");
+  Program comb = load(std::string(head) + "  - {op: MoECombine, in: [b, gi, gw], out: y, axis: ep}\n"
+                                          "  - {op: MoEGateGrad, in: [x, b, gi], out: ggw, axis: ep}\n");
+  int dropped = 0;
+  for (const Program* p : {&disp, &comb}) {
+    // the loss: sum(x' * y) with x' the coefficient of y's shape (the buffer b for a dispatch, the tokens x for a combine)
+    const char* coef = p == &disp ? "b" : "x";
+    for (std::int64_t r = 0; r < 2; ++r) check_fd(*p, {2}, nullptr, "gw", dot("y", coef, {0, 1}), "ggw", r, r, false, 4);
+    for (bool lanes : {false, true}) {
+      std::optional<num::Lanes> guard;
+      if (lanes) guard.emplace(num::LaneParams{14});
+      Sim one(*p, {2}, true, 4), dist(*p, {2}, false, 4);
+      one.go();
+      dist.go();
+      Tensor g = concat({dist.t("ggw", 0), dist.t("ggw", 1)}, 0);
+      check_close(g, one.t("ggw"), "ggw");
+      CHECK(same_lanes(g, one.t("ggw")));
+      if (!lanes)
+        for (const auto& e : g.data) dropped += e.d == 0;
+    }
+  }
+  CHECK(dropped > 0);
+}
+
+// ---- the field lanes ---------------------------------------------------------------------------------------
+
+namespace {
+
+// The training step of a program (its derived backward after the forward).
+Program step_of(const std::string& yaml) {
+  TrainingCheck t = check_training(load(yaml));
+  REQUIRE(t.built);
+  // the derived backward checks clean (a norm's eps too); the one-rank dp mesh leaves the gradients unsynced, which is no matter here
+  for (const auto& d : t.diags)
+    if (d.id != CheckId::UnsyncedGradient) FAIL_CHECK(d.message);
+  return std::move(t.program);
+}
+
+// Runs `p` on one device with the lanes on (seed), giving the value of `name`.
+Tensor lanes_value(const Program& p, const std::string& name, std::uint64_t seed) {
+  num::Lanes guard({seed});
+  Sim s(p, std::vector<std::int64_t>(p.mesh.size(), 1));
+  s.go();
+  CHECK(!num::trial_failed());
+  return s.t(name);
+}
+
+const char* kHead = "name: t\nmesh: {dp: 1}\ntrain: true\ntensors:\n  x: {shape: [3, 4], param: true}\n  c: {shape: [3, 4]}\n";
+const char* kLoss = "  - {op: Multiply, in: [y, c], out: yc}\n  - {op: Sum, in: [yc], out: loss, dims: [0, 1]}\nloss: loss\n";
+
+}  // namespace
+
+TEST_CASE("gradient lanes: the derived backward of RMSNorm and LayerNorm written from primitives equals NormGrad in every lane") {
+  std::string weight = "  w: {shape: [4], param: true}\n";
+  Program prim = step_of(std::string(kHead) + weight + R"(ops:
+  - {op: Multiply, in: [x, x], out: sq}
+  - {op: Mean, in: [sq], out: ms, dims: [1], keepdim: true}
+  - {op: Add, in: [ms], out: mse, scalar: 1e-5}
+  - {op: Rsqrt, in: [mse], out: r}
+  - {op: Multiply, in: [x, r], out: xn}
+  - {op: Multiply, in: [xn, w], out: y}
+)" + kLoss);
+  Program fused = step_of(std::string(kHead) + weight + "ops:\n  - {op: RMSNorm, in: [x, w], out: y}\n" + kLoss);
+  // LayerNorm as torch code writes it: (x - mean) / sqrt(var + eps), with Sqrt and Div
+  Program ln_prim = step_of(std::string(kHead) + R"(ops:
+  - {op: Mean, in: [x], out: mu, dims: [1], keepdim: true}
+  - {op: Sub, in: [x, mu], out: xc}
+  - {op: Multiply, in: [xc, xc], out: sq}
+  - {op: Mean, in: [sq], out: var, dims: [1], keepdim: true}
+  - {op: Add, in: [var], out: ve, scalar: 0.001}
+  - {op: Sqrt, in: [ve], out: sd}
+  - {op: Div, in: [xc, sd], out: y}
+)" + kLoss);
+  Program ln_fused = step_of(std::string(kHead) + "ops:\n  - {op: LayerNorm, in: [x], out: y, eps: 0.001}\n" + kLoss);
+  int norm_grads = 0;
+  for (const auto& op : fused.ops) norm_grads += op.kind == OpKind::NormGrad;
+  CHECK(norm_grads == 1);
+  for (std::uint64_t seed : {1, 2, 3}) {
+    CHECK(same_lanes(lanes_value(prim, "x.grad", seed), lanes_value(fused, "x.grad", seed)));
+    CHECK(same_lanes(lanes_value(prim, "w.grad", seed), lanes_value(fused, "w.grad", seed)));
+    CHECK(same_lanes(lanes_value(ln_prim, "x.grad", seed), lanes_value(ln_fused, "x.grad", seed)));
+  }
+  // another eps is another function: the lanes see it
+  Program other = step_of(std::string(kHead) + weight + "ops:\n  - {op: RMSNorm, in: [x, w], out: y, eps: 0.001}\n" + kLoss);
+  CHECK(!same_lanes(lanes_value(prim, "x.grad", 1), lanes_value(other, "x.grad", 1)));
+}
+
+TEST_CASE("gradient lanes: the derived backward of Softmax from Exp, Sum and Div equals NormGrad(Softmax) in every lane") {
+  Program prim = step_of(std::string(kHead) + R"(ops:
+  - {op: Exp, in: [x], out: e}
+  - {op: Sum, in: [e], out: s, dims: [1], keepdim: true}
+  - {op: Div, in: [e, s], out: y}
+)" + kLoss);
+  Program fused = step_of(std::string(kHead) + "ops:\n  - {op: Softmax, in: [x], out: y}\n" + kLoss);
+  for (std::uint64_t seed : {4, 5, 6}) CHECK(same_lanes(lanes_value(prim, "x.grad", seed), lanes_value(fused, "x.grad", seed)));
+}
+
+TEST_CASE("gradient lanes: PointwiseGrad equals the composition of its derivative from primitives, and a wrong one differs") {
+  // dy * f'(x) written with the forward ops: Exp -> dy exp(x); Log -> dy / x; Sqrt -> dy sqrt(x) / (2x);
+  // Rsqrt -> dy (-0.5) rsqrt(x) / x
+  std::string head = "mesh: {dp: 1}\ntensors:\n  x: {shape: [3, 4]}\n  dy: {shape: [3, 4]}\nops:\n";
+  struct C {
+    const char* of;
+    const char* prims;
+  };
+  for (C c : {C{"Exp", "  - {op: Exp, in: [x], out: e}\n  - {op: Multiply, in: [dy, e], out: ref}\n"},
+              C{"Log", "  - {op: Div, in: [dy, x], out: ref}\n"},
+              C{"Sqrt", "  - {op: Sqrt, in: [x], out: s}\n  - {op: Multiply, in: [dy, s], out: a}\n  - {op: Multiply, in: [x], out: x2, scalar: 2}\n"
+                        "  - {op: Div, in: [a, x2], out: ref}\n"},
+              C{"Rsqrt", "  - {op: Rsqrt, in: [x], out: s}\n  - {op: Multiply, in: [s], out: a, scalar: -0.5}\n  - {op: Div, in: [a, x], out: b}\n"
+                         "  - {op: Multiply, in: [dy, b], out: ref}\n"}}) {
+    INFO(c.of);
+    Program p = load(head + c.prims + "  - {op: PointwiseGrad, in: [dy, x], out: g, of: " + c.of + "}\n");
+    for (std::uint64_t seed : {7, 8}) CHECK(same_lanes(lanes_value(p, "g", seed), lanes_value(p, "ref", seed)));
+  }
+  // SiLU: the derived backward of x / (1 + exp(-x)) written from Neg, Exp, Add and Div
+  Program silu_prim = step_of(std::string(kHead) + R"(ops:
+  - {op: Neg, in: [x], out: nx}
+  - {op: Exp, in: [nx], out: e}
+  - {op: Add, in: [e], out: d, scalar: 1}
+  - {op: Div, in: [x, d], out: y}
+)" + kLoss);
+  Program silu = step_of(std::string(kHead) + "ops:\n  - {op: SiLU, in: [x], out: y}\n" + kLoss);
+  CHECK(same_lanes(lanes_value(silu_prim, "x.grad", 9), lanes_value(silu, "x.grad", 9)));
+  // Sqrt then Div agrees with Rsqrt then Multiply, backward too (sqrt'(x) = sqrt(x) / (2x))
+  Program by_sqrt = step_of(std::string(kHead) + "ops:\n  - {op: Exp, in: [x], out: e}\n  - {op: Sqrt, in: [e], out: s}\n  - {op: Div, in: [x, s], out: y}\n" + kLoss);
+  Program by_rsqrt = step_of(std::string(kHead) + "ops:\n  - {op: Exp, in: [x], out: e}\n  - {op: Rsqrt, in: [e], out: s}\n  - {op: Multiply, in: [x, s], out: y}\n" + kLoss);
+  CHECK(same_lanes(lanes_value(by_sqrt, "x.grad", 10), lanes_value(by_rsqrt, "x.grad", 10)));
+  // negatives: dy * x is not the gradient of exp; GELU's and ReLU's derivatives are their own random functions
+  Program wrong = load(head + "  - {op: Multiply, in: [dy, x], out: ref}\n  - {op: PointwiseGrad, in: [dy, x], out: g, of: Exp}\n");
+  CHECK(!same_lanes(lanes_value(wrong, "g", 7), lanes_value(wrong, "ref", 7)));
+  Program gr = load(head + "  - {op: PointwiseGrad, in: [dy, x], out: g, of: GELU}\n  - {op: PointwiseGrad, in: [dy, x], out: ref, of: ReLU}\n"
+                           "  - {op: GELU, in: [x], out: gx}\n  - {op: Multiply, in: [dy, gx], out: ref2}\n");
+  CHECK(!same_lanes(lanes_value(gr, "g", 7), lanes_value(gr, "ref", 7)));
+  CHECK(!same_lanes(lanes_value(gr, "g", 7), lanes_value(gr, "ref2", 7)));
+  // a softmax gradient without the rowsum term differs
+  Program sm = load("mesh: {dp: 1}\ntensors:\n  x: {shape: [3, 4]}\n  dy: {shape: [3, 4]}\nops:\n  - {op: Softmax, in: [x], out: y}\n"
+                    "  - {op: NormGrad, in: [dy, y], out: g, of: Softmax}\n  - {op: Multiply, in: [dy, y], out: ref}\n");
+  CHECK(!same_lanes(lanes_value(sm, "g", 7), lanes_value(sm, "ref", 7)));
+}
