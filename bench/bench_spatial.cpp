@@ -12,7 +12,7 @@
 //        spmd_bench --backward [OPS...]  (derive the backward of the transformer and check the training step)
 //        spmd_bench --training-yaml OPS > f.yaml (the training program as YAML: `spmdcheck check f.yaml` end to end)
 //        spmd_bench --training-json OPS > f.json (the same training program as JSON, the form a generator writes)
-//        spmd_bench --equiv-llama LAYERS [bug] > f.yaml (issue 11: a Llama stack on {dp: 2, tp: 8, cp: 2} with its
+//        spmd_bench --equiv-llama LAYERS [bug] [train] > f.yaml (issue 11: a Llama stack on {dp: 2, tp: 8, cp: 2} with its
 //                   single-device `spec:`, for `spmdcheck equiv`; `bug`: the attention scale applied twice)
 //        spmd_bench --ranks-local [RANKS...] (spatial and temporal check of per-rank programs with rank-local names)
 //        spmd_bench --ranks-local-yaml RANKS > f.yaml (the same program as YAML)
@@ -124,8 +124,10 @@ int main(int argc, char** argv) {
                 ms(t2, t3), peak_rss_mib());
     return 0;
   }
-  if ((argc == 3 || argc == 4) && std::string(argv[1]) == "--equiv-llama") {
-    std::fputs(spmd::bench::make_equiv_llama_yaml(std::max(1, std::atoi(argv[2])), argc == 4 && std::string(argv[3]) == "bug").c_str(), stdout);
+  if (argc >= 3 && argc <= 5 && std::string(argv[1]) == "--equiv-llama") {
+    bool bug = false, train = false;
+    for (int a = 3; a < argc; ++a) bug |= std::string(argv[a]) == "bug", train |= std::string(argv[a]) == "train";
+    std::fputs(spmd::bench::make_equiv_llama_yaml(std::max(1, std::atoi(argv[2])), bug, train).c_str(), stdout);
     return 0;
   }
   if (argc == 3 && (std::string(argv[1]) == "--training-yaml" || std::string(argv[1]) == "--training-json")) {

@@ -144,6 +144,8 @@ struct Setup {
   // NameId -> cut index or -1, for the plan's names and the model's.
   std::vector<int> plan_cut, model_cut;
   std::vector<int> plan_last, model_last;  // NameId -> the last op writing it (-1: none)
+  // Training pairs: the ops [first, last) of each program that are a derived backward (for messages).
+  std::pair<std::size_t, std::size_t> plan_bwd{0, 0}, model_bwd{0, 0};
   int n_cuts = 0;
 };
 
@@ -155,9 +157,10 @@ void cut_lanes(Tensor& t, int c) {
   for (auto& e : t.data) {
     Num r;  // no log part, degree 1
     r.d = e.d;
+    r.tag = static_cast<std::uint32_t>(c) + 1;  // downstream random functions are this stage's own
     for (int l = 0; l < kLanes; ++l) {
       Fp x = e.pure(l);
-      r.f[l] = num::rf(kCutKey + static_cast<std::uint64_t>(c), &x, 1, l);
+      r.f[l] = num::rf(kCutKey + static_cast<std::uint64_t>(c), &x, 1, l, r.tag);
     }
     r.deg = 1;
     e = r;
@@ -441,11 +444,13 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   int named = -1;
   for (std::size_t oi = 0; oi < p.ops.size() && named < 0; ++oi) {
     if (!in_cone[oi] || run.plan_vals[oi].empty() || p.ops[oi].n_out == 0) continue;
-    NameId want = counterpart[static_cast<std::size_t>(p.outs(p.ops[oi])[0])];
-    if (want < 0) continue;
+    NameId out = p.outs(p.ops[oi])[0];
+    NameId want = counterpart[static_cast<std::size_t>(out)];
+    // a name's final values are compared (a gradient accumulated in place is partial before its last write)
+    if (want < 0 || s.plan_last[static_cast<std::size_t>(out)] != static_cast<int>(oi)) continue;
     std::vector<SpecValue> own;
     for (const auto& sv : table)
-      if (sv.name == want) own.push_back(sv);
+      if (sv.name == want && (sv.op < 0 || sv.op == s.model_last[static_cast<std::size_t>(want)])) own.push_back(sv);
     if (!own.empty() && !match(s, own, run.plan_vals[oi][0])) named = static_cast<int>(oi), c.named = want;
   }
   int first = frontier >= 0 ? frontier : fallback;
@@ -457,9 +462,7 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   NameId out0 = p.outs(op).empty() ? -1 : p.outs(op)[0];
   for (const auto& l : p.lineage)
     if (l.plan == out0) out0 = l.spec;
-  for (std::size_t mi = 0; mi < s.model.ops.size() && c.spec_op < 0; ++mi)
-    for (NameId n : s.model.outs(s.model.ops[mi]))
-      if (n == out0) c.spec_op = static_cast<int>(mi);
+  if (out0 >= 0) c.spec_op = s.model_last[static_cast<std::size_t>(out0)];  // the op that writes its final value
   if (c.spec_op < 0) {
     for (std::size_t mi = 0; mi < s.model.ops.size() && c.spec_op < 0; ++mi) {
       const Op& mo = s.model.ops[mi];
@@ -484,13 +487,23 @@ std::string op_text(const Program& p, const Op& op) {
   return s;
 }
 
+// The same, saying when the op is part of a derived backward (its line is the forward op's).
+std::string op_text(const Setup& s, bool model, const Op& op) {
+  const Program& p = model ? s.model : s.p;
+  std::string t = op_text(p, op);
+  auto i = static_cast<std::size_t>(&op - p.ops.data());
+  auto [from, to] = model ? s.model_bwd : s.plan_bwd;
+  if (i < p.ops.size() && i >= from && i < to) t += " (in the derived backward of the op on this line)";
+  return t;
+}
+
 constexpr int kMaxAttempts = 8;
 constexpr double kLog2Target = -40;
 
-// log2 of one trial's false-agreement probability: per lane eps = (U(U-1)/2 + 1) D / p (docs/equivalence.md), two
-// independent lanes multiply.
-double trial_log2_bound(std::uint64_t degree, std::uint64_t uf) {
-  double u = static_cast<double>(uf), pairs = u * (u - 1) / 2 + 1, d = static_cast<double>(std::max<std::uint64_t>(degree, 1));
+// log2 of one trial's false-agreement probability: per lane eps = (sum over stage tags of U_t(U_t-1)/2 + 1) D / p
+// (docs/equivalence.md), two independent lanes multiply.
+double trial_log2_bound(std::uint64_t degree) {
+  double pairs = num::uf_pairs() + 1, d = static_cast<double>(std::max<std::uint64_t>(degree, 1));
   double total = 0;
   for (int l = 0; l < kLanes; ++l) total += std::min(0.0, std::log2(pairs) + std::log2(d) - std::log2(static_cast<double>(num::prime(l))));
   return total;
@@ -579,7 +592,7 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
         rdiff->what);
     if (c.op >= 0) {
       const Op& op = p.ops[static_cast<std::size_t>(c.op)];
-      d.notes.push_back({op.loc, "the first plan op whose exact value matches no spec value: " + op_text(p, op)});
+      d.notes.push_back({op.loc, "the first plan op whose exact value matches no spec value: " + op_text(s, false, op)});
     }
     res.verdict = EquivVerdict::Unknown;
     res.message = d.message;
@@ -598,17 +611,17 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
     d.loc = op.loc;
     d.op = c.op;
     d.tensor = p.outs(op).empty() ? d.tensor : p.name(p.outs(op)[0]);
-    d.message = fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, {}", rdiff->what, op_text(p, op),
+    d.message = fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, {}", rdiff->what, op_text(s, false, op),
                             c.named >= 0 ? "whose value differs from the spec's " + p.name(c.named) + " by every placement"
                                          : std::string("whose value matches no value of the spec"));
     if (c.spec_op >= 0) {
       const Op& mo = s.model.ops[static_cast<std::size_t>(c.spec_op)];
-      d.notes.push_back({mo.loc, "the spec computes it here: " + op_text(s.model, mo)});
+      d.notes.push_back({mo.loc, "the spec computes it here: " + op_text(s, true, mo)});
     }
     if (c.frontier >= 0) {
       const Op& fo = p.ops[static_cast<std::size_t>(c.frontier)];
       d.notes.push_back({fo.loc, fmt::format("the first value on the way with no counterpart in the spec is {}: the difference arises between there and line {}",
-                                             op_text(p, fo), op.loc.line)});
+                                             op_text(s, false, fo), op.loc.line)});
     }
     d.notes.push_back({shown.loc, fmt::format("output {} is compared here, read by its placement", p.name(shown.plan))});
   } else {
@@ -636,9 +649,9 @@ const char* equiv_verdict_name(EquivVerdict v) {
 
 namespace {
 
-// The check of a plan/spec pair (a forward program, or the training steps of equiv/training.h). `pending` (per
-// NameId, optional): values the plan holds as a pending sum at their last write, which are never stage cuts.
-EquivResult check_pair(const Program& p, const EquivOptions& opt, const std::vector<char>* pending) {
+// The check of a plan/spec pair: a forward program, or (with `pending`) the training steps of equiv/training.h, whose
+// `pending` names (a pending sum at their last write) are never stage cuts.
+EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_detail::TrainingPair* pending) {
   EquivResult res;
   auto skip = [&](std::string why) {
     res.verdict = EquivVerdict::Skipped;
@@ -667,7 +680,8 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const std::vec
   for (const auto& op : p.ops)
     if (op.kind == OpKind::Reinterpret)
       return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
-  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, 0};
+  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, 0};
+  if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd;
   s.oo.seed = opt.seed;
   auto insts = instantiations(p, s.oo);
   if (insts.empty()) return skip("no small instantiation of the sizes fits the interpreter");
@@ -723,7 +737,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const std::vec
     for (const auto& t : p.tensors) excluded[static_cast<std::size_t>(t.name)] = 1;
     for (const auto& l : links) excluded[static_cast<std::size_t>(l.plan)] = excluded[static_cast<std::size_t>(l.spec)] = 1;
     if (pending)
-      for (std::size_t n = 0; n < p.names.size() && n < pending->size(); ++n) excluded[n] |= (*pending)[n];
+      for (std::size_t n = 0; n < p.names.size() && n < pending->pending.size(); ++n) excluded[n] |= pending->pending[n];
     std::vector<NameId> spec_of(p.names.size());
     for (std::size_t n = 0; n < p.names.size(); ++n) spec_of[n] = static_cast<NameId>(n);
     for (const auto& l : p.lineage) spec_of[static_cast<std::size_t>(l.plan)] = l.spec;
@@ -828,7 +842,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const std::vec
     ++trials;
     std::uint64_t uf = num::uf_evaluations();
     max_degree = std::max(max_degree, degree), max_uf = std::max(max_uf, uf);
-    log2_bound += trial_log2_bound(degree, uf);
+    log2_bound += trial_log2_bound(degree);
   }
   std::string scope = scope_text(p);
   if (const Op* choice = value_choice(p)) {
@@ -875,7 +889,7 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   if (p.loss < 0 || !(p.train || p.has_backward)) return check_pair(p, opt, nullptr);
   // A training program: the plan's training step against the spec's (its gradients compared too).
   equiv_detail::TrainingPair tp = equiv_detail::training_pair(p);
-  if (tp.ok) return check_pair(tp.program, opt, &tp.pending);
+  if (tp.ok) return check_pair(tp.program, opt, &tp);
   EquivResult res = check_pair(p, opt, nullptr);
   if (res.verdict != EquivVerdict::Equivalent) return res;
   res.verdict = EquivVerdict::Unknown;

@@ -101,6 +101,7 @@ TrainingPair training_pair(const Program& p) {
     }
   }
   std::vector<Op> plan_ops = without_relabels(t.ops, tc.first_relabel, tc.first_sync);
+  if (!p.has_backward) r.plan_bwd = {tc.first_backward, tc.first_relabel};
   NameId plan_seed = seed.name;
   Program c;
   if (p.has_spec) {
@@ -159,6 +160,8 @@ TrainingPair training_pair(const Program& p) {
         m.attrs.has_number = true;
         s.add_op(spec_ops, m, std::span<const NameId>(&g.name, 1), std::span<const NameId>(&g.name, 1));
       }
+    std::size_t shift = prologue.size();
+    r.spec_bwd = {sc.first_backward + shift, sc.first_relabel + shift};
     c = std::move(s);
     c.ops = std::move(plan_ops);
     c.spec_ops = std::move(spec_ops);

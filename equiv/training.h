@@ -9,6 +9,7 @@
 // gradients move no data and are left out.
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ir/program.h"
@@ -20,6 +21,7 @@ struct TrainingPair {
   std::string why;               // when not ok: why the gradients cannot be compared
   Program program;               // the pair: ops = the plan's step, spec_ops = the spec's (or none: its own step)
   std::vector<char> pending;     // per NameId: the plan's last write is a pending sum somewhere (never a stage cut)
+  std::pair<std::size_t, std::size_t> plan_bwd{0, 0}, spec_bwd{0, 0};  // the ops of each that are a derived backward
 };
 
 // `p` has `loss:` and `train: true` (or a hand-written `backward:`). Throws nothing: a backward that cannot be

@@ -121,11 +121,21 @@ Fp from_double(double x, int l) {
   return x < 0 ? fneg(v, l) : v;
 }
 
-Fp rf(std::uint64_t key, const Fp* args, int n, int l) {
-  if (l == 0) ++ctx.uf_evals;
-  std::uint64_t h = splitmix(ctx.key[l] ^ key);
+Fp rf(std::uint64_t key, const Fp* args, int n, int l, std::uint32_t tag) {
+  if (l == 0) {
+    ++ctx.uf_evals;
+    if (ctx.tag_evals.size() <= tag) ctx.tag_evals.resize(std::size_t{tag} + 1, 0);
+    ++ctx.tag_evals[tag];
+  }
+  std::uint64_t h = splitmix(ctx.key[l] ^ key ^ (tag ? splitmix(0x7a9ULL + tag) : 0));
   for (int i = 0; i < n; ++i) h = splitmix(h ^ args[i]) + static_cast<std::uint64_t>(i);
   return splitmix(h) % ctx.p[l];
+}
+
+double uf_pairs() {
+  double pairs = 0;
+  for (std::uint64_t u : ctx.tag_evals) pairs += static_cast<double>(u) * (static_cast<double>(u) - 1) / 2;
+  return pairs;
 }
 
 Lanes::Lanes(const LaneParams& params) : saved_(ctx) {
@@ -195,35 +205,43 @@ void mul_lane(Num& r, const Num& a, const Num& b, bool div, int l) {
 }  // namespace
 
 void lanes_add(Num& r, const Num& a, const Num& b) {
+  r.tag = std::max(a.tag, b.tag);
   for (int l = 0; l < kLanes; ++l) add_lane(r, a, b, false, l);
   r.deg = add_deg(a, b);
 }
 
 void lanes_sub(Num& r, const Num& a, const Num& b) {
+  r.tag = std::max(a.tag, b.tag);
   for (int l = 0; l < kLanes; ++l) add_lane(r, a, b, true, l);
   r.deg = add_deg(a, b);
 }
 
 void lanes_neg(Num& r, const Num& a) {
+  r.tag = a.tag;
   for (int l = 0; l < kLanes; ++l) r.f[l] = fneg(a.f[l], l), r.y[l] = a.y[l] == 1 ? 1 : finv(a.y[l], l), r.k[l] = a.k[l];
   r.deg = a.deg;
 }
 
 void lanes_mul(Num& r, const Num& a, const Num& b) {
+  r.tag = std::max(a.tag, b.tag);
   for (int l = 0; l < kLanes; ++l) mul_lane(r, a, b, false, l);
   r.deg = sat(std::uint64_t{a.deg} + b.deg);
 }
 
 void lanes_div(Num& r, const Num& a, const Num& b) {
+  r.tag = std::max(a.tag, b.tag);
   for (int l = 0; l < kLanes; ++l) mul_lane(r, a, b, true, l);
   r.deg = sat(std::uint64_t{a.deg} + b.deg);
 }
 
 void lanes_fn(Fn fn, Num& r, const Num& a) {
   auto key = static_cast<std::uint64_t>(fn);
+  const std::uint32_t tag = a.tag;
+  r.tag = tag;
   auto copy = [&](const Num& v) {
     for (int l = 0; l < kLanes; ++l) r.f[l] = v.f[l], r.y[l] = v.y[l], r.k[l] = v.k[l];
     r.deg = v.deg;
+    r.tag = v.tag;
   };
   switch (fn) {
     case Fn::Exp:
@@ -231,7 +249,7 @@ void lanes_fn(Fn fn, Num& r, const Num& a) {
       for (int l = 0; l < kLanes; ++l) {
         // exp(f + log y) = E(f) y; a log part with another coefficient is made pure first
         Fp f = a.y[l] == 1 || a.k[l] == 1 ? a.f[l] : a.pure(l), y = a.y[l] == 1 || a.k[l] == 1 ? a.y[l] : 1;
-        Fp e = f == 0 ? 1 : rf(key, &f, 1, l);
+        Fp e = f == 0 ? 1 : rf(key, &f, 1, l, tag);
         r.f[l] = fmul(e, y, l), r.y[l] = 1;
       }
       r.deg = any_log(a) ? sat(std::uint64_t{a.deg} + 1) : 1;
@@ -248,7 +266,7 @@ void lanes_fn(Fn fn, Num& r, const Num& a) {
     case Fn::Rsqrt:
       for (int l = 0; l < kLanes; ++l) {
         Fp x = a.pure(l);
-        Fp s = rf(static_cast<std::uint64_t>(Fn::Sqrt), &x, 1, l);  // rsqrt(x) = 1 / sqrt(x)
+        Fp s = rf(static_cast<std::uint64_t>(Fn::Sqrt), &x, 1, l, tag);  // rsqrt(x) = 1 / sqrt(x)
         r.f[l] = fn == Fn::Sqrt ? s : finv(s, l), r.y[l] = 1;
       }
       r.deg = 1;
@@ -259,7 +277,7 @@ void lanes_fn(Fn fn, Num& r, const Num& a) {
     case Fn::Sin:
       for (int l = 0; l < kLanes; ++l) {
         Fp x = a.pure(l), x2 = fmul(x, x, l);
-        Fp t = fmul(x, rf(kTanHalf, &x2, 1, l), l), t2 = fmul(t, t, l);
+        Fp t = fmul(x, rf(kTanHalf, &x2, 1, l, tag), l), t2 = fmul(t, t, l);
         Fp inv = finv(fadd(1, t2, l), l);
         r.f[l] = fmul(fn == Fn::Cos ? fsub(1, t2, l) : fadd(t, t, l), inv, l), r.y[l] = 1;
       }
@@ -271,7 +289,7 @@ void lanes_fn(Fn fn, Num& r, const Num& a) {
     case Fn::Abs:
       for (int l = 0; l < kLanes; ++l) {
         Fp x = a.pure(l);
-        r.f[l] = rf(key, &x, 1, l), r.y[l] = 1;
+        r.f[l] = rf(key, &x, 1, l, tag), r.y[l] = 1;
       }
       r.deg = 1;
       return;
@@ -281,9 +299,12 @@ void lanes_fn(Fn fn, Num& r, const Num& a) {
 void lanes_uf(std::uint64_t key, Num& r, const Num* const* args, int n) {
   Fp xs[8];
   n = std::min(n, 8);
+  std::uint32_t tag = 0;
+  for (int i = 0; i < n; ++i) tag = std::max(tag, args[i]->tag);
+  r.tag = tag;
   for (int l = 0; l < kLanes; ++l) {
     for (int i = 0; i < n; ++i) xs[i] = args[i]->pure(l);
-    r.f[l] = rf(key, xs, n, l), r.y[l] = 1;
+    r.f[l] = rf(key, xs, n, l, tag), r.y[l] = 1;
   }
   r.deg = 1;
 }
@@ -292,9 +313,10 @@ void lanes_max(Num& r, const Num& a, const Num& b, bool max) {
   bool same = true;
   Fp pa[kLanes], pb[kLanes];
   for (int l = 0; l < kLanes; ++l) pa[l] = a.pure(l), pb[l] = b.pure(l), same &= pa[l] == pb[l];
+  r.tag = std::max(a.tag, b.tag);
   for (int l = 0; l < kLanes; ++l) {
     Fp xs[2] = {std::min(pa[l], pb[l]), std::max(pa[l], pb[l])};  // symmetric
-    r.f[l] = same ? pa[l] : rf(max ? kMax : kMin, xs, 2, l), r.y[l] = 1;
+    r.f[l] = same ? pa[l] : rf(max ? kMax : kMin, xs, 2, l, r.tag), r.y[l] = 1;
   }
   r.deg = same ? std::max(a.deg, b.deg) : 1;
 }
@@ -318,13 +340,14 @@ void lanes_pick(Num& r, const Num& a, const Num& b, bool max) {
   const Num& c = take_a ? a : b;
   for (int l = 0; l < kLanes; ++l) r.f[l] = c.f[l], r.y[l] = c.y[l], r.k[l] = c.k[l];
   r.deg = c.deg;
+  r.tag = c.tag;
 }
 
 }  // namespace num
 
 Fp Num::pure(int lane) const {
   if (y[lane] == 1) return f[lane];
-  return num::fadd(f[lane], num::fmul(k[lane], num::rf(num::kLogKey, &y[lane], 1, lane), lane), lane);
+  return num::fadd(f[lane], num::fmul(k[lane], num::rf(num::kLogKey, &y[lane], 1, lane, tag), lane), lane);
 }
 
 void Num::set_constant(double x) {

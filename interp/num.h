@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace spmd::interp {
 
@@ -31,6 +32,7 @@ struct Context {
   Fp p[kLanes] = {0, 0};         // the primes
   std::uint64_t key[kLanes] = {0, 0};  // random function keys
   std::uint64_t uf_evals = 0;    // random function evaluations (the error bound needs them)
+  std::vector<std::uint64_t> tag_evals;  // the same per stage tag (docs/equivalence.md, "Stages")
 };
 extern constinit thread_local Context ctx;
 
@@ -49,6 +51,9 @@ class Lanes {
 inline bool trial_failed() { return ctx.failed; }
 inline void clear_failed() { ctx.failed = false; }
 inline std::uint64_t uf_evaluations() { return ctx.uf_evals; }
+// Pairs of random-function evaluations that share a stage tag (so a key): sum over tags of U_t (U_t - 1) / 2. Only
+// such pairs can collide (evaluations under different tags use independent functions).
+double uf_pairs();
 inline Fp prime(int lane) { return ctx.p[lane]; }
 
 // Field arithmetic in lane `l` (the context's prime).
@@ -69,8 +74,9 @@ bool is_prime(std::uint64_t n);
 // relative, else the double's exact dyadic value (non-finite: 0).
 Fp from_double(double x, int l);
 Fp from_int(std::int64_t v, int l);
-// A random function of (key, args) in lane l: a keyed hash reduced modulo the prime; counts an evaluation.
-Fp rf(std::uint64_t key, const Fp* args, int n, int l);
+// A random function of (key, stage tag, args) in lane l: a keyed hash reduced modulo the prime; counts an
+// evaluation under its tag. Tag 0 is the unstaged key (tags come from stage cuts, see Num::tag).
+Fp rf(std::uint64_t key, const Fp* args, int n, int l, std::uint32_t tag = 0);
 
 // A function key from its name (FNV-1a), for uf().
 constexpr std::uint64_t key_of(std::string_view s) {
@@ -81,11 +87,16 @@ constexpr std::uint64_t key_of(std::string_view s) {
 
 }  // namespace num
 
-struct Num {
+struct Num {  // 64 bytes: d, f, y, deg, tag, k
   double d = 0;
   Fp f[kLanes] = {0, 0};
   Fp y[kLanes] = {1, 1};
   std::uint32_t deg = 0;
+  // The stage tag: the largest stage cut this value depends on (0: none; docs/equivalence.md, "Stages"). Random
+  // functions are keyed by their argument's tag, so each stage evaluates its own independent functions and the
+  // error bound counts colliding pairs per stage. Any deterministic tag is sound (a formal identity holds for every
+  // choice of the functions, so for the real one in all of them); equal tags in plan and spec keep completeness.
+  std::uint32_t tag = 0;
   // The coefficient of the log part: lane i means f + k log(y) (k = 1 when y = 1). Multiplying or dividing by a
   // value with no log part scales k, so a mean of log-sum-exps (a loss averaged per microbatch, then over the
   // microbatches) keeps its log part and equals the mean over all tokens (an extension of EQUIV.md's struct).
@@ -265,5 +276,7 @@ inline Num uf(std::uint64_t key, double d, const Num& a, const Num& b) {
     num::lanes_uf(key, r, args, 2);
   return r;
 }
+
+static_assert(sizeof(Num) == 64, "Num: one cache line");
 
 }  // namespace spmd::interp
