@@ -159,7 +159,7 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
 
 struct TrainTally {
   int generated = 0, discarded = 0, evaluated = 0, caught_by_types = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0;
-  int differs = 0, false_equivalent = 0, false_mismatch = 0, fixed_differs = 0, fixed_unproved = 0, truth_failed = 0, compared = 0;
+  int differs = 0, clean = 0, clean_equivalent = 0, false_equivalent = 0, false_mismatch = 0, fixed_differs = 0, fixed_unproved = 0, truth_failed = 0, compared = 0;
   std::map<std::string, int> discards, unproved;
   struct PerClass {
     int n = 0, not_applicable = 0, types = 0, mismatch = 0, unproved = 0, equivalent = 0, harmless = 0, missed = 0;
@@ -239,7 +239,7 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
         ++pc.unproved;
         if (verbose) std::printf("MISSED (%s, %s): %s\n---\n%s---\n", buggy.mistake.c_str(), equiv_verdict_name(r.verdict), r.message.c_str(), text.c_str());
       }
-    } else if (tr.differs) {
+    } else if ((++t.clean, r.verdict == EquivVerdict::Equivalent && ++t.clean_equivalent, tr.differs)) {
       ++t.fixed_differs;
       if (verbose || t.fixed_differs <= 3) std::printf("MISTAKE-FREE PROGRAM DIFFERS (%s): %s; truth: %s\n---\n%s---\n", equiv_verdict_name(r.verdict), r.message.c_str(), tr.what.c_str(), text.c_str());
     } else if (r.verdict != EquivVerdict::Equivalent) {
@@ -254,6 +254,7 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
               "%d where the ground truth cannot run\n",
               t.generated, t.discarded, t.caught_by_types, t.evaluated, t.equivalent, t.mismatch, t.unknown, t.skipped, t.differs, t.compared, t.false_equivalent,
               t.false_mismatch, t.fixed_differs, t.fixed_unproved, t.truth_failed);
+  std::printf("  mistake-free programs run: %d, %d of them equivalent\n", t.clean, t.clean_equivalent);
   for (const auto& [m, c] : t.per)
     std::printf("  mistake x%d: %s: %d by the type checks, %d value-mismatch, %d not proved, %d equivalent, %d numerically harmless (%d more not applicable)\n", c.n,
                 m.c_str(), c.types, c.mismatch, c.unproved, c.equivalent, c.harmless, c.not_applicable);
