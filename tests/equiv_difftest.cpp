@@ -160,7 +160,7 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
 struct TrainTally {
   int generated = 0, discarded = 0, evaluated = 0, caught_by_types = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0;
   int differs = 0, clean = 0, clean_equivalent = 0, false_equivalent = 0, false_mismatch = 0, fixed_differs = 0, fixed_unproved = 0, truth_failed = 0, compared = 0;
-  std::map<std::string, int> discards, unproved;
+  std::map<std::string, int> discards, unproved, features;
   struct PerClass {
     int n = 0, not_applicable = 0, types = 0, mismatch = 0, unproved = 0, equivalent = 0, harmless = 0, missed = 0;
   };
@@ -206,6 +206,9 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
       continue;
     }
     ++t.evaluated;
+    for (const char* f : {"op: ReduceScatter", "op: AllGather", "dst: I", "op: Convert", "op: LossScale", "op: Concat", "op: Reshape", "grad_sync:", "scalar: 0.25}",
+                          "tp: S(1)", "cp: S(0)"})
+      t.features[f] += text.find(f) != std::string::npos;
     EquivResult r = check_equivalence(p);
     test::Truth tr = test::gradient_truth(p);
     t.compared += tr.compared;
@@ -255,6 +258,9 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
               t.generated, t.discarded, t.caught_by_types, t.evaluated, t.equivalent, t.mismatch, t.unknown, t.skipped, t.differs, t.compared, t.false_equivalent,
               t.false_mismatch, t.fixed_differs, t.fixed_unproved, t.truth_failed);
   std::printf("  mistake-free programs run: %d, %d of them equivalent\n", t.clean, t.clean_equivalent);
+  std::string feats;
+  for (const auto& [f, k] : t.features) feats += fmt::format("{}'{}' {}", feats.empty() ? "" : ", ", f, k);
+  std::printf("  programs run that contain: %s\n", feats.c_str());
   for (const auto& [m, c] : t.per)
     std::printf("  mistake x%d: %s: %d by the type checks, %d value-mismatch, %d not proved, %d equivalent, %d numerically harmless (%d more not applicable)\n", c.n,
                 m.c_str(), c.types, c.mismatch, c.unproved, c.equivalent, c.harmless, c.not_applicable);

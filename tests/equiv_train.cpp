@@ -40,7 +40,7 @@ const char* const kMistakes[] = {
 };
 constexpr int kFirstSync = 7, kClasses = 14;
 
-enum class Tp { None, I, R, S };
+enum class Tp { None, I, R, S, Q };  // Q: sequence parallel, the token dim S(0) over tp (Megatron SP)
 
 struct Act {
   std::string pv, sv;
@@ -55,7 +55,7 @@ struct Gen {
   bool injected = false;
   std::vector<std::string> axes;
   std::vector<int> n;
-  int tp_n = 0;
+  int tp_n = 0, nd = 1;  // nd: how many blocks dp and cp cut the token dim into
   std::vector<std::string> dsh;  // dp/cp axes that shard the token dim
   std::string tensors, plan, spec;
   int counter = 0, squares = 0;
@@ -75,7 +75,8 @@ struct Gen {
   std::string tp_pl(Tp t, int sdim) const {
     switch (t) {
       case Tp::None:
-      case Tp::R: return "";
+      case Tp::R:
+      case Tp::Q: return "";
       case Tp::I: return "tp: I";
       case Tp::S: return fmt::format("tp: S({})", sdim);
     }
@@ -110,6 +111,15 @@ struct Gen {
         both("MatMul", ", " + w, ", " + w);
         break;
       }
+      case Tp::Q: {  // sequence parallel: the all-gather of the tokens, then a column-parallel linear
+        std::string r = fresh("p");
+        plan_op("AllGather", cur.pv, r, ", axis: tp, dim: 0");
+        cur.pv = r;
+        std::string w = param(shape, "tp: S(1)");
+        both("MatMul", ", " + w, ", " + w);
+        cur.tp = Tp::S;
+        break;
+      }
       case Tp::I:
       case Tp::R:
         if (coin(0.6)) {  // column-parallel (Megatron's f before it when the input is I)
@@ -133,6 +143,11 @@ struct Gen {
         plan_op("MatMul", cur.pv + ", " + w, p);
         spec_op("MatMul", cur.sv + ", " + w, s);
         bool to_i = coin(0.7);
+        if (cur.t % (nd * tp_n) == 0 && coin(0.5)) {  // sequence parallel: reduce-scatter the tokens
+          plan_op("ReduceScatter", p, y, ", axis: tp, dim: 0");
+          cur.pv = y, cur.sv = s, cur.tp = Tp::Q;
+          break;
+        }
         if (here(6)) plan_op("Reinterpret", p, y, fmt::format(", axis: tp, to: {}", to_i ? "I" : "R"));
         else plan_op("AllReduce", p, y, to_i ? ", axis: tp, dst: I" : ", axis: tp");
         cur.pv = y, cur.sv = s, cur.tp = to_i ? Tp::I : Tp::R;
@@ -169,6 +184,7 @@ struct Gen {
   void step(bool force_scale, bool force_concat) {
     if (force_scale) return scale(true);
     if (force_concat) return concat(true);
+    if (cur.tp == Tp::S && coin(0.5)) return linear(), stash.push_back(cur);  // a column-parallel linear is usually followed by its row-parallel one
     switch (pick(10)) {
       case 0:
       case 1: linear(); break;
@@ -228,7 +244,7 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
   int T = 4 << g.pick(2), H = 2 << g.pick(2);
   std::vector<std::string> xpl;
   for (const auto& a : g.axes)
-    if (a != "tp" && g.coin(0.85)) g.dsh.push_back(a), xpl.push_back(a + ": S(0)");
+    if (a != "tp" && g.coin(0.85)) g.dsh.push_back(a), xpl.push_back(a + ": S(0)"), g.nd *= 2;
   if (g.tp_n) xpl.push_back(g.coin(0.8) ? "tp: I" : "");
   g.tensors = fmt::format("  x: {{shape: [{}, {}], placement: {}}}\n", T, H, placement_text(xpl));
   g.cur = {"x", "x", T, H, g.tp_n ? (xpl.back().empty() ? Tp::R : Tp::I) : Tp::None};
@@ -239,10 +255,11 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
   // Every program has a parameter: a last linear when none was drawn.
   if (g.tensors.find("param: true") == std::string::npos) g.linear();
   // Resolve tp for the loss.
-  if (g.cur.tp == Tp::S) {
+  if (g.cur.tp == Tp::S || g.cur.tp == Tp::Q) {
     bool to_i = g.coin(0.7);
     std::string p = g.fresh("p");
-    g.plan_op("AllGather", g.cur.pv, p, to_i ? ", axis: tp, dim: 1, dst: I" : ", axis: tp, dim: 1");
+    const char* dim = g.cur.tp == Tp::S ? "1" : "0";
+    g.plan_op("AllGather", g.cur.pv, p, fmt::format(", axis: tp, dim: {}{}", dim, to_i ? ", dst: I" : ""));
     g.cur.pv = p, g.cur.tp = to_i ? Tp::I : Tp::R;
   }
   // The loss: Mean or Sum over all dims; P over the sharding axes, then left (DDP), all-reduced, or LossScale'd.
@@ -258,8 +275,8 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
   g.plan_op(plan_mean ? "Mean" : "Sum", g.cur.pv, l0, dims);
   g.spec_op(spec_mean_w ? "Mean" : "Sum", g.cur.sv, "loss", dims);
   std::string axis_list;
-  int nd = 1;
-  for (std::size_t k = 0; k < g.dsh.size(); ++k) axis_list += (k ? ", " : "") + g.dsh[k], nd *= 2;
+  int nd = g.nd;
+  for (std::size_t k = 0; k < g.dsh.size(); ++k) axis_list += (k ? ", " : "") + g.dsh[k];
   std::vector<std::string> lpl;
   std::string cur = l0;
   if (mode == 1) {
