@@ -209,6 +209,14 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
     for (const char* f : {"op: ReduceScatter", "op: AllGather", "dst: I", "op: Convert", "op: LossScale", "op: Concat", "op: Reshape", "grad_sync:", "scalar: 0.25}",
                           "tp: S(1)", "cp: S(0)"})
       t.features[f] += text.find(f) != std::string::npos;
+    {
+      std::map<NameId, int> uses;
+      for (const auto& op : p.ops)
+        for (NameId n : p.ins(op)) ++uses[n];
+      bool tied = false;
+      for (const auto& d : p.tensors) tied |= d.param && uses[d.name] > 1;
+      t.features["tied weight"] += tied;
+    }
     EquivResult r = check_equivalence(p);
     test::Truth tr = test::gradient_truth(p);
     t.compared += tr.compared;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <random>
 
 #include "autograd/autograd.h"
@@ -82,8 +83,13 @@ struct Gen {
     }
     return "";
   }
+  std::map<std::string, std::string> params;  // shape + placement -> a parameter, for tied weights
   std::string param(const std::string& shape, const std::string& pl) {
+    std::string key = shape + " " + pl;
+    bool tie = coin(0.3);
+    if (auto it = params.find(key); it != params.end() && tie) return it->second;  // used again: its gradient accumulates
     std::string w = fresh("w");
+    params[key] = w;
     tensors += fmt::format("  {}: {{shape: {}, placement: {{{}}}, param: true}}\n", w, shape, pl);
     return w;
   }

@@ -2,7 +2,7 @@
 // their gradients (the differential test of training equivalence, `spmd_equiv_difftest --train N`).
 //
 // generate_train(seed, bug) draws a small layer stack (column/row-parallel and replicated linears, biases, gains,
-// squares, scales, residuals, Concat, Slice, Reshape) over a 1-3 axis mesh (dp, cp, tp), a scalar loss (Mean or
+// squares, scales, residuals, Concat, Slice, Reshape, sequence-parallel regions, tied weights) over a 1-3 axis mesh (dp, cp, tp), a scalar loss (Mean or
 // Sum, left P over dp/cp as DDP does, all-reduced, or normalized by LossScale) and its spec. The same seed with
 // bug = false and bug = true gives the same program except for the injected mistake (`mistake` names it).
 // The grad_sync is the one the type checker asks for (its unsynced-gradient fixes), optionally in DeepSpeed's
