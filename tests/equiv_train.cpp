@@ -24,20 +24,20 @@ namespace {
 
 // The mistake classes; the first ones are in the forward, those from kFirstSync on in the grad_sync.
 const char* const kMistakes[] = {
-    "forward constant changed",                        // 0
-    "Sum instead of Mean in the plan's loss",          // 1
-    "Sum instead of Mean in the spec's loss",          // 2
-    "Concat blocks swapped",                           // 3
-    "loss normalized by 1/dp instead of 1/(dp*cp)",    // 4 (LossScale)
-    "loss scaled by an extra 1/2 (a 1/tp)",            // 5
-    "row-parallel AllReduce dropped, relabeled",       // 6
-    "grad_sync divides the gradient again",            // 7
-    "grad_sync post-multiply constant wrong",          // 8
-    "grad_sync post-multiply applied twice",           // 9
-    "grad_sync reduce op swapped",                     // 10
-    "grad_sync AllReduce dropped",                     // 11
-    "grad_sync AllReduce relabeled by Reinterpret",    // 12
-    "grad_sync AllReduce over another axis",           // 13
+    "forward constant changed",                      // 0
+    "Sum instead of Mean in the plan's loss",        // 1
+    "Sum instead of Mean in the spec's loss",        // 2
+    "Concat blocks swapped",                         // 3
+    "loss normalized by 1/dp instead of 1/(dp*cp)",  // 4 (LossScale)
+    "loss scaled by an extra 1/2 (a 1/tp)",          // 5
+    "row-parallel AllReduce dropped, relabeled",     // 6
+    "grad_sync divides the gradient again",          // 7
+    "grad_sync post-multiply constant wrong",        // 8
+    "grad_sync post-multiply applied twice",         // 9
+    "grad_sync reduce op swapped",                   // 10
+    "grad_sync AllReduce dropped",                   // 11
+    "grad_sync AllReduce relabeled by Reinterpret",  // 12
+    "grad_sync AllReduce over another axis",         // 13
 };
 constexpr int kFirstSync = 7, kClasses = 14;
 
@@ -56,7 +56,7 @@ struct Gen {
   bool injected = false;
   std::vector<std::string> axes;
   std::vector<int> n;
-  int tp_n = 0, nd = 1;  // nd: how many blocks dp and cp cut the token dim into
+  int tp_n = 0, nd = 1;          // nd: how many blocks dp and cp cut the token dim into
   std::vector<std::string> dsh;  // dp/cp axes that shard the token dim
   std::string tensors, plan, spec;
   int counter = 0, squares = 0;
@@ -77,9 +77,12 @@ struct Gen {
     switch (t) {
       case Tp::None:
       case Tp::R:
-      case Tp::Q: return "";
-      case Tp::I: return "tp: I";
-      case Tp::S: return fmt::format("tp: S({})", sdim);
+      case Tp::Q:
+        return "";
+      case Tp::I:
+        return "tp: I";
+      case Tp::S:
+        return fmt::format("tp: S({})", sdim);
     }
     return "";
   }
@@ -154,8 +157,10 @@ struct Gen {
           cur.pv = y, cur.sv = s, cur.tp = Tp::Q;
           break;
         }
-        if (here(6)) plan_op("Reinterpret", p, y, fmt::format(", axis: tp, to: {}", to_i ? "I" : "R"));
-        else plan_op("AllReduce", p, y, to_i ? ", axis: tp, dst: I" : ", axis: tp");
+        if (here(6))
+          plan_op("Reinterpret", p, y, fmt::format(", axis: tp, to: {}", to_i ? "I" : "R"));
+        else
+          plan_op("AllReduce", p, y, to_i ? ", axis: tp, dst: I" : ", axis: tp");
         cur.pv = y, cur.sv = s, cur.tp = to_i ? Tp::I : Tp::R;
         break;
       }
@@ -193,13 +198,21 @@ struct Gen {
     if (cur.tp == Tp::S && coin(0.5)) return linear(), stash.push_back(cur);  // a column-parallel linear is usually followed by its row-parallel one
     switch (pick(10)) {
       case 0:
-      case 1: linear(); break;
-      case 2: elementwise_param(); break;
+      case 1:
+        linear();
+        break;
+      case 2:
+        elementwise_param();
+        break;
       case 3:
         if (squares < 2) ++squares, both("Multiply", ", " + cur.pv, ", " + cur.sv);
         break;
-      case 4: scale(false); break;
-      case 5: coin(0.5) ? both("Neg", "", "") : both("Div", "", "", ", scalar: 4"); break;
+      case 4:
+        scale(false);
+        break;
+      case 5:
+        coin(0.5) ? both("Neg", "", "") : both("Div", "", "", ", scalar: 4");
+        break;
       case 6:
         for (const Act& a : stash)
           if (a.t == cur.t && a.f == cur.f && a.tp == cur.tp && a.pv != cur.pv) {
@@ -208,7 +221,9 @@ struct Gen {
             break;
           }
         break;
-      case 7: concat(false); break;
+      case 7:
+        concat(false);
+        break;
       case 8:
         if (cur.tp != Tp::S && cur.f >= 2 && cur.f % 2 == 0) {
           int h = cur.f / 2, st = coin(0.5) ? 0 : h;
@@ -309,8 +324,10 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
   g.plan_op("Multiply", cur, "loss", fmt::format(", scalar: {}", extra ? 0.5 : 1));
   std::string mesh;
   for (std::size_t a = 0; a < g.axes.size(); ++a) mesh += fmt::format("{}{}: {}", a ? ", " : "", g.axes[a], g.n[a]);
-  c.forward = fmt::format("name: train_gen_{}\nmesh: {{{}}}\ntensors:\n{}ops:\n{}loss: loss\ntrain: true\noutputs:\n  loss: {{placement: {}}}\nspec:\n  ops:\n{}  outputs: [loss]\n",
-                          seed, mesh, g.tensors, g.plan, placement_text(lpl), g.spec);
+  c.forward = fmt::format(
+      "name: train_gen_{}\nmesh: {{{}}}\ntensors:\n{}ops:\n{}loss: loss\ntrain: true\noutputs:\n  loss: {{placement: {}}}\nspec:\n  ops:\n{}  "
+      "outputs: [loss]\n",
+      seed, mesh, g.tensors, g.plan, placement_text(lpl), g.spec);
   if (g.mistake >= kFirstSync) {
     c.grad_sync_mistake = true;
     if ((g.mistake == 8 || g.mistake == 9) && !c.predivide) c.predivide = true;
@@ -401,14 +418,24 @@ bool with_grad_sync(const TrainCase& c, bool bug, std::string& text, std::string
     auto a = l.find("in: ["), b = l.find(']', a);
     std::string g = l.substr(a + 5, b - a - 5);
     switch (c.variant) {
-      case 7: lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(ar) + 1, fmt::format("{{op: Multiply, in: [{}], out: {}, scalar: 0.5}}", g, g)); break;
-      case 8: lines[ar + 1] = fmt::format("{{op: Multiply, in: [{}], out: {}, scalar: 2}}", g, g); break;
-      case 9: lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(ar) + 1, lines[ar + 1]); break;
-      case 10:
-        if (auto r = l.find(", reduce: avg"); r != std::string::npos) l.erase(r, 13);
-        else l.insert(l.size() - 1, ", reduce: avg");
+      case 7:
+        lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(ar) + 1, fmt::format("{{op: Multiply, in: [{}], out: {}, scalar: 0.5}}", g, g));
         break;
-      case 11: lines.erase(lines.begin() + static_cast<std::ptrdiff_t>(ar)); break;
+      case 8:
+        lines[ar + 1] = fmt::format("{{op: Multiply, in: [{}], out: {}, scalar: 2}}", g, g);
+        break;
+      case 9:
+        lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(ar) + 1, lines[ar + 1]);
+        break;
+      case 10:
+        if (auto r = l.find(", reduce: avg"); r != std::string::npos)
+          l.erase(r, 13);
+        else
+          l.insert(l.size() - 1, ", reduce: avg");
+        break;
+      case 11:
+        lines.erase(lines.begin() + static_cast<std::ptrdiff_t>(ar));
+        break;
       case 12: {
         auto x = l.find("axis: "), y = l[x + 6] == '[' ? l.find(']', x) + 1 : l.find_first_of(",}", x);
         std::string ax = l.substr(x, y - x);
@@ -425,7 +452,8 @@ bool with_grad_sync(const TrainCase& c, bool bug, std::string& text, std::string
         l = l.substr(0, x + 6) + other + l.substr(y);
         break;
       }
-      default: break;
+      default:
+        break;
     }
   } else if (bug && c.grad_sync_mistake) {
     return why = "not applicable", false;
@@ -440,7 +468,6 @@ bool with_grad_sync(const TrainCase& c, bool bug, std::string& text, std::string
 }
 
 namespace {
-
 
 Tensor global_of(const Program& p, Runner& run, NameId n, const Placements& pl, const OracleOptions& oo, std::string& problem) {
   interp::Assembled a = interp::assemble(p, run, n, pl, oo);
@@ -544,7 +571,8 @@ Truth gradient_truth(const Program& p) {
     for (std::size_t k = 0; k < nel; ++k) {
       ++tr.compared;
       if (std::abs(g.data[k].d - fd[k]) > 1e-6 * scale)
-        return tr.differs = true, tr.what = fmt::format("{}.grad[{}] is {} in the plan, {} by finite differences", p.name(d.name), k, g.data[k].d, fd[k]), tr;
+        return tr.differs = true,
+               tr.what = fmt::format("{}.grad[{}] is {} in the plan, {} by finite differences", p.name(d.name), k, g.data[k].d, fd[k]), tr;
     }
   }
   return tr;

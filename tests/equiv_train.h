@@ -2,11 +2,10 @@
 // their gradients (the differential test of training equivalence, `spmd_equiv_difftest --train N`).
 //
 // generate_train(seed, bug) draws a small layer stack (column/row-parallel and replicated linears, biases, gains,
-// squares, scales, residuals, Concat, Slice, Reshape, sequence-parallel regions, tied weights) over a 1-3 axis mesh (dp, cp, tp), a scalar loss (Mean or
-// Sum, left P over dp/cp as DDP does, all-reduced, or normalized by LossScale) and its spec. The same seed with
-// bug = false and bug = true gives the same program except for the injected mistake (`mistake` names it).
-// The grad_sync is the one the type checker asks for (its unsynced-gradient fixes), optionally in DeepSpeed's
-// pre-divide form; grad_sync mistakes are applied to it.
+// squares, scales, residuals, Concat, Slice, Reshape, sequence-parallel regions, tied weights) over a 1-3 axis mesh (dp, cp, tp), a scalar loss (Mean
+// or Sum, left P over dp/cp as DDP does, all-reduced, or normalized by LossScale) and its spec. The same seed with bug = false and bug = true gives
+// the same program except for the injected mistake (`mistake` names it). The grad_sync is the one the type checker asks for (its unsynced-gradient
+// fixes), optionally in DeepSpeed's pre-divide form; grad_sync mistakes are applied to it.
 //
 // gradient_truth runs the plan's training step per rank (its derived backward and grad_sync, every rank seeding
 // its backward with 1 as loss.backward() does), reads each parameter's gradient by the parameter's declared
@@ -23,11 +22,11 @@
 namespace spmd::test {
 
 struct TrainCase {
-  std::string forward;                 // the YAML program without grad_sync (train: true)
-  std::string mistake;                 // "" when none
-  bool grad_sync_mistake = false;      // the mistake is applied to the grad_sync (by with_grad_sync)
-  bool predivide = false;              // write grad_sync as DeepSpeed's pre-divide / all-reduce / post-multiply
-  int variant = 0;                     // which grad_sync mistake
+  std::string forward;             // the YAML program without grad_sync (train: true)
+  std::string mistake;             // "" when none
+  bool grad_sync_mistake = false;  // the mistake is applied to the grad_sync (by with_grad_sync)
+  bool predivide = false;          // write grad_sync as DeepSpeed's pre-divide / all-reduce / post-multiply
+  int variant = 0;                 // which grad_sync mistake
 };
 
 TrainCase generate_train(std::uint64_t seed, bool bug);
@@ -43,7 +42,7 @@ struct Truth {
   bool differs = false;  // some gradient (or the loss) differs from the finite differences
   bool failed = false;   // the plan's step or the spec's forward cannot be run
   std::string what;
-  int compared = 0;      // parameter elements compared
+  int compared = 0;  // parameter elements compared
 };
 
 Truth gradient_truth(const Program& p);
