@@ -10,6 +10,11 @@
 // by a random sharding strategy, with one injected mistake about half the time). Ground truth: the doubles of the
 // plan's assembled outputs against the spec's on three other seeds. Counted: verdicts, false equivalent (exit 1),
 // injected mistakes not reported as value-mismatch, and mistake-free plans not proved (with their reasons).
+//
+// `--train N` runs N random training programs with a spec (tests/equiv_train.h): a layer stack over a 1-3 axis mesh,
+// a loss, the grad_sync the type checker asks for, and one injected mistake in half of them. Ground truth: the plan's
+// synchronized gradients (its derived backward run per rank) against central finite differences of the spec's
+// forward in doubles. A program whose gradients differ from the finite differences must never be `equivalent`.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -22,6 +27,7 @@
 #include "ir/loader.h"
 #include "tests/difftest.h"
 #include "tests/equiv_gen.h"
+#include "tests/equiv_train.h"
 
 using namespace spmd;
 
@@ -151,11 +157,130 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
   for (const auto& [why, k] : t.unproved_reasons) std::printf("  mistake-free not proved x%d: %s\n", k, why.c_str());
 }
 
+struct TrainTally {
+  int generated = 0, discarded = 0, evaluated = 0, caught_by_types = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0;
+  int differs = 0, clean = 0, clean_equivalent = 0, false_equivalent = 0, false_mismatch = 0, fixed_differs = 0, fixed_unproved = 0, truth_failed = 0, compared = 0;
+  std::map<std::string, int> discards, unproved, features;
+  struct PerClass {
+    int n = 0, not_applicable = 0, types = 0, mismatch = 0, unproved = 0, equivalent = 0, harmless = 0, missed = 0;
+  };
+  std::map<std::string, PerClass> per;
+};
+
+void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
+  for (int i = 0; i < count; ++i) {
+    std::uint64_t sd = seed + static_cast<std::uint64_t>(i);
+    ++t.generated;
+    test::TrainCase fixed = test::generate_train(sd, false), buggy = test::generate_train(sd, true);
+    bool bug = !buggy.mistake.empty();
+    std::string ftext, text, why;
+    // The mistake-free program must pass the type checks (with the grad_sync they ask for), else it is discarded.
+    if (!test::with_grad_sync(fixed, false, ftext, why)) {
+      ++t.discarded, ++t.discards[why.substr(0, 60)];
+      continue;
+    }
+    Program p;
+    try {
+      p = load_program_string(ftext, "train_gen.yaml");
+      auto errs = test::type_errors(p);
+      if (!errs.empty()) {
+        ++t.discarded, ++t.discards[fmt::format("with grad_sync: {}", errs[0].message.substr(0, 60))];
+        continue;
+      }
+      if (bug) {
+        if (!test::with_grad_sync(buggy, true, text, why)) {  // no grad_sync (or no other axis) to break
+          ++t.per[buggy.mistake].not_applicable;
+          continue;
+        }
+        p = load_program_string(text, "train_gen.yaml");
+        if (!test::type_errors(p).empty()) {
+          ++t.per[buggy.mistake].n, ++t.per[buggy.mistake].types, ++t.caught_by_types;
+          continue;
+        }
+      } else {
+        text = ftext;
+      }
+    } catch (const LoadError& e) {
+      ++t.discarded, ++t.discards[std::string("load error: ") + std::string(e.what()).substr(0, 50)];
+      if (verbose) std::printf("LOAD ERROR: %s\n%s\n", e.what(), text.empty() ? ftext.c_str() : text.c_str());
+      continue;
+    }
+    ++t.evaluated;
+    for (const char* f : {"op: ReduceScatter", "op: AllGather", "dst: I", "op: Convert", "op: LossScale", "op: Concat", "op: Reshape", "grad_sync:", "scalar: 0.25}",
+                          "tp: S(1)", "cp: S(0)"})
+      t.features[f] += text.find(f) != std::string::npos;
+    {
+      std::map<NameId, int> uses;
+      for (const auto& op : p.ops)
+        for (NameId n : p.ins(op)) ++uses[n];
+      bool tied = false;
+      for (const auto& d : p.tensors) tied |= d.param && uses[d.name] > 1;
+      t.features["tied weight"] += tied;
+    }
+    EquivResult r = check_equivalence(p);
+    test::Truth tr = test::gradient_truth(p);
+    t.compared += tr.compared;
+    if (tr.failed && !tr.differs) {
+      ++t.truth_failed;
+      if (verbose || t.truth_failed <= 3) std::printf("GROUND TRUTH FAILS: %s\n---\n%s---\n", tr.what.c_str(), text.c_str());
+      continue;
+    }
+    t.differs += tr.differs;
+    switch (r.verdict) {
+      case EquivVerdict::Equivalent: ++t.equivalent; break;
+      case EquivVerdict::Mismatch: ++t.mismatch; break;
+      case EquivVerdict::Unknown: ++t.unknown; break;
+      case EquivVerdict::Skipped: ++t.skipped; break;
+    }
+    if (r.verdict == EquivVerdict::Equivalent && tr.differs) {
+      ++t.false_equivalent;
+      std::printf("FALSE EQUIVALENT (train, %s): %s; truth: %s\n---\n%s---\n", bug ? buggy.mistake.c_str() : "no mistake", r.message.c_str(), tr.what.c_str(), text.c_str());
+    }
+    if (r.verdict == EquivVerdict::Mismatch && !tr.differs) {
+      ++t.false_mismatch;
+      std::printf("VALUE-MISMATCH BUT THE FINITE DIFFERENCES AGREE (train, %s): %s\n---\n%s---\n", bug ? buggy.mistake.c_str() : "no mistake", r.message.c_str(), text.c_str());
+    }
+    if (bug) {
+      auto& pc = t.per[buggy.mistake];
+      ++pc.n;
+      if (!tr.differs) ++pc.harmless;
+      else if (r.verdict == EquivVerdict::Mismatch) ++pc.mismatch;
+      else if (r.verdict == EquivVerdict::Equivalent) ++pc.equivalent;
+      else {
+        ++pc.unproved;
+        if (verbose) std::printf("MISSED (%s, %s): %s\n---\n%s---\n", buggy.mistake.c_str(), equiv_verdict_name(r.verdict), r.message.c_str(), text.c_str());
+      }
+    } else if ((++t.clean, r.verdict == EquivVerdict::Equivalent && ++t.clean_equivalent, tr.differs)) {
+      ++t.fixed_differs;
+      if (verbose || t.fixed_differs <= 3) std::printf("MISTAKE-FREE PROGRAM DIFFERS (%s): %s; truth: %s\n---\n%s---\n", equiv_verdict_name(r.verdict), r.message.c_str(), tr.what.c_str(), text.c_str());
+    } else if (r.verdict != EquivVerdict::Equivalent) {
+      ++t.fixed_unproved;
+      ++t.unproved[fmt::format("{}: {}", equiv_verdict_name(r.verdict), r.message.substr(0, 100))];
+      if (verbose) std::printf("UNPROVED: %s\n---\n%s---\n", r.message.c_str(), text.c_str());
+    }
+  }
+  std::printf("training programs: %d generated, %d discarded (the mistake-free program fails the type checks), %d mistakes reported by the type checks; "
+              "%d run: %d equivalent, %d value-mismatch, %d not proved, %d not checked; %d differ from the finite differences (%d parameter elements compared); "
+              "%d false equivalent; %d value-mismatch while the finite differences agree; %d mistake-free programs differ; %d mistake-free programs not proved; "
+              "%d where the ground truth cannot run\n",
+              t.generated, t.discarded, t.caught_by_types, t.evaluated, t.equivalent, t.mismatch, t.unknown, t.skipped, t.differs, t.compared, t.false_equivalent,
+              t.false_mismatch, t.fixed_differs, t.fixed_unproved, t.truth_failed);
+  std::printf("  mistake-free programs run: %d, %d of them equivalent\n", t.clean, t.clean_equivalent);
+  std::string feats;
+  for (const auto& [f, k] : t.features) feats += fmt::format("{}'{}' {}", feats.empty() ? "" : ", ", f, k);
+  std::printf("  programs run that contain: %s\n", feats.c_str());
+  for (const auto& [m, c] : t.per)
+    std::printf("  mistake x%d: %s: %d by the type checks, %d value-mismatch, %d not proved, %d equivalent, %d numerically harmless (%d more not applicable)\n", c.n,
+                m.c_str(), c.types, c.mismatch, c.unproved, c.equivalent, c.harmless, c.not_applicable);
+  for (const auto& [w, k] : t.discards) std::printf("  discarded x%d: %s\n", k, w.c_str());
+  for (const auto& [w, k] : t.unproved) std::printf("  mistake-free not proved x%d: %s\n", k, w.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::uint64_t seed = 1;
-  int count = 10000, local = 0;
+  int count = 10000, local = 0, train = 0;
   bool count_given = false, verbose = false;
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
@@ -167,16 +292,19 @@ int main(int argc, char** argv) {
     if (i + 1 >= argc) a = "";
     if (a == "--count") count = std::atoi(argv[i + 1]), count_given = true;
     else if (a == "--local") local = std::atoi(argv[i + 1]);
+    else if (a == "--train") train = std::atoi(argv[i + 1]);
     else if (a == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
     else if (a == "--show-extra") show_extra = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--local N] [--seed S] [--verbose] [--show-extra N]\n");
+      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--local N] [--train N] [--seed S] [--verbose] [--show-extra N]\n");
       return 2;
     }
   }
-  if (local > 0 && !count_given) count = 0;  // --local alone runs only the local-view pairs
+  if ((local > 0 || train > 0) && !count_given) count = 0;  // --local / --train alone run only those
   LocalTally lt;
   if (local > 0) run_local(lt, seed, local, verbose);
+  TrainTally tt;
+  if (train > 0) run_train(tt, seed, train, verbose);
   Tally own, mutated;
   for (int i = 0; i < count; ++i) {
     std::string text = test::generate_program(seed + static_cast<std::uint64_t>(i));
@@ -207,5 +335,5 @@ int main(int argc, char** argv) {
                 t->false_equivalent);
     for (const auto& [why, n] : t->reasons) std::printf("  not checked x%d: %s\n", n, why.c_str());
   }
-  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent ? 1 : 0;
+  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + tt.false_equivalent + tt.false_mismatch ? 1 : 0;
 }

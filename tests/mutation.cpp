@@ -1,8 +1,11 @@
 // tests/mutation.cpp - mutation testing of the value-level check (ctest `mutation`; docs/reliability.md).
 //
-// From each fixed example (a plan equal to its spec) it makes every mutant of five kinds: one constant changed
+// From each fixed example (a plan equal to its spec) it makes every mutant of six kinds: one constant changed
 // (a `scalar`/`number` attribute doubled, or 0 made 1), one Slice / Arange / Pad offset shifted by one, two Concat blocks swapped,
-// one collective dropped (its output renamed to its input downstream), one collective's axis swapped for another.
+// one collective dropped (its output renamed to its input downstream), one collective's axis swapped for another, one
+// AllReduce / ReduceScatter's reduce op swapped (sum <-> avg). The ops of a training program's hand-written `backward:`
+// and of its `grad_sync:` are mutated as the forward's are (a dropped gradient AllReduce, its axis or reduce op, a
+// scale constant); a training program's value check compares its synchronized gradients with the spec's.
 // A mutant "changes values" when a numeric run with independent draws (three other seeds) finds its outputs
 // different from the spec's, or the mutant no longer runs; every such mutant must be reported by the checks a
 // user runs (`spmdcheck check`: the type checks, the temporal checks, then the value check). The tool prints one
@@ -17,10 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "autograd/autograd.h"
 #include "equiv/equiv.h"
 #include "ir/loader.h"
 #include "spatial/spatial.h"
 #include "temporal/temporal.h"
+#include "tests/equiv_train.h"
 
 namespace fs = std::filesystem;
 using namespace spmd;
@@ -34,12 +39,20 @@ struct Mutant {
 
 bool is_collective(const Op& op) { return op_info(op.kind).category == OpCategory::collective; }
 
-// Renames every later read of `from` to `to` (ops after `after`, outputs, spec links).
-void rename_reads(Program& p, std::size_t after, NameId from, NameId to) {
-  for (std::size_t oi = after; oi < p.ops.size(); ++oi) {
-    const Op& op = p.ops[oi];
-    for (std::uint32_t i = 0; i < op.n_in; ++i)
-      if (p.operands[op.first + i] == from) p.operands[op.first + i] = to;
+// The op lists a mutant may change: the forward, a hand-written backward and the gradient synchronization.
+using OpList = std::vector<Op> Program::*;
+constexpr OpList kLists[] = {&Program::ops, &Program::backward, &Program::grad_sync};
+const char* const kListNames[] = {"", "backward ", "grad_sync "};
+
+// Renames every later read of `from` to `to` (ops after `after` in list `li`, then the later lists; outputs, spec links).
+void rename_reads(Program& p, std::size_t li, std::size_t after, NameId from, NameId to) {
+  for (std::size_t l = li; l < std::size(kLists); ++l) {
+    const std::vector<Op>& ops = p.*kLists[l];
+    for (std::size_t oi = l == li ? after : 0; oi < ops.size(); ++oi) {
+      const Op& op = ops[oi];
+      for (std::uint32_t i = 0; i < op.n_in; ++i)
+        if (p.operands[op.first + i] == from) p.operands[op.first + i] = to;
+    }
   }
   for (auto& od : p.outputs)
     if (od.name == from) od.name = to;
@@ -47,57 +60,68 @@ void rename_reads(Program& p, std::size_t after, NameId from, NameId to) {
     if (l.plan == from) l.plan = to;
 }
 
-std::string where(const Op& op) { return fmt::format("{} at line {}", op_name(op.kind), op.loc.line); }
+std::string where(const Op& op, std::size_t li) { return fmt::format("{}{} at line {}", kListNames[li], op_name(op.kind), op.loc.line); }
 
 std::vector<Mutant> mutants_of(const Program& base) {
   std::vector<Mutant> out;
-  for (std::size_t oi = 0; oi < base.ops.size(); ++oi) {
-    const Op& op = base.ops[oi];
-    if (op.attrs.has_number) {
-      Mutant m{"constant of " + where(op), base};
-      double& x = m.p.ops[oi].attrs.number;
-      x = x == 0 ? 1 : 2 * x;
-      out.push_back(std::move(m));
-    }
-    if (op.kind == OpKind::Slice || op.kind == OpKind::Arange) {  // the window (or the positions) moves by one
-      ExprId start = base.size_attr(op, "start"), end = base.size_attr(op, "end");
-      if (end >= 0) {
-        Mutant m{"offset of " + where(op) + " shifted by one", base};
-        ExprId one = m.p.exprs.constant(1);
-        m.p.set_size_attr(m.p.ops[oi], "start", start >= 0 ? m.p.exprs.add(start, one) : one);
-        m.p.set_size_attr(m.p.ops[oi], "end", m.p.exprs.add(end, one));
+  for (std::size_t li = 0; li < std::size(kLists); ++li) {
+    const std::vector<Op>& ops = base.*kLists[li];
+    for (std::size_t oi = 0; oi < ops.size(); ++oi) {
+      const Op& op = ops[oi];
+      auto mop = [&](Mutant& m) -> Op& { return (m.p.*kLists[li])[oi]; };
+      if (op.attrs.has_number) {
+        Mutant m{"constant of " + where(op, li), base};
+        double& x = mop(m).attrs.number;
+        x = x == 0 ? 1 : 2 * x;
+        out.push_back(std::move(m));
+      }
+      if (op.kind == OpKind::Slice || op.kind == OpKind::Arange) {  // the window (or the positions) moves by one
+        ExprId start = base.size_attr(op, "start"), end = base.size_attr(op, "end");
+        if (end >= 0) {
+          Mutant m{"offset of " + where(op, li) + " shifted by one", base};
+          ExprId one = m.p.exprs.constant(1);
+          m.p.set_size_attr(mop(m), "start", start >= 0 ? m.p.exprs.add(start, one) : one);
+          m.p.set_size_attr(mop(m), "end", m.p.exprs.add(end, one));
+          out.push_back(std::move(m));
+        }
+      }
+      if (op.kind == OpKind::Pad) {  // one more element before, one fewer after (the same size)
+        ExprId before = base.size_attr(op, "before"), after = base.size_attr(op, "after");
+        if (after >= 0 && !(base.exprs.is_const(after) && base.exprs.value(after) == 0)) {
+          Mutant m{"padding of " + where(op, li) + " shifted by one", base};
+          ExprId one = m.p.exprs.constant(1);
+          m.p.set_size_attr(mop(m), "before", before >= 0 ? m.p.exprs.add(before, one) : one);
+          m.p.set_size_attr(mop(m), "after", m.p.exprs.sub(after, one));
+          out.push_back(std::move(m));
+        }
+      }
+      if (op.kind == OpKind::Concat && op.n_in >= 2 && base.ins(op)[0] != base.ins(op)[1]) {
+        Mutant m{"first two blocks of " + where(op, li) + " swapped", base};
+        std::swap(m.p.operands[op.first], m.p.operands[op.first + 1]);
+        out.push_back(std::move(m));
+      }
+      if (is_collective(op) && op.n_in == 1 && op.n_out == 1 && op.attrs.handle < 0) {
+        Mutant m{where(op, li) + " dropped", base};
+        NameId in = base.ins(op)[0], o = base.outs(op)[0];
+        std::vector<Op>& mops = m.p.*kLists[li];
+        mops.erase(mops.begin() + static_cast<std::ptrdiff_t>(oi));
+        if (o != in) rename_reads(m.p, li, oi, o, in);
+        out.push_back(std::move(m));
+      }
+      if (is_collective(op) && std::popcount(op.attrs.axes) == 1 && base.mesh.size() >= 2)
+        for (std::size_t a = 0; a < base.mesh.size(); ++a) {
+          if (op.attrs.axes & (1u << a)) continue;
+          Mutant m{fmt::format("axis of {} swapped for {}", where(op, li), base.mesh[a].name), base};
+          mop(m).attrs.axes = 1u << a;
+          out.push_back(std::move(m));
+        }
+      if (op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter) {  // sum <-> avg (a gradient N times off)
+        Mutant m{"reduce op of " + where(op, li) + " swapped", base};
+        ReduceOp& r = mop(m).attrs.rop;
+        r = r == ReduceOp::Sum ? ReduceOp::Avg : ReduceOp::Sum;
         out.push_back(std::move(m));
       }
     }
-    if (op.kind == OpKind::Pad) {  // one more element before, one fewer after (the same size)
-      ExprId before = base.size_attr(op, "before"), after = base.size_attr(op, "after");
-      if (after >= 0 && !(base.exprs.is_const(after) && base.exprs.value(after) == 0)) {
-        Mutant m{"padding of " + where(op) + " shifted by one", base};
-        ExprId one = m.p.exprs.constant(1);
-        m.p.set_size_attr(m.p.ops[oi], "before", before >= 0 ? m.p.exprs.add(before, one) : one);
-        m.p.set_size_attr(m.p.ops[oi], "after", m.p.exprs.sub(after, one));
-        out.push_back(std::move(m));
-      }
-    }
-    if (op.kind == OpKind::Concat && op.n_in >= 2 && base.ins(op)[0] != base.ins(op)[1]) {
-      Mutant m{"first two blocks of " + where(op) + " swapped", base};
-      std::swap(m.p.operands[op.first], m.p.operands[op.first + 1]);
-      out.push_back(std::move(m));
-    }
-    if (is_collective(op) && op.n_in == 1 && op.n_out == 1 && op.attrs.handle < 0) {
-      Mutant m{where(op) + " dropped", base};
-      NameId in = base.ins(op)[0], o = base.outs(op)[0];
-      m.p.ops.erase(m.p.ops.begin() + static_cast<std::ptrdiff_t>(oi));
-      if (o != in) rename_reads(m.p, oi, o, in);
-      out.push_back(std::move(m));
-    }
-    if (is_collective(op) && std::popcount(op.attrs.axes) == 1 && base.mesh.size() >= 2)
-      for (std::size_t a = 0; a < base.mesh.size(); ++a) {
-        if (op.attrs.axes & (1u << a)) continue;
-        Mutant m{fmt::format("axis of {} swapped for {}", where(op), base.mesh[a].name), base};
-        m.p.ops[oi].attrs.axes = 1u << a;
-        out.push_back(std::move(m));
-      }
   }
   return out;
 }
@@ -106,16 +130,37 @@ bool has_error(const std::vector<Diagnostic>& ds) {
   return std::any_of(ds.begin(), ds.end(), [](const Diagnostic& d) { return d.severity == Severity::Error; });
 }
 
-// What `spmdcheck check` reports on the program: any error.
-bool reported(const Program& p) {
+// What the type checks of `spmdcheck check` report: the spatial and temporal checks, and for a training program the
+// checks of its training step (backward, grad_sync: unsynced-gradient, gradient-duality, loss-scaling...).
+bool types_report(const Program& p) {
   SpatialOptions so;
   so.z3_timeout_ms = 10000;
   if (has_error(check_spatial(p, so)) || has_error(check_temporal(p))) return true;
-  return check_equivalence(p).verdict == EquivVerdict::Mismatch;
+  if (p.loss >= 0 && (p.train || p.has_backward)) {
+    try {
+      TrainingCheck t = check_training(p);
+      if (has_error(t.diags)) return true;
+      if (t.built)
+        for (const auto& d : check_temporal(t.program))
+          if (d.op >= static_cast<int>(t.first_backward) && d.severity == Severity::Error) return true;
+    } catch (const LoadError&) {
+      return true;  // a located error, exit 2
+    }
+  }
+  return false;
 }
 
-// Independent draws: any of three other seeds finds a difference (or the run fails).
+// What `spmdcheck check` reports on the program: any error.
+bool reported(const Program& p) { return types_report(p) || check_equivalence(p).verdict == EquivVerdict::Mismatch; }
+
+// Independent draws: any of three other seeds finds a difference (or the run fails). For a training program also
+// its synchronized gradients against finite differences of the spec's forward (tests/equiv_train.h), which holds
+// whether or not the mutant's training step type-checks (the value check compares gradients only when it does).
 bool changes_values(const Program& p) {
+  if (p.has_spec && p.loss >= 0 && (p.train || p.has_backward)) {
+    test::Truth t = test::gradient_truth(p);
+    if (t.differs) return true;
+  }
   for (std::uint64_t seed : {101, 202, 303}) {
     EquivOptions o;
     o.seed = seed;
@@ -170,8 +215,7 @@ int main(int argc, char** argv) {
       ++changing;
       if (rep) {
         ++caught, ++c;
-        SpatialOptions so;
-        if (!has_error(check_spatial(m.p, so)) && !has_error(check_temporal(m.p))) ++caught_by_values;
+        if (!types_report(m.p)) ++caught_by_values;
       } else {
         ++missed;
         std::cout << f.string() << ": missed mutant: " << m.what << "\n";

@@ -1,0 +1,50 @@
+// tests/equiv_train.h - random global-view training programs with a spec, and an independent ground truth for
+// their gradients (the differential test of training equivalence, `spmd_equiv_difftest --train N`).
+//
+// generate_train(seed, bug) draws a small layer stack (column/row-parallel and replicated linears, biases, gains,
+// squares, scales, residuals, Concat, Slice, Reshape, sequence-parallel regions, tied weights) over a 1-3 axis mesh (dp, cp, tp), a scalar loss (Mean
+// or Sum, left P over dp/cp as DDP does, all-reduced, or normalized by LossScale) and its spec. The same seed with bug = false and bug = true gives
+// the same program except for the injected mistake (`mistake` names it). The grad_sync is the one the type checker asks for (its unsynced-gradient
+// fixes), optionally in DeepSpeed's pre-divide form; grad_sync mistakes are applied to it.
+//
+// gradient_truth runs the plan's training step per rank (its derived backward and grad_sync, every rank seeding
+// its backward with 1 as loss.backward() does), reads each parameter's gradient by the parameter's declared
+// placement, and compares it with central finite differences (Richardson-extrapolated) of the spec's forward
+// loss in doubles, one parameter element at a time; the plan's loss output is compared with the spec's too.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/diagnostic.h"
+#include "ir/program.h"
+
+namespace spmd::test {
+
+struct TrainCase {
+  std::string forward;             // the YAML program without grad_sync (train: true)
+  std::string mistake;             // "" when none
+  bool grad_sync_mistake = false;  // the mistake is applied to the grad_sync (by with_grad_sync)
+  bool predivide = false;          // write grad_sync as DeepSpeed's pre-divide / all-reduce / post-multiply
+  int variant = 0;                 // which grad_sync mistake
+};
+
+TrainCase generate_train(std::uint64_t seed, bool bug);
+
+// The grad_sync block for `forward` from the type checker's unsynced-gradient fixes (with the case's grad_sync
+// mistake when `bug`); false when the forward has other errors (`why` says which).
+bool with_grad_sync(const TrainCase& c, bool bug, std::string& text, std::string& why);
+
+// The errors `spmdcheck check` reports before the value check (spatial, temporal, training step).
+std::vector<Diagnostic> type_errors(const Program& p);
+
+struct Truth {
+  bool differs = false;  // some gradient (or the loss) differs from the finite differences
+  bool failed = false;   // the plan's step or the spec's forward cannot be run
+  std::string what;
+  int compared = 0;  // parameter elements compared
+};
+
+Truth gradient_truth(const Program& p);
+
+}  // namespace spmd::test
