@@ -38,8 +38,13 @@ const char* const kMistakes[] = {
     "grad_sync AllReduce dropped",                   // 11
     "grad_sync AllReduce relabeled by Reinterpret",  // 12
     "grad_sync AllReduce over another axis",         // 13
+    "norm eps changed in the plan",                  // 14
+    "Softmax over the wrong dim in the plan",        // 15
+    "cross-entropy sum instead of mean in the plan", // 16
+    "pre-scaled Exp input scale changed",            // 17
 };
-constexpr int kFirstSync = 7, kClasses = 14;
+constexpr int kFirstSync = 7, kLastSync = 13, kClasses = 18;
+bool is_sync(int m) { return m >= kFirstSync && m <= kLastSync; }
 
 enum class Tp { None, I, R, S, Q };  // Q: sequence parallel, the token dim S(0) over tp (Megatron SP)
 
@@ -59,7 +64,7 @@ struct Gen {
   int tp_n = 0, nd = 1;          // nd: how many blocks dp and cp cut the token dim into
   std::vector<std::string> dsh;  // dp/cp axes that shard the token dim
   std::string tensors, plan, spec;
-  int counter = 0, squares = 0;
+  int counter = 0, squares = 0, softmaxes = 0;
   Act cur;
   std::vector<Act> stash;
 
@@ -192,11 +197,73 @@ struct Gen {
     spec_op("Concat", cur.sv + ", " + st, s, ", dim: 1");
     cur.pv = p, cur.sv = s, cur.f *= 2;
   }
-  void step(bool force_scale, bool force_concat) {
+  // A pointwise op whose backward is a PointwiseGrad: Exp on a scaled-down input, SiLU, GELU, and Sqrt, Rsqrt,
+  // Log on a positive input (x*x + 1).
+  int exps = 0;
+  void pointwise(bool force) {
+    int k = force ? 0 : pick(6);
+    if (k == 0) {
+      if (exps >= 1 && !force) return;
+      ++exps;
+      double c = 0.125, pc = c;
+      if (force && here(17)) pc = 0.25;
+      std::string p = fresh("p"), s = fresh("s");
+      plan_op("Multiply", cur.pv, p, fmt::format(", scalar: {}", pc));
+      spec_op("Multiply", cur.sv, s, fmt::format(", scalar: {}", c));
+      cur.pv = p, cur.sv = s;
+      both("Exp", "", "");
+      return;
+    }
+    if (k == 1) return both("SiLU", "", "");
+    if (k == 2) return both("GELU", "", "");
+    both("Multiply", ", " + cur.pv, ", " + cur.sv);
+    both("Add", "", "", ", scalar: 1");
+    both(k == 3 ? "Sqrt" : k == 4 ? "Rsqrt" : "Log", "", "");
+  }
+  // RMSNorm or LayerNorm over the hidden dim (whole on every rank), with a gain (and a bias) that is I or R over tp
+  // as the activation is (Megatron's layernorm weights).
+  void norm(bool force) {
+    if (cur.tp == Tp::S) return;
+    bool rms = coin(0.5);
+    std::string extra;
+    if (coin(0.7)) {
+      std::string pl = tp_pl(cur.tp, 0);
+      extra += ", " + param(fmt::format("[{}]", cur.f), pl);
+      if (!rms && coin(0.5)) extra += ", " + param(fmt::format("[{}]", cur.f), pl);
+    }
+    std::string p = fresh("p"), s = fresh("s");
+    bool wrong = force && here(14);
+    plan_op(rms ? "RMSNorm" : "LayerNorm", cur.pv + extra, p, wrong ? ", eps: 0.01" : ", eps: 1e-05");
+    spec_op(rms ? "RMSNorm" : "LayerNorm", cur.sv + extra, s, ", eps: 1e-05");
+    cur.pv = p, cur.sv = s;
+  }
+  // Softmax over the hidden dim; the mistake takes it over the token dim (only when that dim is whole in the plan).
+  void softmax(bool force) {
+    if (cur.tp == Tp::S) return;
+    bool whole = dsh.empty() && cur.tp != Tp::Q && cur.t > 1;
+    std::string p = fresh("p"), s = fresh("s");
+    bool wrong = force && whole && here(15);
+    plan_op("Softmax", cur.pv, p, wrong ? ", dim: 0" : ", dim: -1");
+    spec_op("Softmax", cur.sv, s, ", dim: -1");
+    cur.pv = p, cur.sv = s;
+  }
+  void step(bool force_scale, bool force_concat, int force_other = -1) {
     if (force_scale) return scale(true);
     if (force_concat) return concat(true);
+    if (force_other == 14) return norm(true), stash.push_back(cur);
+    if (force_other == 15) return softmax(true), stash.push_back(cur);
+    if (force_other == 17) return pointwise(true), stash.push_back(cur);
     if (cur.tp == Tp::S && coin(0.5)) return linear(), stash.push_back(cur);  // a column-parallel linear is usually followed by its row-parallel one
-    switch (pick(10)) {
+    switch (pick(13)) {
+      case 10:
+        pointwise(false);
+        break;
+      case 11:
+        norm(false);
+        break;
+      case 12:
+        if (softmaxes < 1) ++softmaxes, softmax(false);
+        break;
       case 0:
       case 1:
         linear();
@@ -272,11 +339,15 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
   g.stash.push_back(g.cur);
   int steps = 2 + g.pick(4);
   int force_at = g.pick(steps);
-  for (int i = 0; i < steps; ++i) g.step(i == force_at && g.mistake == 0, i == force_at && g.mistake == 3);
+  for (int i = 0; i < steps; ++i) g.step(i == force_at && g.mistake == 0, i == force_at && g.mistake == 3, i == force_at ? g.mistake : -1);
   // Every program has a parameter: a last linear when none was drawn.
   if (g.tensors.find("param: true") == std::string::npos) g.linear();
+  // A cross-entropy loss sometimes (labels an integer input, the logits' last dim the vocab), vocab-parallel over tp
+  // when the logits are S(1) there (Megatron's), else the logits resolved first.
+  bool ce = g.cur.f >= 2 && g.coin(0.3);
+  bool vp = ce && g.cur.tp == Tp::S && g.coin(0.7);
   // Resolve tp for the loss.
-  if (g.cur.tp == Tp::S || g.cur.tp == Tp::Q) {
+  if (!vp && (g.cur.tp == Tp::S || g.cur.tp == Tp::Q)) {
     bool to_i = g.coin(0.7);
     std::string p = g.fresh("p");
     const char* dim = g.cur.tp == Tp::S ? "1" : "0";
@@ -289,12 +360,22 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
   bool token_norm = spec_mean && mode == 2 && g.coin(0.5);  // plan: local Sum, LossScale(1/T)
   bool plan_mean = spec_mean && !token_norm;
   if (g.mistake == 1 && plan_mean && g.here(1)) plan_mean = false;
+  if (g.mistake == 16 && ce && plan_mean && g.here(16)) plan_mean = false;
   bool spec_mean_w = spec_mean;
   if (g.mistake == 2 && spec_mean && g.here(2)) spec_mean_w = false;
-  std::string dims = ", dims: [0, 1]";
   std::string l0 = g.fresh("p");
-  g.plan_op(plan_mean ? "Mean" : "Sum", g.cur.pv, l0, dims);
-  g.spec_op(spec_mean_w ? "Mean" : "Sum", g.cur.sv, "loss", dims);
+  if (ce) {
+    std::vector<std::string> lab;
+    for (const auto& a : g.dsh) lab.push_back(a + ": S(0)");
+    g.tensors += fmt::format("  labels: {{shape: [{}], dtype: i64, placement: {}}}\n", g.cur.t, placement_text(lab));
+    g.plan_op("CrossEntropyLoss", g.cur.pv + ", labels", l0, fmt::format(", reduction: {}{}", plan_mean ? "mean" : "sum", vp ? ", vocab_parallel: true, axis: tp, dst: I" : ""));
+    g.spec_op("CrossEntropyLoss", g.cur.sv + ", labels", "loss", fmt::format(", reduction: {}", spec_mean_w ? "mean" : "sum"));
+    if (vp) g.cur.tp = Tp::I;
+  } else {
+    std::string dims = ", dims: [0, 1]";
+    g.plan_op(plan_mean ? "Mean" : "Sum", g.cur.pv, l0, dims);
+    g.spec_op(spec_mean_w ? "Mean" : "Sum", g.cur.sv, "loss", dims);
+  }
   std::string axis_list;
   int nd = g.nd;
   for (std::size_t k = 0; k < g.dsh.size(); ++k) axis_list += (k ? ", " : "") + g.dsh[k];
@@ -305,7 +386,7 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
     g.plan_op("AllReduce", cur, p, fmt::format(", axis: [{}]{}", axis_list, plan_mean ? ", reduce: avg" : ""));
     cur = p;
   } else if (mode == 2) {
-    double s = token_norm ? 1.0 / (g.cur.t * g.cur.f) : spec_mean ? 1.0 / nd : 1.0;
+    double s = token_norm ? 1.0 / (ce ? g.cur.t : g.cur.t * g.cur.f) : spec_mean ? 1.0 / nd : 1.0;
     if (!token_norm && g.dsh.size() == 2 && g.here(4)) s = 0.5;
     std::string p = g.fresh("p");
     g.plan_op("LossScale", cur, p, fmt::format(", scale: {}, axis: [{}]", s, axis_list));
@@ -328,7 +409,7 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
       "name: train_gen_{}\nmesh: {{{}}}\ntensors:\n{}ops:\n{}loss: loss\ntrain: true\noutputs:\n  loss: {{placement: {}}}\nspec:\n  ops:\n{}  "
       "outputs: [loss]\n",
       seed, mesh, g.tensors, g.plan, placement_text(lpl), g.spec);
-  if (g.mistake >= kFirstSync) {
+  if (is_sync(g.mistake)) {
     c.grad_sync_mistake = true;
     if ((g.mistake == 8 || g.mistake == 9) && !c.predivide) c.predivide = true;
     c.mistake = bug ? kMistakes[g.mistake] : "";
@@ -501,7 +582,7 @@ Truth gradient_truth(const Program& p) {
   Runner dist(t, inst.vars, inst.mesh, false, oo, work);
   std::vector<std::pair<NameId, Tensor>> inputs;  // the declared tensors, global
   try {
-    for (const auto& d : t.tensors) dist.declare(d, 0, 7);
+    for (const auto& d : t.tensors) dist.declare(d, 2, 7);  // integer inputs (labels) in [0, 2)
     for (std::int64_t r = 0; r < dist.ranks(); ++r)
       for (auto& e : dist.at(r, seed).t.data) e = Num(1.0);
     for (const auto& d : p.tensors) {
@@ -529,7 +610,7 @@ Truth gradient_truth(const Program& p) {
   auto loss_at = [&](NameId pn, std::size_t k, double delta) {
     std::int64_t w = 0;
     Runner one(s, inst.vars, ones, true, oo, w, inst.mesh);
-    for (const auto& d : s.tensors) one.declare(d, 0, 7);
+    for (const auto& d : s.tensors) one.declare(d, 2, 7);
     for (const auto& [n, v] : inputs) one.at(0, n).t = v;
     if (pn >= 0) one.at(0, pn).t.data[k].d += delta;
     one.run(7);
@@ -562,7 +643,7 @@ Truth gradient_truth(const Program& p) {
     std::vector<double> fd(nel);
     double scale = std::max(1.0, std::abs(l0));
     for (std::size_t k = 0; k < nel; ++k) {
-      double h = 1e-2;
+      double h = 1e-3;  // 1e-2 is too coarse near a norm of a small row (RMSNorm twice)
       double d1 = (loss_at(d.name, k, h) - loss_at(d.name, k, -h)) / (2 * h);
       double d2 = (loss_at(d.name, k, h / 2) - loss_at(d.name, k, -h / 2)) / h;
       fd[k] = (4 * d2 - d1) / 3;
