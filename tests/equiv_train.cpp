@@ -223,8 +223,10 @@ struct Gen {
   // RMSNorm or LayerNorm over the hidden dim (whole on every rank), with a gain (and a bias) that is I or R over tp
   // as the activation is (Megatron's layernorm weights).
   void norm(bool force) {
-    if (cur.tp == Tp::S) return;
-    bool rms = coin(0.5);
+    if (cur.tp == Tp::S || cur.f < 2) return;
+    // LayerNorm over 2 elements is +-1 (times the gain) whatever the input: its input gradient is eps-small, below
+    // the finite differences' resolution, so it is drawn over 4 or more.
+    bool rms = coin(0.5) || cur.f < 4;
     std::string extra;
     if (coin(0.7)) {
       std::string pl = tp_pl(cur.tp, 0);
@@ -239,7 +241,7 @@ struct Gen {
   }
   // Softmax over the hidden dim; the mistake takes it over the token dim (only when that dim is whole in the plan).
   void softmax(bool force) {
-    if (cur.tp == Tp::S) return;
+    if (cur.tp == Tp::S || cur.f < 2) return;
     bool whole = dsh.empty() && cur.tp != Tp::Q && cur.t > 1;
     std::string p = fresh("p"), s = fresh("s");
     bool wrong = force && whole && here(15);
@@ -365,6 +367,12 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
   if (g.mistake == 2 && spec_mean && g.here(2)) spec_mean_w = false;
   std::string l0 = g.fresh("p");
   if (ce) {
+    // Logits scaled down first: a saturated softmax has a gradient below the finite differences' resolution, which
+    // would make a real mistake look numerically harmless.
+    std::string pz = g.fresh("p"), sz = g.fresh("s");
+    g.plan_op("Multiply", g.cur.pv, pz, ", scalar: 0.1");
+    g.spec_op("Multiply", g.cur.sv, sz, ", scalar: 0.1");
+    g.cur.pv = pz, g.cur.sv = sz;
     std::vector<std::string> lab;
     for (const auto& a : g.dsh) lab.push_back(a + ": S(0)");
     g.tensors += fmt::format("  labels: {{shape: [{}], dtype: i64, placement: {}}}\n", g.cur.t, placement_text(lab));
