@@ -42,8 +42,10 @@ const char* const kMistakes[] = {
     "Softmax over the wrong dim in the plan",        // 15
     "cross-entropy sum instead of mean in the plan", // 16
     "pre-scaled Exp input scale changed",            // 17
+    "attention q pre-scaled by 1/sqrt(d) again",     // 18
+    "attention causal flag flipped in the plan",     // 19
 };
-constexpr int kFirstSync = 7, kLastSync = 13, kClasses = 18;
+constexpr int kFirstSync = 7, kLastSync = 13, kClasses = 20;
 bool is_sync(int m) { return m >= kFirstSync && m <= kLastSync; }
 
 enum class Tp { None, I, R, S, Q };  // Q: sequence parallel, the token dim S(0) over tp (Megatron SP)
@@ -249,14 +251,59 @@ struct Gen {
     spec_op("Softmax", cur.sv, s, ", dim: -1");
     cur.pv = p, cur.sv = s;
   }
+  // FlashAttention (bshd, batch 1) over the tokens with q = 0.1 x, k = v = x (GQA: one kv head, the first half of
+  // x), causal or not; under cp (the tokens' only sharding) the plan all-gathers k and v and masks at global
+  // positions (`cp: cp`, causal), as bench/equiv_llama.h. Heads whole on every rank (tp I or R).
+  void attention(bool force) {
+    bool on_cp = dsh.size() == 1 && dsh[0] == "cp";
+    if (!(dsh.empty() || on_cp) || cur.tp == Tp::S || cur.tp == Tp::Q || cur.f < 2 || cur.f % 2 != 0) return;
+    int h = 2, d = cur.f / 2;
+    bool gqa = coin(0.3), causal = on_cp || coin(0.5);
+    std::string q0 = fresh("p"), sq0 = fresh("s");
+    double qs = 0.1, pqs = qs;
+    if (force && d >= 2 && here(18)) pqs = qs / std::sqrt(static_cast<double>(d));
+    plan_op("Multiply", cur.pv, q0, fmt::format(", scalar: {}", pqs));
+    spec_op("Multiply", cur.sv, sq0, fmt::format(", scalar: {}", qs));
+    std::string q = fresh("p"), sq = fresh("s");
+    plan_op("Reshape", q0, q, fmt::format(", shape: [1, {}, {}, {}]", cur.t, h, d));
+    spec_op("Reshape", sq0, sq, fmt::format(", shape: [1, {}, {}, {}]", cur.t, h, d));
+    std::string k0 = cur.pv, sk0 = cur.sv;
+    int hk = h;
+    if (gqa) {
+      k0 = fresh("p"), sk0 = fresh("s"), hk = 1;
+      plan_op("Slice", cur.pv, k0, fmt::format(", dim: 1, start: 0, end: {}", d));
+      spec_op("Slice", cur.sv, sk0, fmt::format(", dim: 1, start: 0, end: {}", d));
+    }
+    std::string k = fresh("p"), sk = fresh("s");
+    plan_op("Reshape", k0, k, fmt::format(", shape: [1, {}, {}, {}]", cur.t, hk, d));
+    spec_op("Reshape", sk0, sk, fmt::format(", shape: [1, {}, {}, {}]", cur.t, hk, d));
+    std::string kv = k;
+    if (on_cp) {
+      kv = fresh("p");
+      plan_op("AllGather", k, kv, ", axis: cp, dim: 1");
+    }
+    bool pc = causal;
+    if (force && !on_cp && here(19)) pc = !causal;
+    std::string o = fresh("p"), so = fresh("s");
+    plan_op("FlashAttention", q + ", " + kv + ", " + kv, o, fmt::format(", causal: {}, layout: bshd{}", pc ? "true" : "false", on_cp ? ", cp: cp" : ""));
+    spec_op("FlashAttention", sq + ", " + sk + ", " + sk, so, fmt::format(", causal: {}, layout: bshd", causal ? "true" : "false"));
+    std::string r = fresh("p"), sr = fresh("s");
+    plan_op("Reshape", o, r, fmt::format(", shape: [{}, {}]", cur.t, cur.f));
+    spec_op("Reshape", so, sr, fmt::format(", shape: [{}, {}]", cur.t, cur.f));
+    cur.pv = r, cur.sv = sr;
+  }
   void step(bool force_scale, bool force_concat, int force_other = -1) {
+    if (force_other == 18 || force_other == 19) return attention(true), stash.push_back(cur);
     if (force_scale) return scale(true);
     if (force_concat) return concat(true);
     if (force_other == 14) return norm(true), stash.push_back(cur);
     if (force_other == 15) return softmax(true), stash.push_back(cur);
     if (force_other == 17) return pointwise(true), stash.push_back(cur);
     if (cur.tp == Tp::S && coin(0.5)) return linear(), stash.push_back(cur);  // a column-parallel linear is usually followed by its row-parallel one
-    switch (pick(13)) {
+    switch (pick(14)) {
+      case 13:
+        attention(false);
+        break;
       case 10:
         pointwise(false);
         break;
