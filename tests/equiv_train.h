@@ -45,6 +45,7 @@ struct Truth {
   int compared = 0;  // parameter elements compared
 };
 
-Truth gradient_truth(const Program& p);
+// `max_elements` > 0: compare at most that many elements of each gradient, spread evenly.
+Truth gradient_truth(const Program& p, std::size_t max_elements = 0);
 
 }  // namespace spmd::test

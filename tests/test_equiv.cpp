@@ -129,4 +129,85 @@ TEST_CASE("equiv: examples/equiv bugs are located where the README says") {
 }
 
 }  // namespace
+
+namespace {
+
+// A dp x tp MLP trained with a mean-square loss; `spec` is the spec block (empty: none), `sync_reduce` w1's
+// gradient AllReduce.
+std::string train_text(const std::string& spec, const std::string& sync_reduce = "avg") {
+  return R"(mesh: {dp: 2, tp: 2}
+sizes: {B: 4, H: 4, F: 8}
+tensors:
+  x: {shape: [B, H], placement: {dp: S(0)}}
+  w1: {shape: [H, F], placement: {tp: S(1)}, param: true}
+  w2: {shape: [F, H], placement: {tp: S(0)}, param: true}
+ops:
+  - {op: MatMul, in: [x, w1], out: h}
+  - {op: Multiply, in: [h, h], out: a}
+  - {op: MatMul, in: [a, w2], out: yp}
+  - {op: AllReduce, in: [yp], out: y, axis: tp, dst: I}
+  - {op: Multiply, in: [y, y], out: sq}
+  - {op: Mean, in: [sq], out: loss, dims: [0, 1]}
+loss: loss
+train: true
+grad_sync:
+  - {op: AllReduce, in: [w1.grad], out: w1.grad, axis: dp, reduce: )" +
+         sync_reduce + R"(}
+  - {op: AllReduce, in: [w2.grad], out: w2.grad, axis: dp, reduce: avg}
+outputs:
+  loss: {placement: {dp: P(avg), tp: I}}
+)" + spec;
+}
+
+constexpr const char* kTrainSpec = R"(spec:
+  ops:
+    - {op: MatMul, in: [x, w1], out: h}
+    - {op: Multiply, in: [h, h], out: a}
+    - {op: MatMul, in: [a, w2], out: y}
+    - {op: Multiply, in: [y, y], out: sq}
+    - {op: Mean, in: [sq], out: LOSS, dims: [0, 1]}
+  outputs: OUTS
+)";
+
+std::string train_spec(const std::string& loss, const std::string& outs) {
+  std::string s = kTrainSpec;
+  s.replace(s.find("LOSS"), 4, loss);
+  s.replace(s.find("OUTS"), 4, outs);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("equiv: a training program compares every parameter's synchronized gradient with the spec's") {
+  Program p = load_program_string(train_text(train_spec("loss", "[loss]")), "train.yaml");
+  EquivResult r = check_equivalence(p);
+  CHECK(r.verdict == EquivVerdict::Equivalent);
+  CHECK(r.message.find("3 outputs") != std::string::npos);  // the loss, w1.grad, w2.grad
+  CHECK(r.diags.empty());
+}
+
+TEST_CASE("equiv: the spec may name its loss otherwise when spec.outputs maps the plan's loss to it") {
+  Program p = load_program_string(train_text(train_spec("l_ref", "{loss: l_ref}")), "train.yaml");
+  EquivResult r = check_equivalence(p);
+  CHECK(r.verdict == EquivVerdict::Equivalent);
+}
+
+TEST_CASE("equiv: a training program without a spec compares its forward only, and says so") {
+  Program p = load_program_string(train_text(""), "train.yaml");
+  EquivResult r = check_equivalence(p);
+  CHECK(r.verdict == EquivVerdict::Unknown);
+  CHECK(r.message.find("gradients are not compared") != std::string::npos);
+  REQUIRE(r.diags.size() == 1);
+  CHECK(r.diags[0].id == CheckId::ValueUnproved);
+}
+
+TEST_CASE("equiv: a training step with type errors leaves the gradients uncompared, never a pass") {
+  // AllReduce(sum) of a P(avg) gradient: illegal-collective in the step
+  Program p = load_program_string(train_text(train_spec("loss", "[loss]"), "sum"), "train.yaml");
+  EquivResult r = check_equivalence(p);
+  CHECK(r.verdict == EquivVerdict::Unknown);
+  CHECK(r.message.find("training step has errors") != std::string::npos);
+}
+
+
 }  // namespace spmd
