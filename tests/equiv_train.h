@@ -2,8 +2,9 @@
 // their gradients (the differential test of training equivalence, `spmd_equiv_difftest --train N`).
 //
 // generate_train(seed, bug) draws a small layer stack (column/row-parallel and replicated linears, biases, gains,
-// squares, scales, residuals, Concat, Slice, Reshape, sequence-parallel regions, tied weights) over a 1-3 axis mesh (dp, cp, tp), a scalar loss (Mean
-// or Sum, left P over dp/cp as DDP does, all-reduced, or normalized by LossScale) and its spec. The same seed with bug = false and bug = true gives
+// squares, scales, residuals, Concat, Slice, Reshape, sequence-parallel regions, tied weights; Exp, SiLU, GELU,
+// Sqrt, Rsqrt, Log, RMSNorm, LayerNorm, Softmax, FlashAttention with its cp form) over a 1-3 axis mesh (dp, cp, tp), a scalar loss (Mean
+// or Sum, or a CrossEntropyLoss, vocab-parallel sometimes; left P over dp/cp as DDP does, all-reduced, or normalized by LossScale) and its spec. The same seed with bug = false and bug = true gives
 // the same program except for the injected mistake (`mistake` names it). The grad_sync is the one the type checker asks for (its unsynced-gradient
 // fixes), optionally in DeepSpeed's pre-divide form; grad_sync mistakes are applied to it.
 //
