@@ -385,6 +385,24 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
   if (g.tp_n) xpl.push_back(g.coin(0.8) ? "tp: I" : "");
   g.tensors = fmt::format("  x: {{shape: [{}, {}], placement: {}}}\n", T, H, placement_text(xpl));
   g.cur = {"x", "x", T, H, g.tp_n ? (xpl.back().empty() ? Tp::R : Tp::I) : Tp::None};
+  if (g.coin(0.25)) {  // an Embedding first: ids sharded as the tokens, the table [4, H] R or vocab-sharded over tp
+    std::vector<std::string> ipl;
+    for (const auto& a : g.dsh) ipl.push_back(a + ": S(0)");
+    g.tensors = fmt::format("  ids: {{shape: [{}], dtype: i64, placement: {}}}\n", T, placement_text(ipl));
+    bool vs = g.tp_n && g.coin(0.6);
+    std::string w = g.fresh("w");
+    g.tensors += fmt::format("  {}: {{shape: [4, {}], placement: {{{}}}, param: true}}\n", w, H, vs ? "tp: S(0)" : "");
+    std::string p = g.fresh("p"), s = g.fresh("s");
+    g.plan_op("Embedding", "ids, " + w, p);
+    g.spec_op("Embedding", "ids, " + w, s);
+    g.cur = {p, s, T, H, g.tp_n ? Tp::R : Tp::None};
+    if (vs) {  // the masked lookup is P(sum) over tp: Megatron's AllReduce (to I, or to R)
+      bool to_i = g.coin(0.7);
+      std::string y = g.fresh("p");
+      g.plan_op("AllReduce", p, y, to_i ? ", axis: tp, dst: I" : ", axis: tp");
+      g.cur.pv = y, g.cur.tp = to_i ? Tp::I : Tp::R;
+    }
+  }
   g.stash.push_back(g.cur);
   int steps = 2 + g.pick(4);
   int force_at = g.pick(steps);
@@ -637,7 +655,7 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   Runner dist(t, inst.vars, inst.mesh, false, oo, work);
   std::vector<std::pair<NameId, Tensor>> inputs;  // the declared tensors, global
   try {
-    for (const auto& d : t.tensors) dist.declare(d, 2, 7);  // integer inputs (labels) in [0, 2)
+    for (const auto& d : t.tensors) dist.declare(d, t.name(d.name) == "ids" ? 4 : 2, 7);  // integer inputs: ids in [0, 4), labels in [0, 2)
     for (std::int64_t r = 0; r < dist.ranks(); ++r)
       for (auto& e : dist.at(r, seed).t.data) e = Num(1.0);
     for (const auto& d : p.tensors) {
@@ -665,7 +683,7 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   auto loss_at = [&](NameId pn, std::size_t k, double delta) {
     std::int64_t w = 0;
     Runner one(s, inst.vars, ones, true, oo, w, inst.mesh);
-    for (const auto& d : s.tensors) one.declare(d, 2, 7);
+    for (const auto& d : s.tensors) one.declare(d, s.name(d.name) == "ids" ? 4 : 2, 7);
     for (const auto& [n, v] : inputs) one.at(0, n).t = v;
     if (pn >= 0) one.at(0, pn).t.data[k].d += delta;
     one.run(7);
