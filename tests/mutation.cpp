@@ -162,8 +162,8 @@ bool changes_values(const Program& p) {
     o.seed = seed;
     if (check_equivalence(p, o).verdict == EquivVerdict::Mismatch) return true;
   }
-  // 32 elements of each gradient, spread evenly: a mutant that changes a gradient changes many of its elements
-  return p.has_spec && p.loss >= 0 && (p.train || p.has_backward) && test::gradient_truth(p, 32).differs;
+  // 8 elements of each gradient, spread evenly: a mutant that changes a gradient changes many of its elements
+  return p.has_spec && p.loss >= 0 && (p.train || p.has_backward) && test::gradient_truth(p, 8).differs;
 }
 
 bool is_fixed(const fs::path& f) {
