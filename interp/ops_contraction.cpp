@@ -41,17 +41,8 @@ void Runner::attention(int oi, std::int64_t r, const std::string& taint) {
   const Val& v = in(oi, r, 2);
   if (q.t.rank() != 4 || k.t.rank() != 4 || v.t.rank() != 4) throw InterpError("FlashAttention needs rank-4 q, k, v");
   std::int64_t SQ = q.t.shape[static_cast<std::size_t>(s)], SK = k.t.shape[static_cast<std::size_t>(s)];
-  std::vector<std::int64_t> qpos(static_cast<std::size_t>(SQ)), kpos(static_cast<std::size_t>(SK));
-  std::iota(qpos.begin(), qpos.end(), 0);
-  std::iota(kpos.begin(), kpos.end(), 0);
-  if (op.attrs.axes && op.attrs.causal) {
-    int axis;
-    std::int64_t N = cp_ring(op, axis);
-    std::int64_t me = coords(r)[static_cast<std::size_t>(axis)], n = sizes_[static_cast<std::size_t>(axis)];
-    bool zz = op.attrs.order == 1;
-    for (auto& g : qpos) g = cp_position(me * SQ + g, SQ * n, N, zz);
-    for (auto& g : kpos) g = cp_position(g, SK, N, zz);
-  }
+  std::vector<std::int64_t> qpos, kpos;
+  attn_positions(op, coords(r), SQ, SK, qpos, kpos);
   Val o;
   o.gshape = q.gshape;
   o.mask = q.mask;
@@ -59,6 +50,21 @@ void Runner::attention(int oi, std::int64_t r, const std::string& taint) {
   o.mask[static_cast<std::size_t>(dd)] = v.mask[static_cast<std::size_t>(dd)];
   attend(op, q.t, k.t, v.t, qpos, kpos, o.t, nullptr);
   set_out(oi, r, 0, std::move(o), taint);
+}
+
+void Runner::attn_positions(const Op& op, const std::vector<std::int64_t>& c, std::int64_t SQ, std::int64_t SK, std::vector<std::int64_t>& qpos,
+                            std::vector<std::int64_t>& kpos) {
+  qpos.resize(static_cast<std::size_t>(SQ));
+  kpos.resize(static_cast<std::size_t>(SK));
+  std::iota(qpos.begin(), qpos.end(), 0);
+  std::iota(kpos.begin(), kpos.end(), 0);
+  if (!op.attrs.axes || !op.attrs.causal) return;
+  int axis;
+  std::int64_t N = cp_ring(op, axis);
+  std::int64_t me = c[static_cast<std::size_t>(axis)], n = sizes_[static_cast<std::size_t>(axis)];
+  bool zz = op.attrs.order == 1;
+  for (auto& g : qpos) g = cp_position(me * SQ + g, SQ * n, N, zz);
+  for (auto& g : kpos) g = cp_position(g, SK, N, zz);
 }
 
 void Runner::note_range(NameId n, std::int64_t limit) {

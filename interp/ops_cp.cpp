@@ -31,57 +31,65 @@ std::int64_t Runner::cp_ring(const Op& op, int& axis) const {
   return real_sizes_[static_cast<std::size_t>(axis)];
 }
 
+AttnShape attn_shape(AttnLayout layout, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos) {
+  AttnShape g;
+  if (layout == AttnLayout::BSHD) g.s = 1, g.h = 2;
+  if (layout == AttnLayout::SBHD) g.s = 0, g.b = 1, g.h = 2;
+  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) throw InterpError(nm + " needs rank-4 q, k, v");
+  auto L = [](const Tensor& t, int d) { return t.shape[static_cast<std::size_t>(d)]; };
+  g.B = L(q, g.b), g.HQ = L(q, g.h), g.SQ = L(q, g.s), g.D = L(q, g.dd), g.HK = L(k, g.h), g.SK = L(k, g.s), g.DV = L(v, g.dd);
+  if (L(k, g.b) != g.B || L(v, g.b) != g.B || L(k, g.dd) != g.D || L(v, g.s) != g.SK || L(v, g.h) != g.HK || g.HK == 0 || g.HQ % g.HK != 0)
+    throw InterpError(nm + " local shapes do not fit: q " + shape_text(q.shape) + ", k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
+  if (static_cast<std::int64_t>(qpos.size()) != g.SQ || static_cast<std::int64_t>(kpos.size()) != g.SK)
+    throw InterpError(nm + " positions do not fit the local q and k");
+  g.scale = g.D ? 1.0 / std::sqrt(static_cast<double>(g.D)) : 1.0;
+  return g;
+}
+
+Num attn_row(const AttnShape& g, bool causal, const Tensor& q, const Tensor& k, const std::vector<std::int64_t>& qpos,
+             const std::vector<std::int64_t>& kpos, std::int64_t bi, std::int64_t hi, std::int64_t i, std::vector<Num>& w, Num& m) {
+  std::int64_t kh = hi / (g.HQ / g.HK);
+  w.resize(static_cast<std::size_t>(g.SK));
+  double md = -INFINITY;
+  for (std::int64_t j = 0; j < g.SK; ++j) {
+    Num sc = 0.0;
+    for (std::int64_t d = 0; d < g.D; ++d) sc += q.data[g.at(q, bi, hi, i, d)] * k.data[g.at(k, bi, kh, j, d)];
+    bool masked = causal && kpos[static_cast<std::size_t>(j)] > qpos[static_cast<std::size_t>(i)];
+    w[static_cast<std::size_t>(j)] = masked ? Num(-INFINITY) : sc * g.scale;
+    md = std::max(md, w[static_cast<std::size_t>(j)].d);
+  }
+  m = Num::stabilizer(md);
+  Num z = 0.0;
+  for (auto& e : w) z += (e = std::isinf(e.d) ? Num(0.0) : exp(e - m));
+  return z;
+}
+
 // Attention of q over k, v (local tensors in `layout`) with the causal mask kpos[j] > qpos[i]; writes the
 // output and, when asked, the log-sum-exp of the scaled scores per query row (-inf for a row with no key).
 // The max subtracted from the scores is a stabilizer (interp/num.h): shift 0 in the field lanes.
 void attend_kernel(AttnLayout layout, bool causal, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
                    const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse) {
-  int b = 0, h = 1, s = 2, dd = 3;
-  if (layout == AttnLayout::BSHD) s = 1, h = 2;
-  if (layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
-  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) throw InterpError(nm + " needs rank-4 q, k, v");
-  auto L = [](const Tensor& t, int d) { return t.shape[static_cast<std::size_t>(d)]; };
-  std::int64_t B = L(q, b), HQ = L(q, h), SQ = L(q, s), D = L(q, dd), HK = L(k, h), SK = L(k, s), DV = L(v, dd);
-  if (L(k, b) != B || L(v, b) != B || L(k, dd) != D || L(v, s) != SK || L(v, h) != HK || HK == 0 || HQ % HK != 0)
-    throw InterpError(nm + " local shapes do not fit: q " + shape_text(q.shape) + ", k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
-  if (static_cast<std::int64_t>(qpos.size()) != SQ || static_cast<std::int64_t>(kpos.size()) != SK)
-    throw InterpError(nm + " positions do not fit the local q and k");
+  const AttnShape g = attn_shape(layout, nm, q, k, v, qpos, kpos);
   Shape os = q.shape;
-  os[static_cast<std::size_t>(dd)] = DV;
+  os[static_cast<std::size_t>(g.dd)] = g.DV;
   out = Tensor(os);
   Shape ls = q.shape;
-  ls[static_cast<std::size_t>(dd)] = 1;
+  ls[static_cast<std::size_t>(g.dd)] = 1;
   if (lse) *lse = Tensor(ls);
-  auto idx = [&](const Tensor& t, std::int64_t bi, std::int64_t hi, std::int64_t si, std::int64_t di) {
-    std::int64_t pos[4];
-    pos[b] = bi, pos[h] = hi, pos[s] = si, pos[dd] = di;
-    std::int64_t off = 0;
-    for (int d = 0; d < 4; ++d) off = off * t.shape[static_cast<std::size_t>(d)] + pos[d];
-    return static_cast<std::size_t>(off);
-  };
-  const Num scale = D ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
-  std::vector<Num> w(static_cast<std::size_t>(SK));
-  for (std::int64_t bi = 0; bi < B; ++bi)
-    for (std::int64_t hi = 0; hi < HQ; ++hi) {
-      std::int64_t kh = hi / (HQ / HK);
-      for (std::int64_t i = 0; i < SQ; ++i) {
-        double md = -INFINITY;
-        for (std::int64_t j = 0; j < SK; ++j) {
-          Num sc = 0.0;
-          for (std::int64_t d = 0; d < D; ++d) sc += q.data[idx(q, bi, hi, i, d)] * k.data[idx(k, bi, kh, j, d)];
-          bool masked = causal && kpos[static_cast<std::size_t>(j)] > qpos[static_cast<std::size_t>(i)];
-          w[static_cast<std::size_t>(j)] = masked ? Num(-INFINITY) : sc * scale;
-          md = std::max(md, w[static_cast<std::size_t>(j)].d);
-        }
-        const Num m = Num::stabilizer(md);
-        Num z = 0.0;
-        for (auto& e : w) z += (e = std::isinf(e.d) ? Num(0.0) : exp(e - m));
-        for (std::int64_t d = 0; d < DV; ++d) {
+  std::vector<Num> w;
+  Num m;
+  for (std::int64_t bi = 0; bi < g.B; ++bi)
+    for (std::int64_t hi = 0; hi < g.HQ; ++hi) {
+      std::int64_t kh = hi / (g.HQ / g.HK);
+      for (std::int64_t i = 0; i < g.SQ; ++i) {
+        const Num z = attn_row(g, causal, q, k, qpos, kpos, bi, hi, i, w, m);
+        for (std::int64_t d = 0; d < g.DV; ++d) {
           Num acc = 0.0;
-          for (std::int64_t j = 0; j < SK; ++j) acc += w[static_cast<std::size_t>(j)] * v.data[idx(v, bi, kh, j, d)];
-          out.data[idx(out, bi, hi, i, d)] = z.d > 0 ? acc / z : Num(0.0);
+          for (std::int64_t j = 0; j < g.SK; ++j) acc += w[static_cast<std::size_t>(j)] * v.data[g.at(v, bi, kh, j, d)];
+          out.data[g.at(out, bi, hi, i, d)] = z.d > 0 ? acc / z : Num(0.0);
         }
-        if (lse) lse->data[idx(*lse, bi, hi, i, 0)] = z.d > 0 ? m + log(z) : Num(-INFINITY);
+        if (lse) lse->data[g.at(*lse, bi, hi, i, 0)] = z.d > 0 ? m + log(z) : Num(-INFINITY);
       }
     }
 }

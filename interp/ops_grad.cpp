@@ -205,65 +205,40 @@ namespace {
 // the query heads of a kv head (GQA) add into its dK and dV.
 void attend_grad_kernel(AttnLayout layout, bool causal, const Tensor& dy, const Tensor& q, const Tensor& k, const Tensor& v,
                         const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor* dq, Tensor* dk, Tensor* dv) {
-  int b = 0, h = 1, s = 2, dd = 3;
-  if (layout == AttnLayout::BSHD) s = 1, h = 2;
-  if (layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
-  auto L = [](const Tensor& t, int d) { return t.shape[static_cast<std::size_t>(d)]; };
-  std::int64_t B = L(q, b), HQ = L(q, h), SQ = L(q, s), D = L(q, dd), HK = L(k, h), SK = L(k, s), DV = L(v, dd);
-  if (L(k, b) != B || L(v, b) != B || L(k, dd) != D || L(v, s) != SK || L(v, h) != HK || HK == 0 || HQ % HK != 0)
-    throw InterpError("AttentionGrad local shapes do not fit: q " + shape_text(q.shape) + ", k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
+  const AttnShape g = attn_shape(layout, "AttentionGrad", q, k, v, qpos, kpos);
   Shape ys = q.shape;
-  ys[static_cast<std::size_t>(dd)] = DV;
+  ys[static_cast<std::size_t>(g.dd)] = g.DV;
   if (dy.shape != ys) throw InterpError("AttentionGrad dy has local shape " + shape_text(dy.shape) + ", the attention output " + shape_text(ys));
-  if (static_cast<std::int64_t>(qpos.size()) != SQ || static_cast<std::int64_t>(kpos.size()) != SK)
-    throw InterpError("AttentionGrad positions do not fit the local q and k");
   if (dq) *dq = Tensor(q.shape, 0.0);
   if (dk) *dk = Tensor(k.shape, 0.0);
   if (dv) *dv = Tensor(v.shape, 0.0);
-  auto idx = [&](const Tensor& t, std::int64_t bi, std::int64_t hi, std::int64_t si, std::int64_t di) {
-    std::int64_t pos[4];
-    pos[b] = bi, pos[h] = hi, pos[s] = si, pos[dd] = di;
-    std::int64_t off = 0;
-    for (int d = 0; d < 4; ++d) off = off * t.shape[static_cast<std::size_t>(d)] + pos[d];
-    return static_cast<std::size_t>(off);
-  };
-  const Num scale = D ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
-  std::vector<Num> w(static_cast<std::size_t>(SK)), dp(static_cast<std::size_t>(SK));
-  for (std::int64_t bi = 0; bi < B; ++bi)
-    for (std::int64_t hi = 0; hi < HQ; ++hi) {
-      std::int64_t kh = hi / (HQ / HK);
-      for (std::int64_t i = 0; i < SQ; ++i) {
-        double md = -INFINITY;
-        for (std::int64_t j = 0; j < SK; ++j) {
-          Num sc = 0.0;
-          for (std::int64_t d = 0; d < D; ++d) sc += q.data[idx(q, bi, hi, i, d)] * k.data[idx(k, bi, kh, j, d)];
-          bool masked = causal && kpos[static_cast<std::size_t>(j)] > qpos[static_cast<std::size_t>(i)];
-          w[static_cast<std::size_t>(j)] = masked ? Num(-INFINITY) : sc * scale;
-          md = std::max(md, w[static_cast<std::size_t>(j)].d);
-        }
-        const Num m = Num::stabilizer(md);
-        Num z = 0.0;
-        for (auto& e : w) z += (e = std::isinf(e.d) ? Num(0.0) : exp(e - m));
+  std::vector<Num> w, dp(static_cast<std::size_t>(g.SK));
+  Num m;
+  for (std::int64_t bi = 0; bi < g.B; ++bi)
+    for (std::int64_t hi = 0; hi < g.HQ; ++hi) {
+      std::int64_t kh = hi / (g.HQ / g.HK);
+      for (std::int64_t i = 0; i < g.SQ; ++i) {
+        const Num z = attn_row(g, causal, q, k, qpos, kpos, bi, hi, i, w, m);
         if (!(z.d > 0)) continue;  // a row with no key: the forward's output is 0, so is every gradient
         for (auto& e : w) e = e / z;  // P
         if (dv)
-          for (std::int64_t j = 0; j < SK; ++j)
-            for (std::int64_t d = 0; d < DV; ++d) dv->data[idx(*dv, bi, kh, j, d)] += w[static_cast<std::size_t>(j)] * dy.data[idx(dy, bi, hi, i, d)];
+          for (std::int64_t j = 0; j < g.SK; ++j)
+            for (std::int64_t d = 0; d < g.DV; ++d) dv->data[g.at(*dv, bi, kh, j, d)] += w[static_cast<std::size_t>(j)] * dy.data[g.at(dy, bi, hi, i, d)];
         if (!dq && !dk) continue;
         Num rowsum = 0.0;
-        for (std::int64_t j = 0; j < SK; ++j) {
+        for (std::int64_t j = 0; j < g.SK; ++j) {
           Num a = 0.0;
-          for (std::int64_t d = 0; d < DV; ++d) a += dy.data[idx(dy, bi, hi, i, d)] * v.data[idx(v, bi, kh, j, d)];
+          for (std::int64_t d = 0; d < g.DV; ++d) a += dy.data[g.at(dy, bi, hi, i, d)] * v.data[g.at(v, bi, kh, j, d)];
           dp[static_cast<std::size_t>(j)] = a;
           rowsum += w[static_cast<std::size_t>(j)] * a;
         }
-        for (std::int64_t j = 0; j < SK; ++j) {
+        for (std::int64_t j = 0; j < g.SK; ++j) {
           if (causal && kpos[static_cast<std::size_t>(j)] > qpos[static_cast<std::size_t>(i)]) continue;  // masked: P = 0
-          const Num ds = w[static_cast<std::size_t>(j)] * (dp[static_cast<std::size_t>(j)] - rowsum) * scale;
+          const Num ds = w[static_cast<std::size_t>(j)] * (dp[static_cast<std::size_t>(j)] - rowsum) * g.scale;
           if (dq)
-            for (std::int64_t d = 0; d < D; ++d) dq->data[idx(*dq, bi, hi, i, d)] += ds * k.data[idx(k, bi, kh, j, d)];
+            for (std::int64_t d = 0; d < g.D; ++d) dq->data[g.at(*dq, bi, hi, i, d)] += ds * k.data[g.at(k, bi, kh, j, d)];
           if (dk)
-            for (std::int64_t d = 0; d < D; ++d) dk->data[idx(*dk, bi, kh, j, d)] += ds * q.data[idx(q, bi, hi, i, d)];
+            for (std::int64_t d = 0; d < g.D; ++d) dk->data[g.at(*dk, bi, kh, j, d)] += ds * q.data[g.at(q, bi, hi, i, d)];
         }
       }
     }
@@ -283,17 +258,8 @@ void Runner::attention_grad(int oi, std::int64_t r, const std::vector<std::int64
   const Val& v = in(oi, r, 3);
   if (dy.t.rank() != 4 || q.t.rank() != 4 || k.t.rank() != 4 || v.t.rank() != 4) throw InterpError("AttentionGrad needs rank-4 dy, q, k, v");
   std::int64_t SQ = q.t.shape[static_cast<std::size_t>(s)], SK = k.t.shape[static_cast<std::size_t>(s)];
-  std::vector<std::int64_t> qpos(static_cast<std::size_t>(SQ)), kpos(static_cast<std::size_t>(SK));
-  std::iota(qpos.begin(), qpos.end(), 0);
-  std::iota(kpos.begin(), kpos.end(), 0);
-  if (op.attrs.axes && op.attrs.causal) {  // as Runner::attention
-    int axis;
-    std::int64_t N = cp_ring(op, axis);
-    std::int64_t me = c[static_cast<std::size_t>(axis)], n = sizes_[static_cast<std::size_t>(axis)];
-    bool zz = op.attrs.order == 1;
-    for (auto& g : qpos) g = cp_position(me * SQ + g, SQ * n, N, zz);
-    for (auto& g : kpos) g = cp_position(g, SK, N, zz);
-  }
+  std::vector<std::int64_t> qpos, kpos;
+  attn_positions(op, c, SQ, SK, qpos, kpos);
   std::vector<std::uint32_t> ym = q.mask;
   ym[static_cast<std::size_t>(dd)] = v.mask[static_cast<std::size_t>(dd)];
   Tensor dyl = align(dy, ym, c, p_.name(p_.ins(op)[0]));

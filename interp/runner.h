@@ -106,6 +106,28 @@ inline std::string coord_text(const Program& p, const std::vector<std::int64_t>&
   return s + "}";
 }
 
+// The geometry of an attention call (ops_cp.cpp): q, k, v in `layout`, their sizes and element offsets, and the
+// score scale 1/sqrt(D). attn_shape throws (naming the op `nm`) when the local shapes or positions do not fit.
+struct AttnShape {
+  int b = 0, h = 1, s = 2, dd = 3;
+  std::int64_t B = 0, HQ = 0, SQ = 0, D = 0, HK = 0, SK = 0, DV = 0;
+  Num scale;
+  std::size_t at(const Tensor& t, std::int64_t bi, std::int64_t hi, std::int64_t si, std::int64_t di) const {
+    std::int64_t pos[4];
+    pos[b] = bi, pos[h] = hi, pos[s] = si, pos[dd] = di;
+    std::int64_t off = 0;
+    for (int d = 0; d < 4; ++d) off = off * t.shape[static_cast<std::size_t>(d)] + pos[d];
+    return static_cast<std::size_t>(off);
+  }
+};
+AttnShape attn_shape(AttnLayout layout, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos);
+// Query row i of head hi (batch bi): w[j] = exp(scaled score - m), 0 where the causal mask kpos[j] > qpos[i] hides
+// key j, m the stabilizer (interp/num.h); returns z = sum of w. The one definition of attention's probabilities
+// (w / z), shared by the forward and its gradient.
+Num attn_row(const AttnShape& g, bool causal, const Tensor& q, const Tensor& k, const std::vector<std::int64_t>& qpos,
+             const std::vector<std::int64_t>& kpos, std::int64_t bi, std::int64_t hi, std::int64_t i, std::vector<Num>& w, Num& m);
+
 // Attention kernel (ops_cp.cpp): q over k, v in `layout`, causal mask kpos[j] > qpos[i]; the output and, when
 // asked, the log-sum-exp per query row. `nm` names the op in errors.
 void attend_kernel(AttnLayout layout, bool causal, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -177,6 +199,10 @@ class Runner {
   void norm(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void reduce_dims(int oi, std::int64_t r, const std::string& taint);
   void attention(int oi, std::int64_t r, const std::string& taint);
+  // The query and key positions of FlashAttention or AttentionGrad on the rank at `c`: 0.. locally, or with `cp`
+  // and causal the global positions of this rank's q block (k and v whole; zigzag with order 1).
+  void attn_positions(const Op& op, const std::vector<std::int64_t>& c, std::int64_t SQ, std::int64_t SK, std::vector<std::int64_t>& qpos,
+                      std::vector<std::int64_t>& kpos);
 
   // ---- gradient ops of derived backwards (ops_grad.cpp) ------------------------------------------
   void pointwise_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
