@@ -47,12 +47,20 @@ inline std::string make_equiv_llama_yaml(int layers, bool bug = false, bool trai
     std::string pos = plan ? "pos_l" : "pos";
     std::string o;
     auto op = [&](const std::string& body) { o += ind + "- {" + body + "}\n"; };
+    // Megatron's f (training plan): enter the tensor-parallel region, I -> R; its backward all-reduces the gradient
+    auto enter_tp = [&](const std::string& base) {
+      if (!plan || !train) return base + i;
+      op("op: Convert, in: [" + base + i + "], out: " + base + "r" + i + ", axis: tp, to: R");
+      return base + "r" + i;
+    };
+    // a row-parallel MatMul; the plan's partial sums are all-reduced (Megatron's g: to I when training)
+    auto row_parallel = [&](const std::string& x, const std::string& w, const std::string& partial, const std::string& out) {
+      if (!plan) return op("op: MatMul, in: [" + x + ", " + w + "], out: " + out);
+      op("op: MatMul, in: [" + x + ", " + w + "], out: " + partial);
+      op("op: AllReduce, in: [" + partial + "], out: " + out + ", axis: tp" + (train ? ", dst: I" : ""));
+    };
     op("op: RMSNorm, in: [x" + p + ", ga" + i + "], out: n" + i);
-    std::string n = "n" + i, m = "m" + i;
-    if (plan && train) {  // Megatron's f: enter the tensor-parallel region
-      op("op: Convert, in: [n" + i + "], out: nr" + i + ", axis: tp, to: R");
-      n = "nr" + i;
-    }
+    std::string n = enter_tp("n");
     op("op: MatMul, in: [" + n + ", wq" + i + "], out: q2_" + i);
     op("op: MatMul, in: [" + n + ", wk" + i + "], out: k2_" + i);
     op("op: MatMul, in: [" + n + ", wv" + i + "], out: v2_" + i);
@@ -74,28 +82,15 @@ inline std::string make_equiv_llama_yaml(int layers, bool bug = false, bool trai
       op("op: FlashAttention, in: [qr" + i + ", kr" + i + ", v" + i + "], out: c" + i + ", causal: true, layout: bshd");
     }
     op("op: Reshape, in: [c" + i + "], out: c2_" + i + ", shape: [B, S, NH*D]");
-    if (plan) {
-      op("op: MatMul, in: [c2_" + i + ", wo" + i + "], out: op" + i);
-      op("op: AllReduce, in: [op" + i + "], out: o" + i + ", axis: tp" + (train ? ", dst: I" : ""));
-    } else {
-      op("op: MatMul, in: [c2_" + i + ", wo" + i + "], out: o" + i);
-    }
+    row_parallel("c2_" + i, "wo" + i, "op" + i, "o" + i);
     op("op: Add, in: [x" + p + ", o" + i + "], out: h" + i);
     op("op: RMSNorm, in: [h" + i + ", gm" + i + "], out: m" + i);
-    if (plan && train) {
-      op("op: Convert, in: [m" + i + "], out: mr" + i + ", axis: tp, to: R");
-      m = "mr" + i;
-    }
+    std::string m = enter_tp("m");
     op("op: MatMul, in: [" + m + ", wg" + i + "], out: g" + i);
     op("op: MatMul, in: [" + m + ", wu" + i + "], out: u" + i);
     op("op: SiLU, in: [g" + i + "], out: sg" + i);
     op("op: Multiply, in: [sg" + i + ", u" + i + "], out: a" + i);
-    if (plan) {
-      op("op: MatMul, in: [a" + i + ", wd" + i + "], out: dp" + i);
-      op("op: AllReduce, in: [dp" + i + "], out: d" + i + ", axis: tp" + (train ? ", dst: I" : ""));
-    } else {
-      op("op: MatMul, in: [a" + i + ", wd" + i + "], out: d" + i);
-    }
+    row_parallel("a" + i, "wd" + i, "dp" + i, "d" + i);
     op("op: Add, in: [h" + i + ", d" + i + "], out: x" + i);
     return o;
   };
