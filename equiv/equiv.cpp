@@ -780,12 +780,9 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       return skip(e.what());
     }
     if (!rec->failure.empty()) return located_failure(*rec);
-    std::vector<int> writer(p.names.size(), -1);
-    for (std::size_t oi = 0; oi < p.ops.size(); ++oi)
-      for (NameId n : p.outs(p.ops[oi])) writer[static_cast<std::size_t>(n)] = static_cast<int>(oi);
     for (const auto& l : p.lineage) {
       const Val& g = rec->model->at(0, l.spec);
-      int w = writer[static_cast<std::size_t>(l.plan)];
+      int w = s.plan_last[static_cast<std::size_t>(l.plan)];
       if (!g.defined || w < 0) continue;  // an input, or a name the loader already checked
       const Op& op = p.ops[static_cast<std::size_t>(w)];
       std::size_t k = 0;

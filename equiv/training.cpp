@@ -11,16 +11,6 @@
 namespace spmd::equiv_detail {
 namespace {
 
-// The last op of `p` writing `n` and the output slot, or -1.
-int last_writer(const Program& p, NameId n, int& slot) {
-  for (std::size_t i = p.ops.size(); i-- > 0;) {
-    auto outs = p.outs(p.ops[i]);
-    for (std::size_t k = 0; k < outs.size(); ++k)
-      if (outs[k] == n) return slot = static_cast<int>(k), static_cast<int>(i);
-  }
-  return -1;
-}
-
 // `ops` without the relabels in [from, to) (Reinterpret P -> P(avg) of a mean loss's gradients: no data moves).
 std::vector<Op> without_relabels(const std::vector<Op>& ops, std::size_t from, std::size_t to) {
   std::vector<Op> out;
@@ -61,7 +51,13 @@ TrainingPair training_pair(const Program& p) {
   TensorDecl seed = t.tensors.back();
   for (int a = 0; a < t.axis_count(); ++a)
     if (seed.placement[static_cast<std::size_t>(a)].is_p()) seed.placement[static_cast<std::size_t>(a)] = Placement::r();
-  // The compared gradients: each parameter's, by the placement it has at its last write (after grad_sync).
+  // The type of each name's last write in the step (after grad_sync), or null for a name no op writes.
+  std::vector<const ValueType*> last(t.names.size(), nullptr);
+  for (std::size_t i = 0; i < t.ops.size(); ++i) {
+    auto outs = t.outs(t.ops[i]);
+    for (std::size_t k = 0; k < outs.size(); ++k) last[static_cast<std::size_t>(outs[k])] = &st.out(i, static_cast<int>(k));
+  }
+  // The compared gradients: each parameter's, by the placement it has at its last write.
   struct Grad {
     NameId name;
     Placements pl;
@@ -71,29 +67,19 @@ TrainingPair training_pair(const Program& p) {
   for (const auto& d : p.tensors) {
     if (!d.param) continue;
     auto it = t.name_ids.find(t.name(d.name) + ".grad");
-    if (it == t.name_ids.end()) continue;
-    int k = 0, w = last_writer(t, it->second, k);
-    if (w < 0) continue;  // no gradient reaches it in the plan
-    grads.push_back({it->second, st.out(static_cast<std::size_t>(w), k).pl, d.loc});
+    if (it == t.name_ids.end() || !last[static_cast<std::size_t>(it->second)]) continue;  // no gradient reaches it in the plan
+    grads.push_back({it->second, last[static_cast<std::size_t>(it->second)]->pl, d.loc});
   }
   if (grads.empty()) return r.why = "no parameter gets a gradient (mark parameters with `param: true`)", r;
   // Names whose last write in the plan is a pending sum on some axis: a cut there would cut the summands.
   r.pending.assign(t.names.size(), 0);
-  for (std::size_t i = 0; i < t.ops.size(); ++i) {
-    auto outs = t.outs(t.ops[i]);
-    for (std::size_t k = 0; k < outs.size(); ++k) {
-      const Placements& pl = st.out(i, static_cast<int>(k)).pl;
-      bool pend = false;
-      for (int a = 0; a < t.axis_count(); ++a) pend |= pl[static_cast<std::size_t>(a)].is_p() || pl[static_cast<std::size_t>(a)].is_v();
-      r.pending[static_cast<std::size_t>(outs[k])] = pend;  // the last write wins
-    }
-  }
+  for (std::size_t n = 0; n < t.names.size(); ++n)
+    for (int a = 0; a < t.axis_count() && last[n]; ++a) r.pending[n] |= last[n]->pl[static_cast<std::size_t>(a)].is_p() || last[n]->pl[static_cast<std::size_t>(a)].is_v();
   // N: how many copies of the loss the plan's backward differentiates (each rank seeds its own; the step relabels the
   // gradients P(avg) over those axes): the sizes of the axes on which the loss is R or P(avg).
   double n_copies = 1;
   {
-    int k = 0, w = last_writer(t, p.loss, k);
-    Placements lpl = w >= 0 ? st.out(static_cast<std::size_t>(w), k).pl : Placements{};
+    Placements lpl = last[static_cast<std::size_t>(p.loss)] ? last[static_cast<std::size_t>(p.loss)]->pl : Placements{};
     for (int a = 0; a < t.axis_count(); ++a) {
       Placement q = lpl[static_cast<std::size_t>(a)];
       if (!(q.is_r() || (q.is_p() && q.op == ReduceOp::Avg))) continue;
