@@ -201,7 +201,8 @@ void Deriver::reduction() {
   bool concrete = true;
   for (int d : dims) {
     ExprId e = x.shape[static_cast<std::size_t>(d)];
-    if (P().exprs.is_const(e)) n *= P().exprs.value(e);
+    // a generalized size (shape reduction) counts by its declared value: the count is a value, not an extent
+    if (auto v = P().exprs.single_value(e, P().vars)) n *= *v;
     else concrete = false;
     for (int a = 0; a < axes() && concrete; ++a) {
       if (!x.pl[static_cast<std::size_t>(a)].is_s(d)) continue;

@@ -21,7 +21,10 @@
 #include "interp/assembly.h"
 #include "interp/num.h"
 #include "interp/runner.h"
+#include "equiv/reduce.h"
 #include "equiv/training.h"
+#include "ir/loader.h"
+#include "spatial/spatial.h"
 
 namespace spmd {
 namespace {
@@ -147,6 +150,9 @@ struct Setup {
   // Training pairs: the ops [first, last) of each program that are a derived backward (for messages).
   std::pair<std::size_t, std::size_t> plan_bwd{0, 0}, model_bwd{0, 0};
   int n_cuts = 0;
+  // Shape reduction (equiv/reduce.h): the real global shapes of each op's inputs, for the plan and the model.
+  const std::vector<std::vector<Shape>>* plan_real = nullptr;
+  const std::vector<std::vector<Shape>>* model_real = nullptr;
 };
 
 constexpr std::uint64_t kCutKey = 0x5ea9e0c07ULL;
@@ -179,6 +185,8 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
   run->model = std::make_unique<Runner>(s.model, s.inst.vars, std::vector<std::int64_t>(s.inst.mesh.size(), 1), true, s.oo, work, s.inst.mesh);
   Runner& dist = *run->plan;
   Runner& one = *run->model;
+  dist.real_shapes = s.plan_real;
+  one.real_shapes = s.model_real;
   try {
     for (std::size_t i = 0; i < p.tensors.size(); ++i) {
       const TensorDecl& t = p.tensors[i];
@@ -651,7 +659,14 @@ namespace {
 
 // The check of a plan/spec pair: a forward program, or (with `pending`) the training steps of equiv/training.h, whose
 // `pending` names (a pending sum at their last write) are never stage cuts.
-EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_detail::TrainingPair* pending) {
+// A run at reduced sizes (equiv/reduce.h): the sizes, the real shapes the value-using kernels read, and what the verdict covers.
+struct Reduced {
+  equiv_detail::Reduction r;
+  std::vector<std::vector<Shape>> plan_real, model_real;
+  mutable bool run_failed = false;  // set by check_pair when the spec fails at the reduced sizes (then: as declared)
+};
+
+EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_detail::TrainingPair* pending, const Reduced* red) {
   EquivResult res;
   auto skip = [&](std::string why) {
     res.verdict = EquivVerdict::Skipped;
@@ -683,11 +698,39 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, 0};
   if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd;
   s.oo.seed = opt.seed;
-  auto insts = instantiations(p, s.oo);
-  if (insts.empty()) return skip("no small instantiation of the sizes fits the interpreter");
-  s.inst = insts[opt.seed % insts.size()];
+  std::string covers;  // with a reduction: what the verdict covers
+  if (red) {
+    s.inst.vars = red->r.vars;
+    for (const auto& ax : p.mesh) s.inst.mesh.push_back(p.exprs.eval(ax.size, s.inst.vars).value_or(1));
+    s.plan_real = &red->plan_real;
+    s.model_real = &red->model_real;
+    std::string declared;
+    for (std::size_t k = 0; k < p.vars.size(); ++k)
+      if (p.vars[k].general) declared += fmt::format("{}{} = {}", declared.empty() ? "" : ", ", p.vars[k].name, p.vars[k].in.front());
+    std::string symbolic;
+    for (std::size_t k = 0; k < p.vars.size(); ++k)
+      if (!p.vars[k].general) symbolic += fmt::format("{}{} = {}", symbolic.empty() ? "" : ", ", p.vars[k].name, s.inst.vars[k]);
+    covers = fmt::format(" at the declared sizes {}{} (run at reduced sizes that keep every partition: {}", declared,
+                         symbolic.empty() ? "" : " and " + symbolic, red->r.text);
+    for (const auto& k : red->r.kept) covers += "; kept " + k;
+    covers += ")";
+    std::int64_t ranks = 1;
+    for (auto m : s.inst.mesh) ranks *= m;
+    if (ranks > s.oo.max_ranks) return skip(fmt::format("the mesh has {} ranks, more than the interpreter's {}", ranks, s.oo.max_ranks));
+    for (const auto& t : p.tensors) {
+      std::int64_t elems = 1;
+      for (ExprId e : t.shape) elems = std::min<std::int64_t>(elems * p.exprs.eval(e, s.inst.vars).value_or(1), s.oo.max_elements + 1);
+      if (elems > s.oo.max_elements)
+        return skip(fmt::format("{} has more than {} elements even at the reduced sizes ({})", p.name(t.name), s.oo.max_elements, red->r.text));
+    }
+  } else {
+    auto insts = instantiations(p, s.oo);
+    if (insts.empty()) return skip("no small instantiation of the sizes fits the interpreter");
+    s.inst = insts[opt.seed % insts.size()];
+  }
   for (std::size_t k = 0; k < p.vars.size(); ++k) s.sizes += (k ? ", " : "") + p.vars[k].name + " = " + std::to_string(s.inst.vars[k]);
   res.sizes = s.sizes;
+  res.reduction = red ? red->r.text : "";
   // A shape-only pre-run of the model (integer inputs 0) learns the ranges integer inputs must take.
   s.ranges.assign(p.names.size(), -1);
   {
@@ -750,6 +793,11 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
 
   std::int64_t work = 0;
   auto located_failure = [&](Run& r) {
+    // The spec failing at reduced sizes means the reduction missed a shape relation the spec relies on (a value
+    // with a type error has none to see): the check is then made as declared. The plan failing where the spec runs
+    // is a finding, as at any size.
+    if (red && !r.plan_failed)
+      return red->run_failed = true, skip(fmt::format("the spec's run fails at the reduced sizes {} ({})", s.sizes, r.failure));
     Diagnostic d;
     d.id = CheckId::ValueMismatch;
     if (!r.plan_failed) {  // the spec itself cannot run: an error in the model, not a counterexample
@@ -846,9 +894,9 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     // The exact lanes follow the branch the doubles take, so they cannot see a choice made on the wrong values when
     // the drawn inputs happen to lead both programs to the same branch: equal on every trial is evidence, not proof.
     res.verdict = EquivVerdict::Unknown;
-    res.message = fmt::format("equal to the spec on {} trials of drawn inputs, but not proved: {} (line {}) chooses by value, and the exact arithmetic "
+    res.message = fmt::format("equal to the spec on {} trials of drawn inputs{}, but not proved: {} (line {}) chooses by value, and the exact arithmetic "
                               "follows the choice the drawn values make",
-                              trials, op_name(choice->kind), choice->loc.line);
+                              trials, covers, op_name(choice->kind), choice->loc.line);
     Diagnostic d;
     d.id = CheckId::ValueUnproved;
     d.severity = Severity::Warning;
@@ -860,8 +908,8 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   if (staged) scope += fmt::format("; verified in stages at {} lineage point{}", s.n_cuts, s.n_cuts == 1 ? "" : "s");
   if (log2_bound > kLog2Target) {
     res.verdict = EquivVerdict::Unknown;
-    res.message = fmt::format("equal to the spec in {} trial{}, but the error bound 2^{:.0f} is above 2^{} (degree bound {}, {} random-function evaluations)",
-                              trials, trials == 1 ? "" : "s", log2_bound, kLog2Target, max_degree, max_uf);
+    res.message = fmt::format("equal to the spec in {} trial{}{}, but the error bound 2^{:.0f} is above 2^{} (degree bound {}, {} random-function evaluations)",
+                              trials, trials == 1 ? "" : "s", covers, log2_bound, kLog2Target, max_degree, max_uf);
     Diagnostic d;
     d.id = CheckId::ValueUnproved;
     d.severity = Severity::Warning;
@@ -875,19 +923,151 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   res.error_bound = std::exp2(log2_bound);
   res.message = fmt::format("{} output{} equal to the spec for all real inputs{}{} (error probability below 2^{:.0f}: {} trial{}, degree bound {}, {} random-function "
                             "evaluations; real arithmetic, floating-point rounding out of scope)",
-                            links.size(), links.size() == 1 ? "" : "s", s.sizes.empty() ? "" : " at " + s.sizes, scope, log2_bound, trials,
+                            links.size(), links.size() == 1 ? "" : "s", !covers.empty() ? covers : s.sizes.empty() ? "" : " at " + s.sizes, scope, log2_bound, trials,
                             trials == 1 ? "" : "s", max_degree, max_uf);
   return res;
 }
 
 }  // namespace
 
+namespace {
+
+using equiv_detail::TypedOps;
+
+// `p` with its concrete sizes as variables (LoadOptions::generalize_sizes) and the value each variable has without a
+// reduction (declared, or the small instantiation of a symbolic size); nullopt when it cannot be had (a program built
+// in code, one edited after it was loaded, no concrete size to reduce).
+std::optional<Program> generalized(const Program& p, const EquivOptions& opt, std::vector<std::int64_t>& base) {
+  std::optional<Program> g;
+  if (p.generalized) {
+    g = p;
+  } else {
+    if (!p.source) return std::nullopt;
+    try {
+      LoadOptions lo;
+      lo.generalize_sizes = true;
+      g = load_program_string(*p.source, p.file, lo);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  if (std::none_of(g->vars.begin(), g->vars.end(), [](const SizeVar& v) { return v.general; })) return std::nullopt;
+  OracleOptions any;
+  any.seed = opt.seed;
+  any.max_elements = kMaxValue;
+  auto insts = instantiations(*g, any);
+  if (insts.empty()) return std::nullopt;
+  base = insts[opt.seed % insts.size()].vars;
+  if (!p.generalized && !equiv_detail::same_program(p, *g, base)) return std::nullopt;
+  return g;
+}
+
+// Every value typed alike (placements, rank, whether it has a type) in two checks of one op list.
+bool same_types(const SpatialTypes& a, const SpatialTypes& b) {
+  auto same = [](const ValueType& x, const ValueType& y) { return x.ok == y.ok && x.rank == y.rank && x.pl == y.pl && x.uneven == y.uneven; };
+  if (a.decls.size() != b.decls.size() || a.outs.size() != b.outs.size()) return false;
+  for (std::size_t i = 0; i < a.decls.size(); ++i)
+    if (!same(a.decls[i], b.decls[i])) return false;
+  for (std::size_t i = 0; i < a.outs.size(); ++i)
+    if (!same(a.outs[i], b.outs[i])) return false;
+  return true;
+}
+
+// The reduction of `g` (its forward typed here, the training pair's steps when `tp`), checked: the program at the
+// reduced sizes must type-check exactly as at the declared ones (the same findings, the same placement for every
+// value), or it is not used. False: nothing to reduce, or the reduction does not hold.
+bool prepare_reduction(const Program& g, const std::vector<std::int64_t>& base, const equiv_detail::TrainingPair* tp, Reduced& red) {
+  Program model = model_of(g);
+  SpatialTypes pt, mt;
+  std::vector<ShapeClaim> pc, mc;
+  std::vector<TypedOps> lists;
+  bool plan_typed = !g.local_view;
+  std::vector<Diagnostic> pd, md;
+  try {
+    if (plan_typed) {
+      SpatialOptions so;
+      so.types = &pt;
+      so.claims = &pc;
+      pd = check_spatial(g, so);
+      lists.push_back({&g, &g.ops, &pt, &pc});
+    } else {
+      lists.push_back({&g, &g.ops, nullptr, nullptr});
+    }
+    if (g.has_spec) {
+      SpatialOptions so;
+      so.types = &mt;
+      so.claims = &mc;
+      md = check_spatial(model, so);
+      lists.push_back({&model, &model.ops, &mt, &mc});
+    }
+    red.r = equiv_detail::choose_reduction(g, base, lists);
+    if (!red.r.applied) return false;
+    // The reduced program must type-check exactly as the declared one.
+    auto recheck = [&](const Program& q, const std::vector<Diagnostic>& before, const SpatialTypes& types) {
+      Program at = equiv_detail::at_sizes(q, red.r.vars);
+      SpatialTypes t2;
+      SpatialOptions so;
+      so.types = &t2;
+      auto d2 = check_spatial(at, so);
+      auto key = [](const std::vector<Diagnostic>& ds) {
+        std::vector<std::tuple<int, std::uint32_t, std::uint32_t>> k;
+        for (const auto& d : ds) k.emplace_back(static_cast<int>(d.id), d.loc.line, d.loc.col);
+        std::sort(k.begin(), k.end());
+        return k;
+      };
+      return key(d2) == key(before) && same_types(types, t2);
+    };
+    if (plan_typed && !recheck(g, pd, pt)) return false;
+    if (g.has_spec && !recheck(model, md, mt)) return false;
+  } catch (const std::exception&) {
+    return false;
+  }
+  // The real shapes the value-using kernels read.
+  if (tp) {
+    const Program& c = tp->program;
+    Program cm = model_of(c);
+    red.plan_real = equiv_detail::real_shapes(c, c.ops, {&c, &tp->plan_typed, &tp->plan_types, nullptr}, base);
+    red.model_real = equiv_detail::real_shapes(cm, cm.ops, {&c, &tp->spec_typed, &tp->spec_types, nullptr}, base);
+  } else {
+    if (plan_typed) red.plan_real = equiv_detail::real_shapes(g, g.ops, lists[0], base);
+    if (g.has_spec) red.model_real = equiv_detail::real_shapes(model, model.ops, lists.back(), base);
+    else if (plan_typed) red.model_real = equiv_detail::real_shapes(model, model.ops, {&g, &g.ops, &pt, nullptr}, base);
+  }
+  return true;
+}
+
+}  // namespace
+
 EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
-  if (p.loss < 0 || !(p.train || p.has_backward)) return check_pair(p, opt, nullptr);
+  bool training = p.loss >= 0 && (p.train || p.has_backward);
+  // Shape reduction: the program with its sizes as variables, run at the smallest sizes with its partition structure.
+  std::vector<std::int64_t> base;
+  std::optional<Program> g = opt.reduce ? generalized(p, opt, base) : std::nullopt;
+  Reduced red;
+  equiv_detail::TrainingPair tp;
+  bool reduced = false;
+  if (g) {
+    // every size at one value (the declared ones, symbolic ones at their instantiation): the checks below decide
+    // their claims by evaluation, never by the solver
+    g = equiv_detail::at_sizes(*g, base);
+    if (training) tp = equiv_detail::training_pair(*g);
+    reduced = prepare_reduction(*g, base, training && tp.ok ? &tp : nullptr, red);
+  }
+  const Program& q = reduced ? *g : p;
+  const Reduced* rp = reduced ? &red : nullptr;
+  if (!training) {
+    EquivResult res = check_pair(q, opt, nullptr, rp);
+    if (!red.run_failed) return res;
+    return check_pair(p, opt, nullptr, nullptr);  // the reduced sizes do not fit: as declared (within the interpreter's limits)
+  }
   // A training program: the plan's training step against the spec's (its gradients compared too).
-  equiv_detail::TrainingPair tp = equiv_detail::training_pair(p);
+  if (!reduced) tp = equiv_detail::training_pair(p);
   if (tp.ok) {
-    EquivResult res = check_pair(tp.program, opt, &tp);
+    EquivResult res = check_pair(tp.program, opt, &tp, rp);
+    if (red.run_failed) {  // the reduced sizes do not fit: as declared (within the interpreter's limits)
+      tp = equiv_detail::training_pair(p);
+      if (tp.ok) res = check_pair(tp.program, opt, &tp, nullptr);
+    }
     // A parameter the spec's loss depends on that no plan gradient reaches is never updated: a mismatch whatever
     // the compared values say.
     for (const auto& m : tp.missing) {
@@ -903,7 +1083,8 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
     }
     return res;
   }
-  EquivResult res = check_pair(p, opt, nullptr);
+  EquivResult res = check_pair(q, opt, nullptr, rp);
+  if (red.run_failed) res = check_pair(p, opt, nullptr, nullptr);
   if (res.verdict != EquivVerdict::Equivalent) return res;
   res.verdict = EquivVerdict::Unknown;
   res.message = "the forward's outputs equal the spec's, but the gradients are not compared: " + tp.why;

@@ -19,6 +19,9 @@ namespace spmd {
 struct EquivOptions {
   std::uint64_t seed = 0;
   int trials = 1;
+  // Run at reduced sizes that keep the program's partition structure (equiv/reduce.h); off: at the sizes as declared
+  // (symbolic ones at a small allowed value).
+  bool reduce = true;
 };
 
 enum class EquivVerdict { Equivalent, Mismatch, Unknown, Skipped };
@@ -27,7 +30,8 @@ struct EquivResult {
   EquivVerdict verdict = EquivVerdict::Skipped;
   std::vector<Diagnostic> diags;  // value-mismatch (error), or a warning/note saying what was proved and how
   double error_bound = 1;         // probability that `Equivalent` is wrong (field arithmetic), when Equivalent
-  std::string sizes;              // the reduced instantiation the run used
+  std::string sizes;              // the instantiation the run used
+  std::string reduction;          // the sizes shape reduction changed ("H 1024 -> 8, S 512 -> 2"), empty: none
   std::string message;            // one line: the verdict and why
 };
 

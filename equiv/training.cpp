@@ -44,6 +44,7 @@ TrainingPair training_pair(const Program& p) {
     return r.why = fmt::format("the plan's backward cannot be derived (line {}: {})", e.loc.line, e.what()), r;
   }
   if (!tc.built) return r.why = "the plan's forward has errors", r;
+  r.plan_types = st;
   if (std::string e = first_error(tc.diags); !e.empty()) return r.why = "the plan's training step has errors (" + e + ")", r;
   Program& t = tc.program;
   // The seed: each rank seeds its own backward with the same value (a P(sum) seed of a replicated loss is relabeled
@@ -88,6 +89,7 @@ TrainingPair training_pair(const Program& p) {
       n_copies *= static_cast<double>(t.exprs.value(e));
     }
   }
+  r.plan_typed = t.ops;
   std::vector<Op> plan_ops = without_relabels(t.ops, tc.first_relabel, tc.first_sync);
   if (!p.has_backward) r.plan_bwd = {tc.first_backward, tc.first_relabel};
   NameId plan_seed = seed.name;
@@ -112,8 +114,10 @@ TrainingPair training_pair(const Program& p) {
     s.backward.clear(), s.grad_sync.clear(), s.spec_ops.clear(), s.outputs.clear(), s.expect.clear(), s.spec_outputs.clear(), s.lineage.clear();
     ForwardUndo undo;
     TrainingCheck sc;
+    TrainingOptions so;
+    so.step_types = &r.spec_types;
     try {
-      sc = check_training_in_place(s, undo, {});
+      sc = check_training_in_place(s, undo, so);
     } catch (const LoadError& e) {
       return r.why = fmt::format("the spec's backward cannot be derived (line {}: {})", e.loc.line, e.what()), r;
     }
@@ -121,6 +125,7 @@ TrainingPair training_pair(const Program& p) {
     // The spec's seed is the plan's input, times N: the plan's backward computes the gradients of N copies of the
     // loss (every intermediate gradient is N times the spec's), and the P(avg) relabel with grad_sync's average
     // divides by N at the end; the spec mirrors both, so intermediate gradients are comparable stage by stage.
+    r.spec_typed = s.ops;
     NameId spec_seed = s.tensors.back().name;
     std::vector<Op> spec_ops = without_relabels(s.ops, sc.first_relabel, sc.first_sync);
     NameId seed_in = plan_seed;

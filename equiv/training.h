@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ir/program.h"
+#include "spatial/spatial.h"
 
 namespace spmd::equiv_detail {
 
@@ -27,6 +28,10 @@ struct TrainingPair {
     Loc loc;
   };
   std::vector<Missing> missing;  // parameters the spec's loss depends on that no plan gradient reaches
+  // The two steps as the type checker typed them (before the relabels were left out): their ops (operands in
+  // `program`) and types, for shape reduction's real extents (equiv/reduce.h).
+  std::vector<Op> plan_typed, spec_typed;
+  SpatialTypes plan_types, spec_types;
 };
 
 // `p` has `loss:` and `train: true` (or a hand-written `backward:`). Throws nothing: a backward that cannot be

@@ -171,7 +171,10 @@ void Runner::norm_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   std::vector<std::int64_t> bases, offs;
   group_layout(xl.shape, dims, bases, offs);
   o.t = Tensor(xl.shape);
-  const Num n = static_cast<double>(offs.size());
+  std::int64_t count = 1;  // the normalized elements: the real count under shape reduction
+  for (int d : dims) count *= real_local(real_global(oi, 1, static_cast<std::size_t>(d)), x.gshape[static_cast<std::size_t>(d)],
+                                         o.mask[static_cast<std::size_t>(d)], 0, c);
+  const Num n = static_cast<double>(count);
   auto at = [](Tensor& t, std::int64_t i) -> Num& { return t.data[static_cast<std::size_t>(i)]; };
   for (auto b : bases) {
     if (softmax) {
@@ -204,8 +207,8 @@ namespace {
 // dV = P^T dY, dP = dY V^T, D = rowsum(P * dP), dS = P * (dP - D), dQ = scale dS K, dK = scale dS^T Q;
 // the query heads of a kv head (GQA) add into its dK and dV.
 void attend_grad_kernel(AttnLayout layout, bool causal, const Tensor& dy, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor* dq, Tensor* dk, Tensor* dv) {
-  const AttnShape g = attn_shape(layout, "AttentionGrad", q, k, v, qpos, kpos);
+                        const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor* dq, Tensor* dk, Tensor* dv, std::int64_t real_d) {
+  const AttnShape g = attn_shape(layout, "AttentionGrad", q, k, v, qpos, kpos, real_d);
   Shape ys = q.shape;
   ys[static_cast<std::size_t>(g.dd)] = g.DV;
   if (dy.shape != ys) throw InterpError("AttentionGrad dy has local shape " + shape_text(dy.shape) + ", the attention output " + shape_text(ys));
@@ -271,7 +274,7 @@ void Runner::attention_grad(int oi, std::int64_t r, const std::vector<std::int64
   std::int64_t B = q.t.numel() / std::max<std::int64_t>(1, SQ * q.t.shape[static_cast<std::size_t>(dd)]);
   charge(B * SQ * SK * (q.t.shape[static_cast<std::size_t>(dd)] + v.t.shape[static_cast<std::size_t>(dd)]) * 2);
   attend_grad_kernel(op.attrs.layout, op.attrs.causal, dyl, q.t, k.t, v.t, qpos, kpos, wrt == 0 ? &o.t : nullptr, wrt == 1 ? &o.t : nullptr,
-                     wrt == 2 ? &o.t : nullptr);
+                     wrt == 2 ? &o.t : nullptr, real_global(oi, 1, 3));
   set_out(oi, r, 0, std::move(o), taint);
 }
 
@@ -361,6 +364,7 @@ void Runner::cross_entropy_grad(int oi, const std::vector<std::int64_t>& members
   struct Part {
     Tensor dl, lg, lb;
     Val out;
+    std::int64_t real_tokens = 0;  // the tokens a mean divides by (real extents under shape reduction)
   };
   std::vector<Part> parts(n);
   std::int64_t T = -1;
@@ -383,6 +387,8 @@ void Runner::cross_entropy_grad(int oi, const std::vector<std::int64_t>& members
     P.lg = align(lg, tl, c, p_.name(ins[1]));
     P.lb = align(lb, tok, c, p_.name(ins[2]));
     P.dl = none ? align(dl, tok, c, p_.name(ins[0])) : dl.t;
+    P.real_tokens = 1;
+    for (std::size_t d = 0; d < tok.size(); ++d) P.real_tokens *= real_local(real_global(oi, 2, d), lb.gshape[d], tok[d], 0, c);
     Shape ts(P.lg.shape.begin(), P.lg.shape.end() - 1);
     if (ts != P.lb.shape) throw InterpError("CrossEntropyGrad local logits " + shape_text(P.lg.shape) + " and labels " + shape_text(P.lb.shape) + " do not fit");
     std::int64_t t = P.lb.numel();
@@ -408,9 +414,9 @@ void Runner::cross_entropy_grad(int oi, const std::vector<std::int64_t>& members
     }
   }
   std::string taint = global_ ? taint_of(oi, members[0]) : "";
-  const Num count = static_cast<double>(T);
   for (std::size_t k = 0; k < n; ++k) {
     Part& P = parts[k];
+    const Num count = static_cast<double>(P.real_tokens);
     failed_rank = members[k];
     std::int64_t V = P.lg.shape.back(), vocab = P.out.gshape.back();
     std::int64_t off = static_cast<std::int64_t>(k) * V;  // as the forward: rank g owns labels [g * V, (g + 1) * V)

@@ -30,10 +30,12 @@ void Runner::norm(int oi, std::int64_t r, const std::vector<std::int64_t>& c, co
   auto dims = norm_dims(op.attrs.dims, v.t.rank(), true);
   const Num eps = op.attrs.has_number ? op.attrs.number : 1e-5;
   bool rms = op.kind == OpKind::RMSNorm;
+  std::int64_t count = 1;  // the normalized elements: the real count under shape reduction
+  for (int d : dims) count *= real_count(oi, 0, v, static_cast<std::size_t>(d), c);
+  const Num n = static_cast<double>(count);
   for_each_group(v.t, dims, [&](std::vector<Num>& x) {
     if (x.empty()) return;
     Num mean = 0.0, var = 0.0;
-    const Num n = static_cast<double>(x.size());
     if (!rms) {
       for (const Num& e : x) mean += e;
       mean /= n;
@@ -76,9 +78,10 @@ void Runner::reduce_dims(int oi, std::int64_t r, const std::string& taint) {
     o.t = op.attrs.keepdim ? l : reduce(l, dims, false, 0.0, sum);  // drop the kept size-1 dims
   } else o.t = reduce(x.t, dims, op.attrs.keepdim, 0.0, sum);
   if (op.kind == OpKind::Mean) {
-    std::int64_t n = 1;
-    for (int d : dims) n *= x.t.shape[static_cast<std::size_t>(d)];
-    const Num nn = static_cast<double>(n);
+    std::int64_t n = 1, real = 1;  // the local count; the real one divides (shape reduction: equal without it)
+    auto c = coords(r);
+    for (int d : dims) n *= x.t.shape[static_cast<std::size_t>(d)], real *= real_count(oi, 0, x, static_cast<std::size_t>(d), c);
+    const Num nn = static_cast<double>(real);
     for (auto& e : o.t.data) e = n ? e / nn : Num(NAN);
   }
   for (std::size_t d = 0; d < x.gshape.size(); ++d) {
@@ -132,6 +135,7 @@ void Runner::cross_entropy(int oi, const std::vector<std::int64_t>& members) {
     Val tok;
     std::vector<double> mx;  // the max is a stabilizer: real values only
     std::vector<Num> se, tgt;
+    std::int64_t real_tokens = 0;  // the tokens a mean divides by (real extents under shape reduction)
   };
   std::vector<Part> parts(n);
   std::int64_t T = -1;
@@ -155,6 +159,8 @@ void Runner::cross_entropy(int oi, const std::vector<std::int64_t>& members) {
     std::int64_t t = P.lb.numel();
     if (T >= 0 && t != T) throw InterpError("ranks of one vocab-parallel group hold different token counts");
     T = t;
+    P.real_tokens = 1;
+    for (std::size_t d = 0; d < lb.gshape.size(); ++d) P.real_tokens *= real_local(real_global(oi, 1, d), lb.gshape[d], P.tok.mask[d], 0, c);
     std::int64_t V = P.lg.shape.back();
     std::int64_t off = static_cast<std::int64_t>(k) * V;  // Megatron: vocab_start_index = rank * partition_vocab_size
     P.mx.assign(static_cast<std::size_t>(t), -INFINITY);
@@ -191,7 +197,7 @@ void Runner::cross_entropy(int oi, const std::vector<std::int64_t>& members) {
     if (op.attrs.reduction != Reduction::None) {
       Num s = 0.0;
       for (const Num& e : o.t.data) s += e;
-      if (op.attrs.reduction == Reduction::Mean) s = o.t.data.empty() ? Num(NAN) : s / Num(static_cast<double>(o.t.data.size()));
+      if (op.attrs.reduction == Reduction::Mean) s = o.t.data.empty() ? Num(NAN) : s / Num(static_cast<double>(P.real_tokens));
       o.t = Tensor({}, s);
       o.gshape.clear();
       o.mask.clear();

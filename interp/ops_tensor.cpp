@@ -200,6 +200,9 @@ void Runner::rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, co
   Tensor p = align(pos, {o.mask[du]}, c, "the positions of RoPE");
   if (p.shape[0] != o.t.shape[du]) throw InterpError("RoPE positions do not line up with x's local block");
   double theta = op.attrs.has_number ? op.attrs.number : 10000.0;
+  // the rotated dim's size in the frequencies theta^(-2i/D): the real one under shape reduction (a value, not an extent)
+  std::int64_t Dr = real_global(oi, 0, lu);
+  const double Dv = static_cast<double>(Dr > 0 ? Dr : D);
   const Num sign = op.attrs.inverse ? -1.0 : 1.0;
   Shape st = strides_of(o.t.shape);
   Tensor x = o.t;
@@ -209,7 +212,7 @@ void Runner::rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, co
     if (i >= h) continue;
     std::int64_t s = static_cast<std::int64_t>(w / static_cast<std::size_t>(st[du])) % o.t.shape[du];
     // the angle: a position (exact) times a constant; cos and sin as interp/num.h defines them (cos^2 + sin^2 = 1)
-    Num a = sign * p.data[static_cast<std::size_t>(s)] * Num(std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D)));
+    Num a = sign * p.data[static_cast<std::size_t>(s)] * Num(std::pow(theta, -2.0 * static_cast<double>(i) / Dv));
     const Num &x1 = x.data[w], &x2 = x.data[w + static_cast<std::size_t>(h * st[lu])];
     const Num ca = cos(a), sa = sin(a);
     o.t.data[w] = x1 * ca - x2 * sa;

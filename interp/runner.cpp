@@ -176,6 +176,26 @@ std::int64_t Runner::eval(ExprId e, const std::string& what) const {
   return *v;
 }
 
+std::int64_t Runner::real_global(int oi, int k, std::size_t d) const {
+  if (!real_shapes || oi < 0 || static_cast<std::size_t>(oi) >= real_shapes->size()) return -1;
+  const auto& ins = (*real_shapes)[static_cast<std::size_t>(oi)];
+  if (k < 0 || static_cast<std::size_t>(k) >= ins.size() || d >= ins[static_cast<std::size_t>(k)].size()) return -1;
+  return ins[static_cast<std::size_t>(k)][d];
+}
+
+std::int64_t Runner::real_local(std::int64_t real, std::int64_t reduced, std::uint32_t mask, std::uint32_t ord, const std::vector<std::int64_t>& c) const {
+  std::int64_t lo, hi;
+  block(real > 0 ? real : reduced, mask, c, lo, hi, ord);
+  return hi - lo;
+}
+
+std::int64_t Runner::real_count(int oi, int k, const Val& v, std::size_t d, const std::vector<std::int64_t>& c) const {
+  if (d >= v.gshape.size()) return d < v.t.shape.size() ? v.t.shape[d] : 1;
+  std::int64_t real = real_global(oi, k, d);
+  if (real <= 0) return v.t.shape[d];
+  return real_local(real, v.gshape[d], d < v.mask.size() ? v.mask[d] : 0, ord_of(v, d), c);
+}
+
 void Runner::check_size(const Shape& s) const {
   std::int64_t n = 1;
   for (auto d : s) {

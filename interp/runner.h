@@ -120,8 +120,9 @@ struct AttnShape {
     return static_cast<std::size_t>(off);
   }
 };
+// `real_d` (> 0): the head dim the score scale 1/sqrt(D) uses when the run is at reduced sizes (Runner::real_shapes).
 AttnShape attn_shape(AttnLayout layout, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos);
+                     const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, std::int64_t real_d = 0);
 // Query row i of head hi (batch bi): w[j] = exp(scaled score - m), 0 where the causal mask kpos[j] > qpos[i] hides
 // key j, m the stabilizer (interp/num.h); returns z = sum of w. The one definition of attention's probabilities
 // (w / z), shared by the forward and its gradient.
@@ -131,7 +132,7 @@ Num attn_row(const AttnShape& g, bool causal, const Tensor& q, const Tensor& k, 
 // Attention kernel (ops_cp.cpp): q over k, v in `layout`, causal mask kpos[j] > qpos[i]; the output and, when
 // asked, the log-sum-exp per query row. `nm` names the op in errors.
 void attend_kernel(AttnLayout layout, bool causal, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse);
+                   const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse, std::int64_t real_d = 0);
 // Ring attention's log-sum-exp merge of a step (o, l) into the accumulator (O, L), in place in (o, l).
 void lse_merge(const Tensor& O, const Tensor& L, Tensor& o, Tensor& l);
 
@@ -161,12 +162,24 @@ class Runner {
   // Called after op `op` ran on rank `rank` (for a collective: once per member), when set (equiv/ records values).
   std::function<void(int op, std::int64_t rank)> after_op;
   std::int64_t failed_rank = 0;  // and the rank (the first member for a collective)
+  // Shape reduction (equiv/reduce.h, docs/equivalence.md "Shape reduction"): when the run is at reduced sizes, the
+  // real (declared) global shape of every input of every op (per op, per input; an empty shape: unknown). A kernel
+  // that uses an extent as a value (a Mean's count, a norm's 1/N, cross-entropy's token count, attention's
+  // 1/sqrt(D), RoPE's D) reads it through real_count, so the reduced run computes each element by the formula the
+  // real program uses, over fewer elements. Null: no reduction (the extents are the real ones).
+  const std::vector<std::vector<Shape>>* real_shapes = nullptr;
   // When set (a shape-only pre-run with all integer inputs 0), records the range integer inputs must take:
   // Embedding ids index the table's rows, labels the logits' vocab.
   std::vector<std::int64_t>* int_range = nullptr;
 
  private:
   std::int64_t eval(ExprId e, const std::string& what) const;
+  // The real extent of dim d of input k of op oi (value v) on the rank at c: the real global extent (real_shapes,
+  // else v's) cut as v's dim is cut there. Without a reduction it is v's local extent.
+  std::int64_t real_count(int oi, int k, const Val& v, std::size_t d, const std::vector<std::int64_t>& c) const;
+  // The same for a dim of global extent `reduced` cut by `mask`, given its real global extent (or -1: unknown).
+  std::int64_t real_local(std::int64_t real, std::int64_t reduced, std::uint32_t mask, std::uint32_t ord, const std::vector<std::int64_t>& c) const;
+  std::int64_t real_global(int oi, int k, std::size_t d) const;
   // Local view (Program::local_view, docs/format.md "Local view"): a value is just the rank's array, so its
   // layout is reset to "whole, unsharded" (global shape = local shape) whenever it is stored.
   static void make_local(Val& v);

@@ -167,6 +167,19 @@ std::optional<std::int64_t> ExprPool::eval(ExprId id, const std::vector<std::int
   return std::nullopt;
 }
 
+std::optional<std::int64_t> ExprPool::single_value(ExprId id, const std::vector<SizeVar>& vars) const {
+  if (is_const(id)) return value(id);
+  if (has_axis(id)) return std::nullopt;
+  std::vector<int> used;
+  collect_vars(id, used);
+  std::vector<std::int64_t> vals(vars.size(), 0);
+  for (int v : used) {
+    if (static_cast<std::size_t>(v) >= vars.size() || vars[static_cast<std::size_t>(v)].in.size() != 1) return std::nullopt;
+    vals[static_cast<std::size_t>(v)] = vars[static_cast<std::size_t>(v)].in[0];
+  }
+  return eval(id, vals);
+}
+
 void ExprPool::collect_vars(ExprId id, std::vector<int>& out) const {
   const ENode& n = node(id);
   if (n.op == EOp::AxisIndex || n.op == EOp::AxisSize) throw AxisExprError("collect_vars: axis_index / an axis size is not a size variable");

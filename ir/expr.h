@@ -45,6 +45,10 @@ struct SizeVar {
   std::int64_t max = kMaxSize;
   std::int64_t multiple_of = 1;
   std::vector<std::int64_t> in;  // when non-empty: the finite set of allowed values
+  // A concrete size loaded as a variable for shape reduction (LoadOptions::generalize_sizes): `in` holds its one
+  // declared value. Anything that needs a number where a size is used as a value (a scale expression, a Mean's
+  // count in a derived backward) takes that declared value; only tensor extents follow the instantiation.
+  bool general = false;
 };
 
 // The rank an expression is evaluated for: its coordinate and the size of each mesh axis.
@@ -86,6 +90,9 @@ class ExprPool {
   // Value under an assignment of the variables (nullopt: division by zero, inexact or overflow). An AxisIndex or
   // AxisSize node needs `env` (a rank): without one it throws AxisExprError.
   std::optional<std::int64_t> eval(ExprId id, const std::vector<std::int64_t>& vars, const AxisEnv& env = {}) const;
+  // The value of `id` when every variable it mentions has exactly one allowed value (`in` of size one, as a
+  // generalized concrete size has); nullopt otherwise (or on division by zero, inexact division, overflow).
+  std::optional<std::int64_t> single_value(ExprId id, const std::vector<SizeVar>& vars) const;
   // Adds the indices of the variables `id` mentions to `out` (deduplicated by the caller).
   void collect_vars(ExprId id, std::vector<int>& out) const;
   // Writes `id` as text using the variable names.

@@ -48,9 +48,25 @@ void Loader::prelude_head(N root) {
     if (!n.IsScalar()) fail(n, "`name` must be a string");
     p_.title = n.Scalar();
   }
+  auto mesh = root["mesh"];
+  if (generalize_ && mesh.IsDefined() && mesh.IsMap())  // the sizes the mesh names stay concrete
+    for (auto it = mesh.begin(); it != mesh.end(); ++it) {
+      ++it;
+      if (!(*it).IsScalar()) continue;
+      std::string_view t = (*it).sv();
+      for (std::size_t i = 0; i < t.size();) {
+        if (std::isalpha(static_cast<unsigned char>(t[i])) || t[i] == '_') {
+          std::size_t j = i;
+          while (j < t.size() && (std::isalnum(static_cast<unsigned char>(t[j])) || t[j] == '_')) ++j;
+          mesh_words_.insert(std::string(t.substr(i, j - i)));
+          i = j;
+        } else {
+          ++i;
+        }
+      }
+    }
   if (auto n = root["sizes"]; n.IsDefined() && !n.IsNull()) load_sizes(n);
   if (auto n = root["view"]; n.IsDefined()) load_view(n);
-  auto mesh = root["mesh"];
   if (!mesh.IsDefined()) fail(root, "missing key `mesh` (e.g. mesh: {dp: 2, tp: 4})");
   load_mesh(mesh);
 }
@@ -216,6 +232,14 @@ void Loader::load_sizes(N n) {
         fail(v, "size '" + name + "' must be positive, got " + std::to_string(p_.exprs.value(e)));
       if (p_.exprs.is_const(e) && p_.exprs.value(e) > kMaxSize)
         fail(v, "size '" + name + "' is " + std::to_string(p_.exprs.value(e)) + ", too large (the limit is 2^40)");
+      if (generalize_ && p_.exprs.is_const(e) && !mesh_words_.count(name)) {  // a variable with its one value
+        SizeVar var;
+        var.name = name;
+        var.in = {p_.exprs.value(e)};
+        var.general = true;
+        p_.vars.push_back(std::move(var));
+        e = p_.exprs.var(static_cast<int>(p_.vars.size() - 1));
+      }
     }
     p_.sizes[name] = e;
     p_.size_locs[name] = k.loc();
@@ -445,10 +469,11 @@ void close_at(Doc& doc, std::uint32_t root, std::uint32_t end) {
 }
 
 // One pass over the events: the keys before `ops` into a small tree, each op loaded as it is parsed.
-Program load_streaming(EventSource& src, const std::string& filename, std::size_t text_size) {
+Program load_streaming(EventSource& src, const std::string& filename, std::size_t text_size, const LoadOptions& opt) {
   Program p;
   p.file = filename;
   Loader loader(p, filename);
+  if (opt.generalize_sizes) loader.generalize_sizes();
   Doc doc, item;
   Event e;
   src.next(e);
@@ -539,37 +564,50 @@ Program load_streaming(EventSource& src, const std::string& filename, std::size_
 }
 
 // The fixed-order pass: the whole file as one tree (used for files out of order and for errors).
-Program load_tree(const std::string& text, const std::string& filename) {
+Program load_tree(const std::string& text, const std::string& filename, const LoadOptions& opt) {
   Program p;
   p.file = filename;
   Doc doc;
   read_document(text, doc);
-  Loader(p, filename).load(doc.root());
+  Loader loader(p, filename);
+  if (opt.generalize_sizes) loader.generalize_sizes();
+  loader.load(doc.root());
   return p;
 }
 
-Program load(const std::string& text, const std::string& filename) {
+Program load_any(const std::string& text, const std::string& filename, const LoadOptions& opt) {
   if (looks_like_json(text)) {
     try {
-      return load_streaming(*json_events(text), filename, text.size());
+      return load_streaming(*json_events(text), filename, text.size(), opt);
     } catch (const NotJson&) {
     } catch (const Restart&) {
     } catch (const LoadError&) {
     }
   }
   try {
-    return load_streaming(*yaml_events(text), filename, text.size());
+    return load_streaming(*yaml_events(text), filename, text.size(), opt);
   } catch (const Restart&) {
   } catch (const LoadError&) {
   }
-  return load_tree(text, filename);
+  return load_tree(text, filename, opt);
+}
+
+Program load(std::shared_ptr<const std::string> text, const std::string& filename, const LoadOptions& opt) {
+  Program p = load_any(*text, filename, opt);
+  p.source = std::move(text);
+  p.generalized = opt.generalize_sizes;
+  return p;
 }
 
 }  // namespace
 
-Program load_program_string(const std::string& text, const std::string& filename) { return load(text, filename); }
+Program load_program_string(const std::string& text, const std::string& filename, const LoadOptions& opt) {
+  return load(std::make_shared<const std::string>(text), filename, opt);
+}
 
-Program load_program_file(const std::string& path) { return load(read_input_file(path), path); }
+Program load_program_file(const std::string& path, const LoadOptions& opt) {
+  return load(std::make_shared<const std::string>(read_input_file(path)), path, opt);
+}
 
 void set_json_direct(bool on) { json_direct = on; }
 

@@ -110,6 +110,8 @@ struct Scope {
 class Loader {
  public:
   Loader(Program& p, std::string file);
+  // LoadOptions::generalize_sizes: integer sizes that no mesh axis names become single-valued variables.
+  void generalize_sizes() { generalize_ = true; }
   // Loads the whole program from its root mapping (parts the prelude or streaming did are skipped).
   void load(N root);
   // Name, sizes, mesh, tensors, include and modules: what the ops depend on.
@@ -188,6 +190,8 @@ class Loader {
   std::string file_;
   std::vector<Op>* target_ = &p_.ops;  // where load_op appends
   bool prelude_done_ = false, head_done_ = false;
+  bool generalize_ = false;
+  std::unordered_set<std::string> mesh_words_;  // generalize_: the words the mesh's sizes use (kept concrete)
   std::pair<std::int64_t, ExprId> const_cache_[64] = {};  // constant(): value -> id, direct-mapped
   std::unordered_map<std::string, Module> modules_;
   std::vector<std::unique_ptr<Doc>> docs_;  // included files and parameter-substituted module bodies

@@ -113,8 +113,10 @@ double Loader::scale_expr(N v, const std::string& what) {
       }
     auto it = p_.sizes.find(std::string(name));
     if (it == p_.sizes.end()) return std::nullopt;
-    if (!p_.exprs.is_const(it->second)) return symbolic = std::string(name), std::nullopt;
-    return static_cast<double>(p_.exprs.value(it->second));
+    // a generalized size (shape reduction) is a value here: its declared one
+    auto v = p_.exprs.single_value(it->second, p_.vars);
+    if (!v) return symbolic = std::string(name), std::nullopt;
+    return static_cast<double>(*v);
   };
   try {
     if (text.size() > 400) throw ExprError(0, "too long (the limit is 400 characters)");

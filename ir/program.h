@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <string>
@@ -196,6 +197,10 @@ struct Instance {
 
 struct Program {
   std::string file;
+  // The text the program was loaded from (shared by copies; null for a program built in code), and whether its
+  // concrete sizes were loaded as variables (LoadOptions::generalize_sizes).
+  std::shared_ptr<const std::string> source;
+  bool generalized = false;
   std::string title;  // `name:` of the program
   std::vector<MeshAxis> mesh;
   std::vector<SizeVar> vars;               // symbolic sizes

@@ -358,6 +358,7 @@ class Checker {
   SpatialTypes* types_ = nullptr;
   bool recording_decls_ = true;
   std::vector<std::optional<Placements>>* inferred_ = nullptr;
+  std::vector<ShapeClaim>* claims_ = nullptr;
   const SpatialTypes* prefix_ = nullptr;  // types of ops [0, prefix_ops_), checked before
   std::size_t prefix_ops_ = 0;
   std::unordered_map<NameId, MoEDispatchRecord> moe_dispatches_;

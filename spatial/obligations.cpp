@@ -61,10 +61,7 @@ std::string failure_words(OblKind k, std::int64_t a, std::int64_t b) {
 
 std::optional<std::int64_t> Obligations::concrete(ExprId e) const {
   if (pool_.is_const(e)) return pool_.value(e);
-  std::vector<int> vs;
-  pool_.collect_vars(e, vs);
-  if (!vs.empty()) return std::nullopt;
-  return pool_.eval(e, {});
+  return pool_.single_value(e, vars_);
 }
 
 Decision Obligations::decide(OblKind k, ExprId a, ExprId b) const {

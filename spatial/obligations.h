@@ -48,9 +48,11 @@ class Obligations {
   // True the first time a (symbolic) claim is seen; then push() its description for solve().
   bool first_time(OblKind k, ExprId a, ExprId b);
   void push(Obligation o) { pending_.push_back(std::move(o)); }
+  const std::vector<Obligation>& pending() const { return pending_; }
   // Discharges the queued obligations, appending a diagnostic for each that fails or is unknown.
   void solve(std::vector<Diagnostic>& out);
-  // The value of a concrete expression for messages (nullopt when symbolic).
+  // The value of a concrete expression (nullopt when symbolic; a variable with one allowed value, as a generalized
+  // size has, counts as concrete here, so rules that need a number behave as on the concrete program).
   std::optional<std::int64_t> concrete(ExprId e) const;
 
  private:

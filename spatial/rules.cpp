@@ -32,6 +32,7 @@ Checker::Checker(const Program& p, const SpatialOptions& o)
       obl_(pool_, p.vars, var_locs(p), o.z3_timeout_ms),
       types_(o.types),
       inferred_(o.inferred_outputs),
+      claims_(o.claims),
       prefix_(o.prefix),
       prefix_ops_(o.prefix ? std::min(o.prefix_ops, o.prefix->out_base.size()) : 0) {
   mask_sizes_.fill(-1);
@@ -189,6 +190,8 @@ std::vector<Diagnostic> Checker::run() {
   }
   compare_collectives(pairs, space);
   if (types_) types_->exprs = pool_;
+  if (claims_)
+    for (const auto& o : obl_.pending()) claims_->push_back({static_cast<ClaimKind>(o.kind), o.a, o.b});
   obl_.solve(diags_);
   sort_and_cap(diags_, diags_.size());
   // Programs share declarations and outputs: report each finding once.

@@ -224,7 +224,7 @@ void Checker::rope() {
   if (pos.rank != 1)
     return report(CheckId::ShapeMismatch, fmt::format("RoPE takes positions of rank 1 ([S]), {} has rank {}", iname(1), pos.rank), iname(1));
   ExprId D = x.shape[static_cast<std::size_t>(last)];
-  if (pool_.is_const(D) && pool_.value(D) % 2)
+  if (auto cd = obl_.concrete(D); cd && *cd % 2)
     return report(CheckId::ShapeMismatch, fmt::format("RoPE rotates pairs of the last dim of {}, which has odd size {}", iname(0), dstr(D)), iname(0));
   ExprId s = x.shape[static_cast<std::size_t>(d)];
   if (!same_dim(pos.shape[0], s,

@@ -52,6 +52,14 @@ struct SpatialTypes {
   std::vector<AxisOrigins> out_origins;   // per op output, like `outs`
 };
 
+// A shape claim the check relied on that mentions a size variable (SpatialOptions::claims): a % b == 0, a == b,
+// a >= 1, or the Div node `a` is exact. Shape reduction (equiv/reduce.h) keeps every one of them true.
+enum class ClaimKind : std::uint8_t { Divisible, Equal, Positive, ExactDiv };
+struct ShapeClaim {
+  ClaimKind kind;
+  ExprId a, b;
+};
+
 struct SpatialOptions {
   unsigned z3_timeout_ms = 10000;
   SpatialTypes* types = nullptr;  // when set, receives every value's type
@@ -65,6 +73,9 @@ struct SpatialOptions {
   // are checked. Shapes refer to prefix->exprs, which the program's expression pool must extend.
   const SpatialTypes* prefix = nullptr;
   std::size_t prefix_ops = 0;
+  // When set, receives every symbolic shape claim (deduplicated), in the expressions of `types->exprs` (set `types`
+  // too: the checker's own expressions live there).
+  std::vector<ShapeClaim>* claims = nullptr;
 };
 
 // A local-view program (`view: local`) gets no findings: its values have no placement.

@@ -1,0 +1,425 @@
+// equiv/reduce.cpp - shape reduction: the smallest sizes with the declared sizes' partition structure (reduce.h).
+#include "equiv/reduce.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+namespace spmd::equiv_detail {
+namespace {
+
+// A structural fact of the program at its declared sizes that the reduced sizes must keep.
+struct Fact {
+  // Value: a size expression written in the program (a shape, a size attribute) stays 0, 1 or at least 2 as declared
+  enum Kind : std::uint8_t { Divisible, Equal, Positive, ExactDiv, Block, Value } kind;
+  const ExprPool* pool;
+  ExprId a, b;               // Block: a is the dim, b unused
+  std::int64_t parts = 1;    // Block: the ranks the dim is cut over
+  std::int64_t ra = 0, rb = 0;  // the values at the declared sizes
+  std::vector<int> vars;
+};
+
+std::optional<std::int64_t> ev(const ExprPool& pool, ExprId e, const std::vector<std::int64_t>& vals) {
+  try {
+    return pool.eval(e, vals);
+  } catch (const AxisExprError&) {
+    return std::nullopt;
+  }
+}
+
+// torch.chunk of n over `parts`: (non-empty chunks, the last one shorter, any chunk empty).
+std::tuple<std::int64_t, bool, bool> chunk_shape(std::int64_t n, std::int64_t parts) {
+  if (parts <= 1) return {1, false, n == 0};
+  std::int64_t c = (n + parts - 1) / parts;
+  std::int64_t full = c ? n / c : 0, rest = c ? n % c : 0;
+  std::int64_t nonempty = full + (rest ? 1 : 0);
+  return {nonempty, rest != 0, nonempty < parts};
+}
+
+// Whether `f` holds at `vals` the way it holds at the declared sizes.
+bool keeps(const Fact& f, const std::vector<std::int64_t>& vals) {
+  auto a = ev(*f.pool, f.a, vals);
+  if (!a) return false;
+  switch (f.kind) {
+    case Fact::Divisible: {
+      auto b = ev(*f.pool, f.b, vals);
+      if (!b || *b == 0 || *a % *b != 0) return false;
+      return f.rb == 0 || f.ra / f.rb < 2 || *a / *b >= 2;  // a quotient of 2 or more stays 2 or more
+    }
+    case Fact::Equal: {
+      auto b = ev(*f.pool, f.b, vals);
+      return b && *a == *b;
+    }
+    case Fact::Positive: return *a >= std::min<std::int64_t>(f.ra, 2);
+    case Fact::ExactDiv: {
+      const ENode& n = f.pool->node(f.a);
+      auto x = ev(*f.pool, n.a, vals), y = ev(*f.pool, n.b, vals);
+      if (!x || !y || *y == 0 || *x % *y != 0) return false;
+      return f.ra < 2 || *x / *y >= 2;
+    }
+    case Fact::Value: return f.ra <= 1 ? *a == f.ra : *a >= 2;
+    case Fact::Block: {
+      if (f.ra == 1) return *a == 1;  // a broadcast dim stays one
+      if (*a < std::min<std::int64_t>(f.ra, 2)) return false;
+      if (f.parts <= 1) return true;
+      if (chunk_shape(*a, f.parts) != chunk_shape(f.ra, f.parts)) return false;
+      std::int64_t real_block = (f.ra + f.parts - 1) / f.parts, block = (*a + f.parts - 1) / f.parts;
+      if (block < std::min<std::int64_t>(real_block, 2)) return false;
+      // the last (shorter) chunk keeps at least min(2, its size) elements too
+      std::int64_t real_last = f.ra - real_block * (std::get<0>(chunk_shape(f.ra, f.parts)) - 1);
+      std::int64_t last = *a - block * (std::get<0>(chunk_shape(*a, f.parts)) - 1);
+      return last >= std::min<std::int64_t>(real_last, 2);
+    }
+  }
+  return false;
+}
+
+// The type of each input of each op of a typed list (null: untyped), walking names in program order.
+std::vector<std::vector<const ValueType*>> input_types(const TypedOps& t) {
+  std::vector<std::vector<const ValueType*>> out(t.ops->size());
+  if (!t.types) return out;
+  const Program& p = *t.program;
+  std::vector<const ValueType*> env(p.names.size(), nullptr);
+  for (std::size_t i = 0; i < p.tensors.size() && i < t.types->decls.size(); ++i) env[static_cast<std::size_t>(p.tensors[i].name)] = &t.types->decls[i];
+  for (std::size_t oi = 0; oi < t.ops->size(); ++oi) {
+    const Op& op = (*t.ops)[oi];
+    for (NameId n : p.ins(op)) out[oi].push_back(env[static_cast<std::size_t>(n)]);
+    if (oi >= t.types->out_base.size()) continue;
+    auto outs = p.outs(op);
+    for (std::size_t k = 0; k < outs.size(); ++k) env[static_cast<std::size_t>(outs[k])] = &t.types->out(oi, static_cast<int>(k));
+  }
+  return out;
+}
+
+// Ops whose value uses an extent (a count it divides by, a head dim, a frequency base): the runner reads real extents
+// for them, which needs the types of their inputs.
+bool uses_extent_as_value(const Op& op) {
+  switch (op.kind) {
+    case OpKind::Mean:
+    case OpKind::LayerNorm:
+    case OpKind::RMSNorm:
+    case OpKind::NormGrad:
+    case OpKind::CrossEntropyLoss:
+    case OpKind::CrossEntropyGrad:
+    case OpKind::FlashAttention:
+    case OpKind::AttentionGrad:
+    case OpKind::RingAttentionStep:
+    case OpKind::RoPE: return true;
+    default: return false;
+  }
+}
+
+std::string loc_text(const Op& op) { return fmt::format("line {}", op.loc.line); }
+
+}  // namespace
+
+Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& base, const std::vector<TypedOps>& lists) {
+  Reduction red;
+  red.vars = base;
+  const std::size_t nv = g.vars.size();
+  std::vector<char> pinned(nv, 0);
+  std::vector<std::string> why(nv);
+  auto pin_expr = [&](const ExprPool& pool, ExprId e, const std::string& reason) {
+    std::vector<int> vs;
+    try {
+      pool.collect_vars(e, vs);
+    } catch (const AxisExprError&) {
+      return;
+    }
+    for (int v : vs)
+      if (static_cast<std::size_t>(v) < nv && g.vars[static_cast<std::size_t>(v)].general && !pinned[static_cast<std::size_t>(v)])
+        pinned[static_cast<std::size_t>(v)] = 1, why[static_cast<std::size_t>(v)] = reason;
+  };
+  auto pin_all = [&](const std::string& reason) {
+    for (std::size_t v = 0; v < nv; ++v)
+      if (g.vars[v].general && !pinned[v]) pinned[v] = 1, why[v] = reason;
+  };
+  // ---- the facts ----
+  std::vector<Fact> facts;
+  std::set<std::tuple<const ExprPool*, int, ExprId, ExprId, std::int64_t>> seen;
+  auto add = [&](Fact f) {
+    if (!seen.insert({f.pool, static_cast<int>(f.kind), f.a, f.b, f.parts}).second) return;
+    try {
+      f.pool->collect_vars(f.a, f.vars);
+      if (f.kind == Fact::Divisible || f.kind == Fact::Equal) f.pool->collect_vars(f.b, f.vars);
+    } catch (const AxisExprError&) {
+      return;
+    }
+    auto a = ev(*f.pool, f.a, base);
+    if (!a) return;  // does not hold at the declared sizes either: the checks report it
+    f.ra = *a;
+    if (f.kind == Fact::Divisible || f.kind == Fact::Equal) {
+      auto b = ev(*f.pool, f.b, base);
+      if (!b) return;
+      f.rb = *b;
+    }
+    if (f.kind == Fact::ExactDiv) {
+      const ENode& n = f.pool->node(f.a);
+      if (n.op != EOp::Div) return;
+    }
+    if (!keeps(f, base)) return;  // false at the declared sizes: nothing to keep
+    facts.push_back(std::move(f));
+  };
+  std::vector<std::int64_t> mesh(g.mesh.size(), 1);
+  for (std::size_t a = 0; a < g.mesh.size(); ++a)
+    if (g.exprs.is_const(g.mesh[a].size)) mesh[a] = g.exprs.value(g.mesh[a].size);
+  auto add_value = [&](const ExprPool& pool, const ValueType& t) {
+    if (!t.ok) return;
+    for (int d = 0; d < t.rank; ++d) {
+      ExprId e = t.shape[static_cast<std::size_t>(d)];
+      if (pool.is_const(e)) continue;
+      std::int64_t parts = 1;
+      for (std::size_t a = 0; a < g.mesh.size(); ++a)
+        if (t.pl[a].is_s(d)) parts *= mesh[a];
+      add({Fact::Block, &pool, e, -1, parts, 0, 0, {}});
+    }
+  };
+  // Every size expression the program writes (shapes, size attributes, in every op list): its divisions stay exact
+  // and its value stays 0, 1 or at least 2 (what a local-view plan or a value without a type still relies on).
+  auto add_written = [&](ExprId e) {
+    if (e < 0 || g.exprs.is_const(e)) return;
+    g.exprs.visit(e, [&](ExprId sub) {
+      if (g.exprs.node(sub).op == EOp::Div && !g.exprs.has_axis(sub)) add({Fact::ExactDiv, &g.exprs, sub, -1, 1, 0, 0, {}});
+    });
+    if (!g.exprs.has_axis(e)) add({Fact::Value, &g.exprs, e, -1, 1, 0, 0, {}});
+  };
+  for (const auto& shape : g.shapes)
+    for (ExprId e : shape) add_written(e);
+  for (const auto& t : g.tensors)
+    for (ExprId e : t.shape) add_written(e);
+  for (const auto& l : lists) {
+    if (!l.types) {
+      for (const auto& op : *l.ops)
+        if (uses_extent_as_value(op)) {
+          pin_all(fmt::format("the local-view plan's {} ({}) uses an extent as a value, which cannot be traced to sizes there", op_name(op.kind),
+                              loc_text(op)));
+          break;
+        }
+      continue;
+    }
+    const ExprPool& pool = l.types->exprs;
+    if (l.claims)
+      for (const auto& c : *l.claims) add({static_cast<Fact::Kind>(c.kind), &pool, c.a, c.b, 1, 0, 0, {}});
+    for (const auto& t : l.types->decls) add_value(pool, t);
+    for (const auto& t : l.types->outs) add_value(pool, t);
+    // A size attribute written as a number, on an op whose input dims follow sizes, would land elsewhere on the
+    // reduced dims: those sizes are kept.
+    auto tin = input_types(l);
+    const Program& p = *l.program;
+    for (std::size_t oi = 0; oi < l.ops->size(); ++oi) {
+      const Op& op = (*l.ops)[oi];
+      if (op.attrs.sizes == kNoIndex) continue;
+      bool literal = false;
+      for (ExprId e : p.shapes[op.attrs.sizes])
+        if (e >= 0 && p.exprs.is_const(e) && p.exprs.value(e) != 0) literal = true;
+      if (!literal) continue;
+      for (std::size_t k = 0; k < tin[oi].size(); ++k) {
+        const ValueType* t = tin[oi][k];
+        if (!t || !t->ok) continue;
+        for (int d = 0; d < t->rank; ++d) {
+          bool relevant = op.attrs.dim == kUnset || d == (op.attrs.dim < 0 ? op.attrs.dim + t->rank : op.attrs.dim);
+          if (relevant)
+            pin_expr(pool, t->shape[static_cast<std::size_t>(d)],
+                     fmt::format("{} ({}) gives a size attribute as a number on a dim that depends on it", op_name(op.kind), loc_text(op)));
+        }
+      }
+    }
+  }
+  // ---- the search: each size in turn, its smallest value that keeps every fact (a few passes) ----
+  std::vector<std::vector<std::size_t>> by_var(nv);
+  for (std::size_t i = 0; i < facts.size(); ++i)
+    for (int v : facts[i].vars)
+      if (static_cast<std::size_t>(v) < nv) by_var[static_cast<std::size_t>(v)].push_back(i);
+  std::vector<std::int64_t> cur = base;
+  auto fits = [&](std::size_t v) {
+    for (std::size_t i : by_var[v])
+      if (!keeps(facts[i], cur)) return false;
+    return true;
+  };
+  for (int pass = 0; pass < 3; ++pass) {
+    bool changed = false;
+    for (std::size_t v = 0; v < nv; ++v) {
+      if (!g.vars[v].general || pinned[v]) continue;
+      std::int64_t was = cur[v];
+      std::vector<std::int64_t> cands;
+      for (std::int64_t c = 1; c < was && c <= 4096; ++c) cands.push_back(c);
+      for (std::int64_t d = 1; d * d <= base[v]; ++d)
+        if (base[v] % d == 0)
+          for (std::int64_t c : {d, base[v] / d})
+            if (c > 4096 && c < was) cands.push_back(c);
+      std::sort(cands.begin(), cands.end());
+      cands.erase(std::unique(cands.begin(), cands.end()), cands.end());
+      for (std::int64_t c : cands) {
+        cur[v] = c;
+        if (fits(v)) break;
+        cur[v] = was;
+      }
+      changed |= cur[v] != was;
+    }
+    if (!changed) break;
+  }
+  red.vars = cur;
+  for (std::size_t v = 0; v < nv; ++v) {
+    if (!g.vars[v].general) continue;
+    if (cur[v] != base[v]) red.text += fmt::format("{}{} {} -> {}", red.text.empty() ? "" : ", ", g.vars[v].name, base[v], cur[v]), red.applied = true;
+    else if (pinned[v]) red.kept.push_back(fmt::format("{} = {}: {}", g.vars[v].name, base[v], why[v]));
+  }
+  return red;
+}
+
+Program at_sizes(const Program& g, const std::vector<std::int64_t>& vars) {
+  Program q = g;
+  for (std::size_t v = 0; v < q.vars.size() && v < vars.size(); ++v) {
+    q.vars[v].in = {vars[v]};
+    q.vars[v].min = std::min(q.vars[v].min, vars[v]);
+    q.vars[v].max = std::max(q.vars[v].max, vars[v]);
+    q.vars[v].multiple_of = 1;
+  }
+  return q;
+}
+
+namespace {
+
+// Equal sizes: `pe` of p at `pv`, `ge` of g at `gv`.
+bool same_size(const Program& p, ExprId pe, const std::vector<std::int64_t>& pv, const Program& g, ExprId ge, const std::vector<std::int64_t>& gv) {
+  if ((pe < 0) != (ge < 0)) return false;
+  if (pe < 0) return true;
+  try {
+    return p.exprs.eval(pe, pv) == g.exprs.eval(ge, gv) && p.exprs.has_axis(pe) == g.exprs.has_axis(ge);
+  } catch (const AxisExprError&) {
+    return p.expr_str(pe) == g.expr_str(ge);  // local view: axis_index terms, compared as written
+  }
+}
+
+bool same_shape(const Program& p, std::span<const ExprId> a, const std::vector<std::int64_t>& pv, const Program& g, std::span<const ExprId> b,
+                const std::vector<std::int64_t>& gv) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!same_size(p, a[i], pv, g, b[i], gv)) return false;
+  return true;
+}
+
+bool same_names(const Program& p, std::span<const NameId> a, const Program& g, std::span<const NameId> b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (p.name(a[i]) != g.name(b[i])) return false;
+  return true;
+}
+
+bool same_op(const Program& p, const Op& x, const std::vector<std::int64_t>& pv, const Program& g, const Op& y, const std::vector<std::int64_t>& gv) {
+  if (x.kind != y.kind || x.n_in != y.n_in || x.n_out != y.n_out || x.loc.line != y.loc.line || x.loc.col != y.loc.col) return false;
+  if (!same_names(p, p.ins(x), g, g.ins(y)) || !same_names(p, p.outs(x), g, g.outs(y))) return false;
+  const OpAttrs &a = x.attrs, &b = y.attrs;
+  auto name_eq = [&](NameId m, NameId n) { return (m < 0 && n < 0) || (m >= 0 && n >= 0 && p.name(m) == g.name(n)); };
+  if (a.axes != b.axes || a.dim != b.dim || a.dim2 != b.dim2 || a.rank != b.rank || a.k != b.k || a.number != b.number || !(a.to == b.to) ||
+      !(a.from == b.from) || a.rop != b.rop || a.dtype != b.dtype || a.reduction != b.reduction || a.layout != b.layout ||
+      a.has_number != b.has_number || a.has_to != b.has_to || a.has_from != b.has_from || a.has_dtype != b.has_dtype || a.keepdim != b.keepdim ||
+      a.causal != b.causal || a.vocab_parallel != b.vocab_parallel || a.dropless != b.dropless || a.rng_per_rank != b.rng_per_rank ||
+      a.dst_invariant != b.dst_invariant || a.inverse != b.inverse || a.uneven != b.uneven || a.choice != b.choice || a.order != b.order)
+    return false;
+  if (!name_eq(a.handle, b.handle) || !name_eq(a.stream, b.stream) || !name_eq(a.group, b.group) || !name_eq(a.matches, b.matches) ||
+      !name_eq(a.label, b.label) || !name_eq(a.sync, b.sync))
+    return false;
+  auto idx_eq = [](std::uint32_t m, std::uint32_t n) { return (m == kNoIndex) == (n == kNoIndex); };
+  if (!idx_eq(a.dims, b.dims) || !idx_eq(a.shape, b.shape) || !idx_eq(a.placements, b.placements) || !idx_eq(a.coords, b.coords) ||
+      !idx_eq(a.handles, b.handles) || !idx_eq(a.sizes, b.sizes) || !idx_eq(a.bad_axis, b.bad_axis))
+    return false;
+  if (a.dims != kNoIndex && p.int_lists[a.dims] != g.int_lists[b.dims]) return false;
+  if (a.placements != kNoIndex && p.placement_maps[a.placements] != g.placement_maps[b.placements]) return false;
+  if (a.coords != kNoIndex && p.coords[a.coords] != g.coords[b.coords]) return false;
+  if (a.handles != kNoIndex && !same_names(p, p.name_lists[a.handles], g, g.name_lists[b.handles])) return false;
+  if (a.shape != kNoIndex && !same_shape(p, p.shapes[a.shape], pv, g, g.shapes[b.shape], gv)) return false;
+  if (a.sizes != kNoIndex && !same_shape(p, p.shapes[a.sizes], pv, g, g.shapes[b.sizes], gv)) return false;
+  return true;
+}
+
+bool same_ops(const Program& p, const std::vector<Op>& a, const std::vector<std::int64_t>& pv, const Program& g, const std::vector<Op>& b,
+              const std::vector<std::int64_t>& gv) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!same_op(p, a[i], pv, g, b[i], gv)) return false;
+  return true;
+}
+
+bool same_links(const Program& p, const std::vector<Program::SpecLink>& a, const Program& g, const std::vector<Program::SpecLink>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (p.name(a[i].plan) != g.name(b[i].plan) || p.name(a[i].spec) != g.name(b[i].spec)) return false;
+  return true;
+}
+
+}  // namespace
+
+bool same_program(const Program& p, const Program& g, const std::vector<std::int64_t>& gv) {
+  // p's variables (the symbolic sizes) take the values g's variables of the same name have
+  std::vector<std::int64_t> pv(p.vars.size(), 1);
+  for (std::size_t i = 0; i < p.vars.size(); ++i) {
+    bool found = false;
+    for (std::size_t j = 0; j < g.vars.size() && !found; ++j)
+      if (g.vars[j].name == p.vars[i].name && !g.vars[j].general) pv[i] = gv[j], found = true;
+    if (!found) return false;
+  }
+  if (p.mesh.size() != g.mesh.size() || p.tensors.size() != g.tensors.size() || p.outputs.size() != g.outputs.size()) return false;
+  for (std::size_t a = 0; a < p.mesh.size(); ++a)
+    if (p.mesh[a].name != g.mesh[a].name || !same_size(p, p.mesh[a].size, pv, g, g.mesh[a].size, gv)) return false;
+  for (std::size_t i = 0; i < p.tensors.size(); ++i) {
+    const TensorDecl &x = p.tensors[i], &y = g.tensors[i];
+    if (p.name(x.name) != g.name(y.name) || x.dtype != y.dtype || x.placement != y.placement || x.param != y.param || x.uneven != y.uneven ||
+        !same_shape(p, x.shape, pv, g, y.shape, gv))
+      return false;
+  }
+  for (std::size_t i = 0; i < p.outputs.size(); ++i) {
+    const OutputDecl &x = p.outputs[i], &y = g.outputs[i];
+    if (p.name(x.name) != g.name(y.name) || x.has_placement != y.has_placement || (x.has_placement && x.placement != y.placement) ||
+        x.has_shape != y.has_shape || !same_shape(p, x.shape, pv, g, y.shape, gv))
+      return false;
+  }
+  if (p.local_view != g.local_view || p.per_rank != g.per_rank || p.schedule.present != g.schedule.present || p.train != g.train ||
+      p.has_backward != g.has_backward || p.has_grad_sync != g.has_grad_sync || p.has_spec != g.has_spec || (p.loss < 0) != (g.loss < 0))
+    return false;
+  if (p.loss >= 0 && p.name(p.loss) != g.name(g.loss)) return false;
+  return same_ops(p, p.ops, pv, g, g.ops, gv) && same_ops(p, p.spec_ops, pv, g, g.spec_ops, gv) && same_ops(p, p.backward, pv, g, g.backward, gv) &&
+         same_ops(p, p.grad_sync, pv, g, g.grad_sync, gv) && same_links(p, p.spec_outputs, g, g.spec_outputs) && same_links(p, p.lineage, g, g.lineage);
+}
+
+std::vector<std::vector<std::vector<std::int64_t>>> real_shapes(const Program& rp, const std::vector<Op>& run, const TypedOps& typed,
+                                                                const std::vector<std::int64_t>& real) {
+  std::vector<std::vector<std::vector<std::int64_t>>> out(run.size());
+  if (!typed.types) return out;
+  const SpatialTypes& st = *typed.types;
+  auto eval_type = [&](const ValueType& t) {
+    std::vector<std::int64_t> s;
+    if (!t.ok) return s;
+    for (int d = 0; d < t.rank; ++d) {
+      auto v = ev(st.exprs, t.shape[static_cast<std::size_t>(d)], real);
+      if (!v) return std::vector<std::int64_t>{};
+      s.push_back(*v);
+    }
+    return s;
+  };
+  std::vector<std::vector<std::int64_t>> env(rp.names.size());
+  for (std::size_t i = 0; i < typed.program->tensors.size() && i < st.decls.size(); ++i) {
+    auto n = rp.name_ids.find(typed.program->name(typed.program->tensors[i].name));
+    if (n != rp.name_ids.end()) env[static_cast<std::size_t>(n->second)] = eval_type(st.decls[i]);
+  }
+  // the typed ops by their place in the operands (copies of an op keep it)
+  std::map<std::pair<std::uint32_t, int>, std::size_t> where;
+  for (std::size_t i = 0; i < typed.ops->size() && i < st.out_base.size(); ++i)
+    where[{(*typed.ops)[i].first, static_cast<int>((*typed.ops)[i].kind)}] = i;
+  for (std::size_t oi = 0; oi < run.size(); ++oi) {
+    const Op& op = run[oi];
+    for (NameId n : rp.ins(op)) out[oi].push_back(env[static_cast<std::size_t>(n)]);
+    auto outs = rp.outs(op);
+    auto it = where.find({op.first, static_cast<int>(op.kind)});
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      if (it != where.end()) env[static_cast<std::size_t>(outs[k])] = eval_type(st.out(it->second, static_cast<int>(k)));
+      else env[static_cast<std::size_t>(outs[k])] = out[oi].empty() ? std::vector<std::int64_t>{} : out[oi][0];
+    }
+  }
+  return out;
+}
+
+}  // namespace spmd::equiv_detail
