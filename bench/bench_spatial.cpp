@@ -14,6 +14,8 @@
 //        spmd_bench --training-json OPS > f.json (the same training program as JSON, the form a generator writes)
 //        spmd_bench --equiv-llama LAYERS [bug] [train] > f.yaml (issue 11: a Llama stack on {dp: 2, tp: 8, cp: 2} with its
 //                   single-device `spec:`, for `spmdcheck equiv`; `bug`: the attention scale applied twice)
+//        spmd_bench --equiv-llama LAYERS [bug] [train] real > f.yaml (the same at Llama-3-405B's dims with an LM head)
+//        spmd_bench --mla [bug] > f.yaml (issue 20: a DeepSeek-V3 MLA training block at its published dims on {dp: 2, tp: 8})
 //        spmd_bench --ranks-local [RANKS...] (spatial and temporal check of per-rank programs with rank-local names)
 //        spmd_bench --ranks-local-yaml RANKS > f.yaml (the same program as YAML)
 //        spmd_bench --phases FILE [--backward] (time each phase of `spmdcheck check FILE`: load, spatial, temporal, training)
@@ -37,6 +39,7 @@
 #include "autograd/autograd.h"
 #include "bench/forms.h"
 #include "bench/equiv_llama.h"
+#include "bench/mla.h"
 #include "bench/generator.h"
 #include "bench/ranks.h"
 #include "ir/doc.h"
@@ -124,10 +127,14 @@ int main(int argc, char** argv) {
                 ms(t2, t3), peak_rss_mib());
     return 0;
   }
-  if (argc >= 3 && argc <= 5 && std::string(argv[1]) == "--equiv-llama") {
-    bool bug = false, train = false;
-    for (int a = 3; a < argc; ++a) bug |= std::string(argv[a]) == "bug", train |= std::string(argv[a]) == "train";
-    std::fputs(spmd::bench::make_equiv_llama_yaml(std::max(1, std::atoi(argv[2])), bug, train).c_str(), stdout);
+  if (argc >= 3 && argc <= 6 && std::string(argv[1]) == "--equiv-llama") {
+    bool bug = false, train = false, real = false;
+    for (int a = 3; a < argc; ++a) bug |= std::string(argv[a]) == "bug", train |= std::string(argv[a]) == "train", real |= std::string(argv[a]) == "real";
+    std::fputs(spmd::bench::make_equiv_llama_yaml(std::max(1, std::atoi(argv[2])), bug, train, real).c_str(), stdout);
+    return 0;
+  }
+  if (argc >= 2 && argc <= 3 && std::string(argv[1]) == "--mla") {
+    std::fputs(spmd::bench::make_mla_yaml(argc == 3 && std::string(argv[2]) == "bug").c_str(), stdout);
     return 0;
   }
   if (argc == 3 && (std::string(argv[1]) == "--training-yaml" || std::string(argv[1]) == "--training-json")) {

@@ -228,6 +228,32 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
       }
     }
   }
+  // Positions (Arange) are indices: a reduced sequence has fewer of them, which RoPE and the ops that move them
+  // (a cp shard, a gather, a slice, a zigzag reorder) take in stride. Positions used as data in arithmetic or a
+  // comparison would see other values: the sizes of that Arange are kept.
+  for (const auto& l : lists) {
+    const Program& p = *l.program;
+    std::vector<char> position(p.names.size(), 0);
+    std::vector<const Op*> source(p.names.size(), nullptr);
+    for (const auto& op : *l.ops) {
+      auto ins = p.ins(op);
+      bool from_pos = std::any_of(ins.begin(), ins.end(), [&](NameId n) { return position[static_cast<std::size_t>(n)]; });
+      const Op* src = nullptr;
+      for (NameId n : ins)
+        if (position[static_cast<std::size_t>(n)]) src = source[static_cast<std::size_t>(n)];
+      bool mover = op.kind == OpKind::Convert || op.kind == OpKind::AllGather || op.kind == OpKind::Slice || op.kind == OpKind::LoadBalance ||
+                   op.kind == OpKind::Concat || op.kind == OpKind::Split || op.kind == OpKind::Reshape || op.kind == OpKind::Broadcast;
+      if (from_pos && !mover && !(op.kind == OpKind::RoPE && ins.size() > 1 && position[static_cast<std::size_t>(ins[1])] && !position[static_cast<std::size_t>(ins[0])])) {
+        if (src && src->attrs.sizes != kNoIndex)
+          for (ExprId e : p.shapes[src->attrs.sizes])
+            if (e >= 0) pin_expr(p.exprs, e, fmt::format("the positions of Arange ({}) are used as data by {} ({})", loc_text(*src), op_name(op.kind), loc_text(op)));
+      }
+      for (NameId n : p.outs(op)) {
+        position[static_cast<std::size_t>(n)] = op.kind == OpKind::Arange || (from_pos && mover);
+        source[static_cast<std::size_t>(n)] = op.kind == OpKind::Arange ? &op : src;
+      }
+    }
+  }
   // ---- the search: each size in turn, its smallest value that keeps every fact (a few passes) ----
   std::vector<std::vector<std::size_t>> by_var(nv);
   for (std::size_t i = 0; i < facts.size(); ++i)

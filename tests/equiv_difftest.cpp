@@ -15,6 +15,11 @@
 // a loss, the grad_sync the type checker asks for, and one injected mistake in half of them. Ground truth: the plan's
 // synchronized gradients (its derived backward run per rank) against central finite differences of the spec's
 // forward in doubles. A program whose gradients differ from the finite differences must never be `equivalent`.
+//
+// `--reduce N` tests shape reduction (issue 20, docs/equivalence.md "Shape reduction") on N random families of
+// programs with named sizes (tests/reduce_gen.h): each family's verdict at 6 times its base sizes, which the value
+// check reduces, must equal its verdicts at 2 and 3 times its base sizes run in full (no reduction). A verdict that
+// differs either way (equivalent against a mismatch found in full, or the reverse) fails (exit 1).
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -28,6 +33,7 @@
 #include "tests/difftest.h"
 #include "tests/equiv_gen.h"
 #include "tests/equiv_train.h"
+#include "tests/reduce_gen.h"
 
 using namespace spmd;
 
@@ -278,9 +284,57 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
 
 }  // namespace
 
+struct ReduceTally {
+  int families = 0, reduced = 0, agree = 0, equivalent = 0, mismatch = 0, unknown = 0, disagree = 0, clean = 0, clean_equivalent = 0;
+};
+
+void run_reduce(ReduceTally& t, std::uint64_t seed, int n, bool verbose) {
+  auto verdict_at = [](const test::ScaledProgram& sp, bool reduce, bool* was_reduced) {
+    EquivOptions o;
+    o.reduce = reduce;
+    try {
+      EquivResult r = check_equivalence(load_program_string(sp.text, "reduce_gen.yaml"), o);
+      if (was_reduced) *was_reduced = !r.reduction.empty();
+      return r.verdict;
+    } catch (const LoadError& e) {
+      std::printf("reduce: generator wrote a bad program: %s\n%s\n", e.what(), sp.text.c_str());
+      return EquivVerdict::Skipped;
+    }
+  };
+  for (int i = 0; i < n; ++i) {
+    std::uint64_t s = seed + static_cast<std::uint64_t>(i);
+    test::ScaledProgram big = test::generate_scaled(s, 6), two = test::generate_scaled(s, 2), three = test::generate_scaled(s, 3);
+    bool was = false;
+    EquivVerdict a = verdict_at(big, true, &was), b = verdict_at(two, false, nullptr), c = verdict_at(three, false, nullptr);
+    ++t.families;
+    t.reduced += was;
+    t.equivalent += a == EquivVerdict::Equivalent;
+    t.mismatch += a == EquivVerdict::Mismatch;
+    t.unknown += a == EquivVerdict::Unknown || a == EquivVerdict::Skipped;
+    if (big.mistake.empty()) ++t.clean, t.clean_equivalent += a == EquivVerdict::Equivalent;
+    // decided verdicts must agree (a full run that is only "not proved" decides nothing)
+    auto decided = [](EquivVerdict v) { return v == EquivVerdict::Equivalent || v == EquivVerdict::Mismatch; };
+    bool bad = (decided(a) && decided(b) && a != b) || (decided(a) && decided(c) && a != c);
+    if (bad) {
+      ++t.disagree;
+      std::printf("reduce: family %llu (%s): reduced %s, at 2x %s, at 3x %s\n%s\n", static_cast<unsigned long long>(s),
+                  big.mistake.empty() ? "no mistake" : big.mistake.c_str(), equiv_verdict_name(a), equiv_verdict_name(b), equiv_verdict_name(c),
+                  big.text.c_str());
+    } else if (decided(a)) {
+      ++t.agree;
+    }
+    if (verbose)
+      std::printf("family %llu: %s / %s / %s (%s)\n", static_cast<unsigned long long>(s), equiv_verdict_name(a), equiv_verdict_name(b), equiv_verdict_name(c),
+                  big.mistake.c_str());
+  }
+  std::printf("reduce: %d families (%d reduced at 6x): %d equivalent, %d value-mismatch, %d undecided; %d agree with the full runs at 2x and 3x, %d disagree; "
+              "%d mistake-free, %d of them equivalent\n",
+              t.families, t.reduced, t.equivalent, t.mismatch, t.unknown, t.agree, t.disagree, t.clean, t.clean_equivalent);
+}
+
 int main(int argc, char** argv) {
   std::uint64_t seed = 1;
-  int count = 10000, local = 0, train = 0;
+  int count = 10000, local = 0, train = 0, reduce = 0;
   bool count_given = false, verbose = false;
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
@@ -293,14 +347,17 @@ int main(int argc, char** argv) {
     if (a == "--count") count = std::atoi(argv[i + 1]), count_given = true;
     else if (a == "--local") local = std::atoi(argv[i + 1]);
     else if (a == "--train") train = std::atoi(argv[i + 1]);
+    else if (a == "--reduce") reduce = std::atoi(argv[i + 1]);
     else if (a == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
     else if (a == "--show-extra") show_extra = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--local N] [--train N] [--seed S] [--verbose] [--show-extra N]\n");
+      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--local N] [--train N] [--reduce N] [--seed S] [--verbose] [--show-extra N]\n");
       return 2;
     }
   }
-  if ((local > 0 || train > 0) && !count_given) count = 0;  // --local / --train alone run only those
+  if ((local > 0 || train > 0 || reduce > 0) && !count_given) count = 0;  // --local / --train / --reduce alone run only those
+  ReduceTally rt;
+  if (reduce > 0) run_reduce(rt, seed, reduce, verbose);
   LocalTally lt;
   if (local > 0) run_local(lt, seed, local, verbose);
   TrainTally tt;
@@ -335,5 +392,5 @@ int main(int argc, char** argv) {
                 t->false_equivalent);
     for (const auto& [why, n] : t->reasons) std::printf("  not checked x%d: %s\n", n, why.c_str());
   }
-  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + tt.false_equivalent + tt.false_mismatch ? 1 : 0;
+  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + tt.false_equivalent + tt.false_mismatch + rt.disagree ? 1 : 0;
 }
