@@ -23,7 +23,7 @@ run() {  # name, generator args, expected exit code, a pattern the output must c
   "$build/spmd_bench" $args > "$tmp/$name.yaml"
   /usr/bin/time -f "%e %U %S %M" -o "$tmp/$name.time" "$build/spmdcheck" equiv "$tmp/$name.yaml" > "$tmp/$name.out" 2>&1
   local rc=$?
-  read -r wall user sys rss < "$tmp/$name.time"
+  read -r wall user sys rss < <(tail -n 1 "$tmp/$name.time")
   local ok=yes
   [ "$rc" -eq "$want" ] || ok=no
   grep -q -- "$pattern" "$tmp/$name.out" || ok=no

@@ -80,6 +80,61 @@ bool ExprPool::has_axis(ExprId id) const {
   return false;
 }
 
+// A sum of sums and differences as its terms with integer coefficients (c * t counts as t with c) and a constant;
+// false on overflow.
+bool ExprPool::linear(ExprId e, std::int64_t sign, std::vector<std::pair<ExprId, std::int64_t>>& terms, std::int64_t& c) const {
+  const ENode& n = node(e);
+  switch (n.op) {
+    case EOp::Const: {
+      std::int64_t v;
+      return checked_mul(sign, n.c, v) && checked_add(c, v, c);
+    }
+    case EOp::Add: return linear(n.a, sign, terms, c) && linear(n.b, sign, terms, c);
+    case EOp::Sub: return linear(n.a, sign, terms, c) && linear(n.b, -sign, terms, c);
+    case EOp::Mul:
+      if (is_const(n.a) || is_const(n.b)) {
+        std::int64_t k;
+        if (!checked_mul(sign, is_const(n.a) ? value(n.a) : value(n.b), k)) return false;
+        terms.emplace_back(is_const(n.a) ? n.b : n.a, k);
+        return true;
+      }
+      break;
+    default: break;
+  }
+  terms.emplace_back(e, sign);
+  return true;
+}
+
+// a + sign * b when either is a sum or a difference: like terms combined ((a + b) - a is b), written with the
+// positive terms first in id order, then the negative ones, then the constant.
+ExprId ExprPool::combine(ExprId a, ExprId b, std::int64_t sign) {
+  std::vector<std::pair<ExprId, std::int64_t>> terms;
+  std::int64_t c = 0;
+  if (!linear(a, 1, terms, c) || !linear(b, sign, terms, c)) throw ExprError(0, "size expression overflows");
+  std::sort(terms.begin(), terms.end());
+  std::vector<std::pair<ExprId, std::int64_t>> merged;
+  for (const auto& [t, k] : terms) {
+    if (!merged.empty() && merged.back().first == t) {
+      if (!checked_add(merged.back().second, k, merged.back().second)) throw ExprError(0, "size expression overflows");
+    } else {
+      merged.emplace_back(t, k);
+    }
+  }
+  ExprId acc = -1;
+  auto plus = [&](ExprId t) { acc = acc < 0 ? t : intern({EOp::Add, std::min(acc, t), std::max(acc, t), 0}); };
+  for (const auto& [t, k] : merged)
+    if (k > 0) plus(k == 1 ? t : mul(constant(k), t));
+  for (const auto& [t, k] : merged)
+    if (k < 0) {
+      ExprId m = k == -1 ? t : mul(constant(-k), t);
+      acc = acc < 0 ? intern({EOp::Sub, constant(0), m, 0}) : intern({EOp::Sub, acc, m, 0});
+    }
+  if (acc < 0) return constant(c);
+  if (c > 0) return intern({EOp::Add, std::min(acc, constant(c)), std::max(acc, constant(c)), 0});
+  if (c < 0) return intern({EOp::Sub, acc, constant(-c), 0});
+  return acc;
+}
+
 ExprId ExprPool::add(ExprId a, ExprId b) {
   if (is_const(a) && is_const(b)) {
     std::int64_t r;
@@ -88,6 +143,7 @@ ExprId ExprPool::add(ExprId a, ExprId b) {
   }
   if (is_const(a) && value(a) == 0) return b;
   if (is_const(b) && value(b) == 0) return a;
+  if (node(a).op == EOp::Sub || node(b).op == EOp::Sub) return combine(a, b, 1);
   if (a > b) std::swap(a, b);
   return intern({EOp::Add, a, b, 0});
 }
@@ -100,6 +156,7 @@ ExprId ExprPool::sub(ExprId a, ExprId b) {
   }
   if (is_const(b) && value(b) == 0) return a;
   if (a == b) return constant(0);
+  if (node(a).op == EOp::Add || node(a).op == EOp::Sub || node(b).op == EOp::Add || node(b).op == EOp::Sub) return combine(a, b, -1);
   return intern({EOp::Sub, a, b, 0});
 }
 

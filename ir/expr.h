@@ -111,6 +111,8 @@ class ExprPool {
 
  private:
   ExprId intern(ENode n);
+  bool linear(ExprId e, std::int64_t sign, std::vector<std::pair<ExprId, std::int64_t>>& terms, std::int64_t& c) const;
+  ExprId combine(ExprId a, ExprId b, std::int64_t sign);
   std::vector<ENode> nodes_;
   std::vector<std::string> axis_names_;  // by mesh axis index, for str()
   std::unordered_map<std::uint64_t, std::vector<ExprId>> index_;
