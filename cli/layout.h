@@ -36,8 +36,9 @@ Layout tensor_layout(const Program& p, const ExprPool& exprs, const ValueType& t
 
 // Local shape on a rank ("[8, 1024, 1024]"; "S/4" for a symbolic size; "ceil(10/4)" when uneven).
 std::string local_shape(const Program& p, const ExprPool& exprs, const ValueType& t);
-// "tp: S(2), dp: R" (every mesh axis).
-std::string placement_text(const Program& p, const Placements& pl);
+
+// "dim 1 in zigzag order over cp" when LoadBalance put dims of the value in zigzag order, else "".
+std::string zigzag_text(const Program& p, const ValueType& t);
 
 // Text made safe inside HTML or SVG (& < > ").
 std::string html_escape(const std::string& s);

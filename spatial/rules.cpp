@@ -480,6 +480,8 @@ ValueType Checker::type_of(const Value& v) {
   t.ok = v.defined && !v.poisoned;
   t.fresh = v.fresh;
   t.uneven = v.uneven;
+  t.zz_axis = v.zz_axis;
+  t.zz_dims = v.zz_dims;
   return t;
 }
 
@@ -896,7 +898,13 @@ void Checker::check_outputs(const std::vector<std::pair<std::uint32_t, std::uint
                                                axn(a))});
       } else {
         d.id = CheckId::PlacementMismatch;
-        d.message = fmt::format("output {} is {} over {}, but it is declared {}", name, ps(got), axn(a), ps(want));
+        if (got.is_s() && want.is_s() && got.dim == want.dim)  // the same axes, another shard order: say both orders
+          d.message = fmt::format("output {} is {{{}}}, but it is declared {{{}}}: the same axes cut dim {} in another order, so each rank holds other "
+                                  "rows than declared",
+                                  name, placements_text(p_, v.pl), placements_text(p_, od.placement), got.dim);
+        else
+          d.message = fmt::format("output {} is {} over {}, but it is declared {}", name, axis_placement_text(p_, v.pl, a), axn(a),
+                                  axis_placement_text(p_, od.placement, a));
         if (got.is_s() && want.is_s()) scatter_dim_fix(v, a, want.dim, d.notes, d.fix);
       }
       diags_.push_back(std::move(d));
