@@ -16,6 +16,7 @@ namespace {
 
 constexpr int kMaxSide = 16;        // blocks drawn per side
 constexpr int kMaxLines = 6;        // holder lines per cell before they are elided
+constexpr std::size_t kLineWidth = 100;  // a text grid wider than this leaves out middle columns
 constexpr std::int64_t kMaxRanks = 4096;
 
 
@@ -130,7 +131,9 @@ Layout tensor_layout(const Program& p, const ExprPool& ex, const ValueType& t, c
   shape += "]";
   bool zz = t.zz_dims && t.zz_axis >= 0 && t.zz_axis < p.axis_count();
   std::string zz_text = zigzag_text(p, t);
-  l.summary = fmt::format("{} {}  {}{}", shape, dtype_name(t.dtype), placements_text(p, t.pl), zz_text.empty() ? "" : "  " + zz_text);
+  l.shape_dtype = fmt::format("{} {}", shape, dtype_name(t.dtype));
+  l.placements = placements_text(p, t.pl) + (zz_text.empty() ? "" : "  " + zz_text);
+  l.summary = l.shape_dtype + "  " + l.placements;
   // Mesh sizes must be concrete to enumerate ranks.
   std::vector<std::int64_t> size(static_cast<std::size_t>(p.axis_count()));
   std::int64_t ranks = 1;
@@ -224,7 +227,6 @@ Layout tensor_layout(const Program& p, const ExprPool& ex, const ValueType& t, c
         wild_all = false;
         part = an + std::to_string(coord[static_cast<std::size_t>(a)]);
         if (pl.is_p()) any_p = true, prefix = "+ ";
-        if (pl.is_s() && pl.dim != row.dim && pl.dim != col.dim) part += fmt::format("[dim {} block]", pl.dim);
       }
       if (!part.empty()) who += (who.empty() ? "" : " ") + part;
     }
@@ -276,7 +278,8 @@ Layout tensor_layout(const Program& p, const ExprPool& ex, const ValueType& t, c
                                       reduce_name(pl.op), an));
         break;
       case PKind::S:
-        if (pl.dim != row.dim && pl.dim != col.dim) l.notes.push_back(fmt::format("{}: S({}), a third sharded dim: each holder keeps one block of it", an, pl.dim));
+        if (pl.dim != row.dim && pl.dim != col.dim)
+          l.notes.push_back(fmt::format("{}: S({}), a dim not drawn: each holder keeps only the block of dim {} its {} coordinate names", an, pl.dim, pl.dim, an));
         break;
     }
   }
@@ -298,13 +301,31 @@ std::string layout_text(const Layout& l, bool color) {
   std::size_t lw = 0;
   for (const auto& h : l.row_heads) lw = std::max(lw, h.size());
   std::string pad(lw ? lw + 1 : 0, ' ');
+  // Columns drawn: all when the grid fits kLineWidth; else the first ones that fit, "..." and the last one.
+  constexpr int kDots = -1;
+  constexpr std::size_t kDotsWidth = 5;
+  std::vector<int> cols;
+  std::size_t total = pad.size() + 1;
+  for (auto w : width) total += w + 1;
+  if (total <= kLineWidth || l.cols < 3) {
+    for (int c = 0; c < l.cols; ++c) cols.push_back(c);
+  } else {
+    std::size_t used = pad.size() + 1 + (kDotsWidth + 1) + (width.back() + 1);
+    for (int c = 0; c < l.cols - 1 && (c == 0 || used + width[static_cast<std::size_t>(c)] + 1 <= kLineWidth); ++c) {
+      cols.push_back(c);
+      used += width[static_cast<std::size_t>(c)] + 1;
+    }
+    cols.push_back(kDots);
+    cols.push_back(l.cols - 1);
+  }
+  auto w_of = [&](int c) { return c == kDots ? kDotsWidth : width[static_cast<std::size_t>(c)]; };
   if (!l.col_label.empty()) s += "  columns: " + l.col_label + "\n";
   if (!l.row_label.empty()) s += "  rows: " + l.row_label + "\n";
   std::string border = pad + "+";
-  for (auto w : width) border += std::string(w, '-') + "+";
+  for (int c : cols) border += std::string(w_of(c), '-') + "+";
   if (!l.col_heads.empty()) {
     std::string h = pad + " ";
-    for (int c = 0; c < l.cols; ++c) h += fmt::format(" {:<{}}", l.col_heads[static_cast<std::size_t>(c)], width[static_cast<std::size_t>(c)]);
+    for (int c : cols) h += fmt::format(" {:<{}}", c == kDots ? "..." : l.col_heads[static_cast<std::size_t>(c)], w_of(c));
     while (!h.empty() && h.back() == ' ') h.pop_back();
     s += h + "\n";
   }
@@ -315,7 +336,11 @@ std::string layout_text(const Layout& l, bool color) {
     for (std::size_t k = 0; k < height; ++k) {
       std::string head = k == 0 && r < static_cast<int>(l.row_heads.size()) ? l.row_heads[static_cast<std::size_t>(r)] : "";
       s += lw ? fmt::format("{:>{}} |", head, lw) : "|";
-      for (int c = 0; c < l.cols; ++c) {
+      for (int c : cols) {
+        if (c == kDots) {
+          s += fmt::format(" {:<{}}|", k == 0 ? "..." : "", kDotsWidth - 1);
+          continue;
+        }
         const auto& cell = l.cells[static_cast<std::size_t>(r * l.cols + c)];
         std::string text = k < cell.lines.size() ? cell.lines[k] : "";
         std::string body = fmt::format(" {:<{}}", text, width[static_cast<std::size_t>(c)] - 1);
@@ -326,8 +351,23 @@ std::string layout_text(const Layout& l, bool color) {
     }
     s += border + "\n";
   }
+  if (cols.size() < static_cast<std::size_t>(l.cols))
+    s += fmt::format("  column blocks {} to {} (of 0 to {}) are left out to keep lines within {} characters (spmdcheck report draws them all)\n", cols[cols.size() - 3] + 1,
+                     l.cols - 2, l.cols - 1, kLineWidth);
   for (const auto& n : l.notes) s += "  " + n + "\n";
   return s;
+}
+
+std::string layout_key(const Layout& l) {
+  std::string k = l.placements + "\n" + l.why_not + "\n" + l.row_label + "\n" + l.col_label + "\n";
+  for (const auto& h : l.row_heads) k += h + "\t";
+  for (const auto& h : l.col_heads) k += h + "\t";
+  for (const auto& c : l.cells) {
+    for (const auto& line : c.lines) k += line + "\t";
+    k += "\n";
+  }
+  for (const auto& n : l.notes) k += n + "\n";
+  return k;
 }
 
 std::string layout_svg(const Layout& l) {

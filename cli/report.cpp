@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "cli/explain.h"
@@ -129,8 +130,8 @@ const char* kSelfCheck = R"(
       if (dist < 100) problems.push('pipeline legend: ' + kinds[k].className + ' is too close to the blocked red (' + Math.round(dist) + ')');
     }
   }
-  // Every "why" reference leads to the row it names.
-  var refs = document.querySelectorAll('table.placements a.ref');
+  // Every reference (a why to the row it continues from, a diagnostic to its tensor's layout) leads somewhere.
+  var refs = document.querySelectorAll('a.ref');
   for (var i = 0; i < refs.length; i++)
     if (!document.getElementById(refs[i].getAttribute('href').slice(1))) problems.push('why reference ' + refs[i].getAttribute('href') + ' leads nowhere');
   document.body.setAttribute('data-selfcheck', problems.length ? 'fail: ' + problems.join('; ') : 'ok');
@@ -186,9 +187,11 @@ std::string severity_word(Severity s) {
 
 std::string line_link(Loc l) { return l.line ? fmt::format("<a href=\"#L{}\">line {}</a>", l.line, l.line) : std::string("(no line)"); }
 
-std::string diag_html(const Diagnostic& d) {
+// A diagnostic; `drawn` holds the tensors that have a layout card (the diagnostic links to its tensor's).
+std::string diag_html(const Diagnostic& d, const std::set<std::string>& drawn) {
   std::string s = fmt::format("<div class=\"diag {}\" data-id=\"{}\"><span class=\"id\">{}[{}]</span> {}", severity_word(d.severity), check_name(d.id),
                               severity_word(d.severity), check_name(d.id), esc(d.message));
+  if (drawn.count(d.tensor)) s += fmt::format(" <a class=\"ref\" href=\"#layout-{}\">layout of {}</a>", esc(d.tensor), esc(d.tensor));
   if (!d.notes.empty()) {
     s += "<ul>";
     for (const auto& n : d.notes) {
@@ -308,17 +311,18 @@ std::string layouts_section(const Program& p, const SpatialTypes& types, const E
     if (!d.tensor.empty()) flagged.insert(d.tensor);
   struct Group {
     Layout layout;
-    std::vector<std::string> names;
+    std::vector<std::pair<std::string, std::string>> members;  // name, "[shape] dtype"
     bool flagged = false;
   };
   std::vector<Group> groups;
-  std::map<std::string, std::size_t> by_summary;
+  std::map<std::string, std::size_t> by_key;
   for (const ExplainValue* v : last) {
     Layout l = tensor_layout(p, types.exprs, *v->type, v->name);
-    auto [it, fresh] = by_summary.try_emplace(l.summary, groups.size());
+    auto [it, fresh] = by_key.try_emplace(layout_key(l), groups.size());
+    std::string shape = l.shape_dtype;
     if (fresh) groups.push_back({std::move(l), {}, false});
     Group& g = groups[it->second];
-    g.names.push_back(v->name);
+    g.members.push_back({v->name, shape});
     g.flagged |= flagged.count(v->name) > 0;
   }
   std::stable_sort(groups.begin(), groups.end(), [](const Group& a, const Group& b) { return a.flagged > b.flagged; });
@@ -326,8 +330,8 @@ std::string layouts_section(const Program& p, const SpatialTypes& types, const E
       "<section id=\"layouts\"><h2>Layouts over the mesh</h2><p class=\"muted\">Each grid is one tensor's blocks (rows and columns: its sharded dims, "
       "in global order); a cell names the ranks that hold that block, so a strided or zigzag shard shows each rank's blocks where they lie. "
       "<b>axis*</b>: every coordinate of an R or I axis holds the same block; <b>+</b>: stacked summands of a P value; <b>own value</b>: V, "
-      "differs per rank. Tensors with the same shape and placements share one card; cards of tensors named in a diagnostic come first, outlined "
-      "in red.</p>";
+      "differs per rank. Tensors whose pictures are the same share one card (their shapes may differ in the dims not drawn); cards of tensors "
+      "named in a diagnostic come first, outlined in red.</p>";
   lay += fmt::format("<p class=\"filter\"><label>filter by name <input type=\"search\" id=\"layout-filter\" placeholder=\"e.g. .grad\" "
                      "autocomplete=\"off\"></label> <span id=\"layout-count\" class=\"muted\">{} cards, {} tensors</span></p><div class=\"layouts\">",
                      std::min(groups.size(), kMaxLayouts), last.size());
@@ -336,16 +340,21 @@ std::string layouts_section(const Program& p, const SpatialTypes& types, const E
     if (shown >= kMaxLayouts) break;
     ++shown;
     const Layout& l = g.layout;
+    bool one_shape = std::all_of(g.members.begin(), g.members.end(), [&](const auto& m) { return m.second == g.members[0].second; });
     std::string names, anchors, all;
-    for (std::size_t k = 0; k < g.names.size(); ++k) {
-      anchors += fmt::format("<span class=\"anchor\" id=\"layout-{}\"></span>", esc(g.names[k]));
-      all += (all.empty() ? "" : " ") + g.names[k];
-      bool bad = flagged.count(g.names[k]) > 0;
-      if (k < kMaxNames) names += fmt::format("{}<b class=\"mono{}\">{}</b>", k ? ", " : "", bad ? " flagged" : "", esc(g.names[k]));
+    for (std::size_t k = 0; k < g.members.size(); ++k) {
+      const auto& [name, shape] = g.members[k];
+      anchors += fmt::format("<span class=\"anchor\" id=\"layout-{}\"></span>", esc(name));
+      all += (all.empty() ? "" : " ") + name;
+      bool bad = flagged.count(name) > 0;
+      if (k < kMaxNames)
+        names += fmt::format("{}<b class=\"mono{}\">{}</b>{}", k ? ", " : "", bad ? " flagged" : "", esc(name),
+                             one_shape ? "" : " <span class=\"mono muted\">" + esc(shape) + "</span>");
     }
-    if (g.names.size() > kMaxNames) names += fmt::format(" and {} more", g.names.size() - kMaxNames);
-    lay += fmt::format("<figure class=\"layout-fig{}{}\" data-names=\"{}\">{}<figcaption>{} <span class=\"mono\">{}</span></figcaption>",
-                       g.names.size() > 1 ? " group" : "", g.flagged ? " flagged" : "", esc(all), anchors, names, esc(l.summary));
+    if (g.members.size() > kMaxNames) names += fmt::format(" and {} more", g.members.size() - kMaxNames);
+    lay += fmt::format("<figure class=\"layout-fig{}{}\" data-names=\"{}\">{}<figcaption>{}{}<div class=\"mono\">{}</div></figcaption>",
+                       g.members.size() > 1 ? " group" : "", g.flagged ? " flagged" : "", esc(all), anchors, names,
+                       one_shape ? " <span class=\"mono\">" + esc(l.shape_dtype) + "</span>" : "", esc(l.placements));
     if (!l.col_label.empty()) lay += fmt::format("<div class=\"muted\">columns: {}</div>", esc(l.col_label));
     if (!l.row_label.empty()) lay += fmt::format("<div class=\"muted\">rows: {}</div>", esc(l.row_label));
     lay += layout_svg(l);
@@ -422,7 +431,20 @@ std::string report_html(const FileResult& r, const SpatialTypes* types, const st
     place(r.load_error.loc, fmt::format("<div class=\"diag error\" data-id=\"invalid-input\"><span class=\"id\">error</span> {}</div>", esc(r.load_error.what())));
     ++ndiag;
   }
-  for (const auto& d : r.diags) place(d.loc, diag_html(d)), ++ndiag;
+  // The explanation of the program (of its training step, when there is one): placements, layouts, and the
+  // names that get a layout card.
+  const Program& view = step.program ? *step.program : p;
+  std::optional<Explanation> e;
+  std::set<std::string> drawn;
+  if (types && !r.load_failed) {
+    e = explain_program(view, step.types ? *step.types : *types);
+    for (const auto& v : e->decls)
+      if (v.type && v.type->ok) drawn.insert(v.name);
+    for (const auto& o : e->ops)
+      for (const auto& v : o.outs)
+        if (v.type && v.type->ok) drawn.insert(v.name);
+  }
+  for (const auto& d : r.diags) place(d.loc, diag_html(d, drawn)), ++ndiag;
   auto lines = split_lines(source);
   std::string src = "<section id=\"program\"><h2>Program</h2>";
   for (const auto& u : unplaced) src += u;
@@ -447,15 +469,13 @@ std::string report_html(const FileResult& r, const SpatialTypes* types, const st
   std::string nav = "<a href=\"#program\">Program</a>";
   // ---- placements and layouts (of the training step, when there is one) --------------------
   if (types && !r.load_failed) {
-    const Program& v = step.program ? *step.program : p;
     const SpatialTypes& vt = step.types ? *step.types : *types;
-    Explanation e = explain_program(v, vt);
-    int rows = 0, drawn = 0;
-    body += placements_section(v, vt, e, step, rows);
+    int rows = 0, pictures = 0;
+    body += placements_section(view, vt, *e, step, rows);
     want["placements"] = rows;
     nav += "<a href=\"#placements\">Placements</a>";
-    body += layouts_section(v, vt, e, r.diags, drawn);
-    want["layouts"] = drawn;
+    body += layouts_section(view, vt, *e, r.diags, pictures);
+    want["layouts"] = pictures;
     nav += "<a href=\"#layouts\">Layouts</a>";
     std::string tl = timeline_svg(p, r.diags);
     if (!tl.empty()) {

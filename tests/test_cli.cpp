@@ -417,6 +417,16 @@ TEST_CASE("explain --tensor draws what each rank holds: a strided shard in its o
   // Not sharded but in zigzag order: the note gives the order of the chunks.
   Run kf = run({"explain", "--tensor", "k_full", src("examples/cp/llama3_cp_allgather_kv_zigzag.yaml")});
   CHECK(kf.out.find("its 8 chunks lie in the order 0, 7, 1, 6, 2, 5, 3, 4") != std::string::npos);
+  // A grid wider than 100 characters leaves out middle columns (it was 221 characters here).
+  Run wide = run({"explain", "--tensor", "h", src("examples/moe/deepseek_v3_moe_train.yaml")});
+  std::istringstream lines(wide.out);
+  std::size_t widest = 0;
+  for (std::string l; std::getline(lines, l);)
+    if (l.find("+---") != std::string::npos || l.find(" | ") != std::string::npos) widest = std::max(widest, l.size());
+  CHECK(widest <= 100);
+  CHECK(wide.out.find("0:1 | dp0 ep0 tp0 | dp0 ep1 tp0 |") != std::string::npos);
+  CHECK(wide.out.find("| ... | dp0 ep7 tp0 |") != std::string::npos);
+  CHECK(wide.out.find("column blocks 5 to 6 (of 0 to 7) are left out") != std::string::npos);
 }
 
 TEST_CASE("a placement is printed with its shard order everywhere: explain, why, and the placement-mismatch message") {
