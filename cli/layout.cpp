@@ -18,6 +18,7 @@ constexpr int kMaxSide = 16;        // blocks drawn per side
 constexpr int kMaxLines = 6;        // holder lines per cell before they are elided
 constexpr std::size_t kLineWidth = 100;  // a text grid wider than this leaves out middle columns
 constexpr std::int64_t kMaxRanks = 4096;
+constexpr std::int64_t kMaxUnits = 1 << 16;  // pieces of a zigzag dim (each rank's are enumerated)
 
 
 // The axes that shard dim d, in mesh order (the first is the outer one, as in DTensor).
@@ -163,8 +164,9 @@ Layout tensor_layout(const Program& p, const ExprPool& ex, const ValueType& t, c
     for (int a : c.axes) c.blocks *= size[static_cast<std::size_t>(a)];
     c.units = c.blocks;
     if (zz && (t.zz_dims >> d & 1u)) {
-      c.chunks = 2 * size[static_cast<std::size_t>(t.zz_axis)];
-      c.units = lcm64(c.blocks, c.chunks);
+      std::int64_t chunks = 2 * size[static_cast<std::size_t>(t.zz_axis)];
+      if (lcm64(c.blocks, chunks) <= kMaxUnits) c.chunks = chunks, c.units = lcm64(c.blocks, chunks);
+      else l.notes.push_back(fmt::format("dim {} is in zigzag order, which is not drawn for this many blocks", d));
     }
     return c;
   };
