@@ -101,8 +101,7 @@ void Runner::concat_op(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   for (int i = 0; i < n; ++i) {
     const Val& x = in(oi, r, i);
     if (x.t.rank() != rank) throw InterpError("Concat/Stack of tensors of different ranks");
-    for (int e = 0; e < rank; ++e)
-      if (x.gshape[static_cast<std::size_t>(e)] != 1) target[static_cast<std::size_t>(e)] |= x.mask[static_cast<std::size_t>(e)];
+    for (int e = 0; e < rank; ++e) target[static_cast<std::size_t>(e)] |= x.mask[static_cast<std::size_t>(e)];  // nothing broadcasts here
   }
   std::int64_t parts = 1, idx = 0;
   if (!stack) part(target[static_cast<std::size_t>(d)], c, parts, idx);
@@ -121,7 +120,7 @@ void Runner::concat_op(int oi, std::int64_t r, const std::vector<std::int64_t>& 
       if (e == d && !stack) continue;
       if (x.gshape[static_cast<std::size_t>(e)] != x0.gshape[static_cast<std::size_t>(e)]) throw InterpError("Concat/Stack of mismatched shapes");
     }
-    Tensor a = align(x, t, c, "an input of " + std::string(op_name(op.kind)));
+    Tensor a = align(x, t, c, "an input of " + std::string(op_name(op.kind)), false);
     if (stack) {
       Shape s = a.shape;
       s.insert(s.begin() + d, 1);

@@ -791,6 +791,32 @@ bool Checker::broadcast_shape(const Value& x, const Value& y, Value& o) {
   return true;
 }
 
+// An input dim of size 1 broadcast against a larger one must not be sharded: a shard of one element leaves the
+// other ranks an empty slice ([4, 0] does not broadcast against [4, 3]; torch.chunk gives rank 0 the element).
+// DTensor replicates such a dim before the op; here that is the user's AllGather. False after a report.
+bool Checker::broadcast_shards_ok(const Value& o) {
+  for (int i = 0; i < n_in(); ++i) {
+    const Value& v = in(i);
+    for (int d = 0; d < v.rank; ++d) {
+      int k = d + (o.rank - v.rank);
+      if (!is_one(v.shape[static_cast<std::size_t>(d)]) || is_one(o.shape[static_cast<std::size_t>(k)])) continue;
+      std::uint32_t m = shard_mask(v, d);
+      if (!m || is_one(mask_size(m))) continue;
+      int a = std::countr_zero(m);
+      std::vector<Note> notes;
+      origin_note(notes, v, a);
+      notes.push_back(fix(fix_allgather(iname(i), a, d) + ", or keep the size-1 dim replicated"));
+      report(CheckId::ShapeMismatch,
+             fmt::format("{} broadcasts dim {} of {} (size 1) against size {}, but that dim is sharded over {}: one rank holds its element and "
+                         "the others an empty slice, which does not broadcast",
+                         opname(), d, iname(i), dstr(o.shape[static_cast<std::size_t>(k)]), mask_names(m)),
+             iname(i), std::move(notes));
+      return false;
+    }
+  }
+  return true;
+}
+
 // A placement of input i (rank ri) renumbered into an output of rank ro (right-aligned).
 Placement Checker::shift(Placement pl, int ri, int ro) {
   if (pl.is_s()) pl.dim = static_cast<std::int16_t>(pl.dim + (ro - ri));
