@@ -257,12 +257,15 @@ void Runner::index_add(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   auto du = static_cast<std::size_t>(d);
   if (ix.t.rank() != 1 || src.t.rank() != x.t.rank()) throw InterpError("IndexAdd shapes");
   note_range(p_.ins(op)[1], x.gshape[du]);
-  if (live(x.mask[du] | src.mask[du] | ix.mask[0])) throw InterpError("IndexAdd along a sharded dim or with a sharded index");
+  // A sharded index with the source cut alike along it: each rank adds its own rows into its copy of x (a partial
+  // sum of the scatter; the checker says which x may take it)
+  if (live(x.mask[du]) || live(src.mask[du]) != live(ix.mask[0])) throw InterpError("IndexAdd along a sharded dim or with a sharded index");
   std::vector<std::uint32_t> t(x.mask.size(), 0);
   for (std::size_t e = 0; e < t.size(); ++e)
     if (e != du) t[e] = (x.gshape[e] == 1 ? 0 : x.mask[e]) | (src.gshape[e] == 1 ? 0 : src.mask[e]);
   Tensor xa = align(x, t, c, "x of IndexAdd");
   std::vector<std::uint32_t> ts = t;
+  ts[du] = src.mask[du];  // this rank's rows, as its index holds their indices
   Tensor sa = align(src, ts, c, "the source of IndexAdd");
   std::int64_t outer, inner, n = xa.shape[du], k = sa.shape[du];
   dims3(xa.shape, d, outer, inner);

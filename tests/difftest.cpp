@@ -435,6 +435,20 @@ class Gen {
       }
       case 7: {
         std::int64_t k = random_dim();
+        if (rng_.chance(0.3)) {
+          // a per-rank scatter (tokens-per-expert): this rank's rows and their indices, cut alike over one axis, into
+          // a target whole along dim d that is mostly a per-rank buffer (P or V), sometimes replicated
+          std::size_t a = static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size())));
+          k *= mesh_[a].second;
+          Placements pi{}, ps{}, px{};
+          pi[a] = Placement::s(0);
+          ps[a] = Placement::s(d);
+          px[a] = rng_.pick(std::vector<Placement>{Placement::p(), Placement::v(), Placement::r()});
+          std::string target = new_input(xv.shape, false, nullptr, px);
+          std::string ids = new_input({k}, true, nullptr, pi);
+          std::string src = new_input(with(k), false, nullptr, ps);
+          return emit("IndexAdd", {target, ids, src}, {GVal{fresh("ia"), xv.shape}}, "dim: " + num(d));
+        }
         std::string ids = new_input({k}, true, nullptr, Placements{});
         std::string src = new_input(with(k), false, &xv);
         return emit("IndexAdd", {xv.name, ids, src}, {GVal{fresh("ia"), xv.shape}}, "dim: " + num(d));
