@@ -541,6 +541,17 @@ const Op* value_choice(const Program& p) {
   return nullptr;
 }
 
+// Every value the spec computed in run `r` and both sides of the compared link are real numbers (no inf or
+// NaN): a counterexample whose inputs divide by zero somewhere shows no real difference.
+bool stays_real(Setup& s, Run& r, const Link& l) {
+  auto finite = [](const Tensor& t) { return std::all_of(t.data.begin(), t.data.end(), [](const Num& e) { return std::isfinite(e.d); }); };
+  for (const auto& op : r.model_vals)
+    for (const auto& t : op)
+      if (!finite(t)) return false;
+  Assembled a = assemble(s.p, *r.plan, l.plan, l.pl, s.oo);
+  return (!a.ok || finite(a.t)) && finite(r.model->at(0, l.spec).t);
+}
+
 // A difference found in trial `ts`: value-mismatch (the doubles differ: a counterexample, the first plan op that goes
 // wrong), or value-unproved (only the field lanes differ).
 EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work, EquivResult& res) {
@@ -566,7 +577,9 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
     if (diff.kind == DiffKind::Real) {
       rec = run_once(s, ts, true, true, work);
       if (rec->failure.empty()) rdiff = compare(s, *rec, links, degree);
-      ints = rdiff && rdiff->kind == DiffKind::Real;
+      // small integers can hit a zero divisor (x / 0, log 0): such a run has no real value, so the drawn reals
+      // give the counterexample instead
+      ints = rdiff && rdiff->kind == DiffKind::Real && stays_real(s, *rec, links[rdiff->link]);
     }
     if (!ints) {
       rec = run_once(s, ts, false, true, work);

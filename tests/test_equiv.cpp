@@ -211,3 +211,33 @@ TEST_CASE("equiv: a training step with type errors leaves the gradients uncompar
 
 
 }  // namespace spmd
+
+namespace spmd {
+TEST_CASE("equiv: a counterexample never divides by zero: small integers that hit a zero divisor give way to the drawn reals") {
+  // Rounded to small integers, y has zeros, so x / y has no real value there (it printed `-nan in the plan`).
+  Program p = load_program_string(R"(mesh: {tp: 2}
+tensors:
+  x: {shape: [8, 4], placement: {tp: S(0)}}
+  y: {shape: [8, 4], placement: {tp: S(0)}}
+ops:
+  - {op: Div, in: [x, y], out: q}
+  - {op: Multiply, in: [q], out: out, scalar: 2}
+outputs:
+  out: {placement: {tp: S(0)}}
+spec:
+  ops:
+    - {op: Div, in: [x, y], out: q}
+    - {op: Multiply, in: [q], out: out, scalar: 3}
+  outputs: [out]
+)",
+                                  "div.yaml");
+  EquivResult r = check_equivalence(p);
+  REQUIRE(r.verdict == EquivVerdict::Mismatch);
+  std::string all = r.diags[0].message;
+  for (const auto& n : r.diags[0].notes) all += "\n" + n.message;
+  CHECK(all.find("nan") == std::string::npos);
+  CHECK(all.find(" inf") == std::string::npos);
+  CHECK(all.find("-inf") == std::string::npos);
+  CHECK(all.find("counterexample (drawn inputs)") != std::string::npos);
+}
+}  // namespace spmd
