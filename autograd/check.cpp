@@ -244,7 +244,9 @@ class TrainingChecker {
                                                              : fmt::format("; and declare {} invariant (I) over {} too, as {} combined with the "
                                                                            "invariant values after it (each rank computes the same gradient)",
                                                                            fmt::join(also, ", "), ax, also.size() > 1 ? "they are" : "it is"))});
-        if (also.empty()) d.fix = {FixKind::Replace, w, op->loc.line, "", print_op(p_, fixed)};
+        // a hand-written backward holds the old dual (an AllReduce): the fix is two edits there
+        if (also.empty() && !hand_) d.fix = {FixKind::Replace, w, op->loc.line, "", print_op(p_, fixed)};
+        if (hand_) d.notes.back().message += fmt::format(", and drop that {}'s dual from `backward:` (the dual of `dst: I` is the identity)", op_name(op->kind));
       } else {
         d.notes.push_back({p_.loss_loc, fmt::format("fix: every rank of {} computes the whole loss from replicated values: declare the values it is "
                                                     "computed from invariant (I) over {} (Megatron's f, Convert I -> R, marks where the gradient "

@@ -164,6 +164,7 @@ class Checker {
 
   // ---- shared rule pieces -------------------------------------------------------------------
   bool invariant_ok(std::initializer_list<int> which);
+  Note invariant_fix(int inv, int other, int a, Fix& f) const;
   void partial_misuse(int i, int a, const std::string& why, const std::string& fix_text = "");
   void sharded_dim(int i, int a, int d, const std::string& why);
   // A shard of input `i` over axis `a` created on the wrong dim by a ReduceScatter, Scatter or AllToAll of

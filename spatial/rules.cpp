@@ -726,18 +726,52 @@ bool Checker::invariant_ok(std::initializer_list<int> which) {
     if (inv >= 0 && other >= 0) {
       std::vector<Note> notes;
       origin_note(notes, in(inv), a);
-      notes.push_back(fix(fmt::format("make both I, or convert explicitly: insert {{op: Convert, in: [{}], out: {}_r, axis: {}, to: R}} "
-                                      "before this op (its backward all-reduces the gradient)",
-                                      iname(inv), iname(inv), axn(a))));
+      Fix f;
+      notes.push_back(invariant_fix(inv, other, a, f));
       report(CheckId::InvariantMix,
              fmt::format("{} combines {}, which is I over {}, with {}, which is {}; an invariant value mixes with others only "
                          "through an explicit Convert",
                          opname(), iname(inv), axn(a), iname(other), ps(pin(other, a))),
              iname(inv), std::move(notes));
+      diags_.back().fix = std::move(f);
       return false;
     }
   }
   return true;
+}
+
+// The fix of an I operand `inv` meeting an R operand `other` over axis a. Converting the I operand to R makes this
+// op's result R, and every later op that meets the invariant values it came with reports again (one finding
+// became seven, issue 23). Where the R operand was made R is usually the mistake: an AllReduce or AllGather that
+// should leave an invariant value (`dst: I`, Megatron's g; a machine fix), or a declared replicated tensor whose
+// gradient, computed from invariant values, is invariant too (declare it I). Else the explicit Convert.
+Note Checker::invariant_fix(int inv, int other, int a, Fix& f) const {
+  NameId n = p_.ins(*op_)[static_cast<std::size_t>(other)];
+  if (pin(other, a).is_r() && !p_.per_rank) {
+    for (int j = op_idx_ - 1; j >= 0; --j) {
+      const Op& w = p_.ops[static_cast<std::size_t>(j)];
+      auto outs = p_.outs(w);
+      if (std::find(outs.begin(), outs.end(), n) == outs.end()) continue;
+      if ((w.kind == OpKind::AllReduce || w.kind == OpKind::AllGather) && !w.attrs.dst_invariant && (w.attrs.axes >> a & 1u)) {
+        Op changed = w;
+        changed.attrs.dst_invariant = true;
+        f = {FixKind::Replace, j, w.loc.line, "", print_op(p_, changed)};
+        return {w.loc, fmt::format("fix: leave {} invariant where it is reduced: `dst: I` on this {} (Megatron's g: its backward is the identity), so "
+                                   "it meets {} as I",
+                                   iname(other), op_name(w.kind), iname(inv))};
+      }
+      break;
+    }
+    for (const auto& t : p_.tensors)
+      if (t.name == n)
+        return fix(fmt::format("declare {} I over {} (every rank computes the same gradient for it from invariant values, with nothing to reduce; "
+                               "Megatron's replicated norm weights), or, if its gradient must be reduced, convert {} explicitly: insert "
+                               "{{op: Convert, in: [{}], out: {}_r, axis: {}, to: R}} before this op",
+                               iname(other), axn(a), iname(inv), iname(inv), iname(inv), axn(a)));
+  }
+  return fix(fmt::format("make both I, or convert explicitly: insert {{op: Convert, in: [{}], out: {}_r, axis: {}, to: R}} before this op (its backward "
+                         "all-reduces the gradient)",
+                         iname(inv), iname(inv), axn(a)));
 }
 
 void Checker::partial_misuse(int i, int a, const std::string& why, const std::string& fix_text) {
