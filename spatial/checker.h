@@ -339,6 +339,9 @@ class Checker {
   int cp_axis();
   std::optional<std::int64_t> ring_size(int a);
   bool cp_order_ok(int i, int a, int s);
+  int zz_of(int i, int d) const;
+  bool same_order(int i, int di, int j, int dj);
+  bool orders_ok(const Value& o);
   bool cp_other_axis(int a, int ring, int b, int h, int dd, Value& o);
   void ring_rotate();
   void ring_attention_step();

@@ -153,6 +153,7 @@ void Checker::attention() {
                                std::popcount(at().axes)),
                    -1, "name the context-parallel axis alone");
   if (!attention_shapes(b, h, s, dd)) return;
+  if (!same_order(1, s, 2, s)) return;  // key j's value is v's row j
   auto dim = [&](int i, int d) { return in(i).shape[static_cast<std::size_t>(d)]; };
   Value& o = out() = in(0);
   o.shape[static_cast<std::size_t>(dd)] = dim(2, dd);

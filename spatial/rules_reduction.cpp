@@ -153,7 +153,8 @@ void Checker::cross_entropy() {
                   iname(1));
   for (int d = 0; d < vd; ++d)
     if (!same_dim(lb.shape[static_cast<std::size_t>(d)], lg.shape[static_cast<std::size_t>(d)],
-                  fmt::format("CrossEntropyLoss labels dim {} against logits dim {}", d, d), iname(1)))
+                  fmt::format("CrossEntropyLoss labels dim {} against logits dim {}", d, d), iname(1)) ||
+        !same_order(0, d, 1, d))
       return;
   std::uint32_t vocab_axes = 0;
   if (at().vocab_parallel) {

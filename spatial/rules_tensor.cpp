@@ -227,13 +227,18 @@ void Checker::rope() {
   if (pool_.is_const(D) && pool_.value(D) % 2)
     return report(CheckId::ShapeMismatch, fmt::format("RoPE rotates pairs of the last dim of {}, which has odd size {}", iname(0), dstr(D)), iname(0));
   ExprId s = x.shape[static_cast<std::size_t>(d)];
+  int zz = zz_of(0, d);  // tokens reordered by LoadBalance: the positions must be reordered alike
   if (!same_dim(pos.shape[0], s,
                 fmt::format("RoPE of {} at positions {}: the positions must be the global positions of all {} tokens of dim {} (under sequence or "
-                            "context parallelism a rank using 0..{}/N-1 instead of its global offsets is the classic bug; take Arange(end: {}) and let "
+                            "context parallelism a rank using 0..{}/N-1 instead of its global offsets is the classic bug; take Arange(end: {}){} and let "
                             "RoPE read each rank's slice)",
-                            iname(0), iname(1), dstr(s), d, dstr(s), dstr(s)),
+                            iname(0), iname(1), dstr(s), d, dstr(s), dstr(s),
+                            zz >= 0 ? fmt::format(", reorder it with {{op: LoadBalance, axis: {}, dim: 0}} as the tokens were (dim {} of {} is in zigzag order)",
+                                                  axn(zz), d, iname(0))
+                                    : ""),
                 iname(1)))
     return;
+  if (!same_order(0, d, 1, 0)) return;
   Value& o = out() = x;
   for (int a = 0; a < axes(); ++a) {
     Placement xp = pin(0, a), pp = pin(1, a);
