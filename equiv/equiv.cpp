@@ -590,8 +590,16 @@ std::string scope_text(const Program& p) {
 }
 
 // The first op of the plan or the spec whose result depends on a choice made by comparing values (routing, a
-// max/min reduction, a cast to integers), or null.
+// max/min reduction, a cast to integers, an input pending a max or min), or null.
 const Op* value_choice(const Program& p) {
+  // an input pending a max or min: its global value is the largest (smallest) summand, chosen by value; the first
+  // op that reads it stands for the choice
+  for (const auto& t : p.tensors)
+    if (std::any_of(t.placement.begin(), t.placement.end(), [](Placement pl) { return pl.is_p() && (pl.op == ReduceOp::Max || pl.op == ReduceOp::Min); }))
+      for (const auto& op : p.ops) {
+        auto ins = p.ins(op);
+        if (std::find(ins.begin(), ins.end(), t.name) != ins.end()) return &op;
+      }
   for (const auto* list : {&p.ops, &p.spec_ops})
     for (const auto& op : *list) {
       bool choice = op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin || op.kind == OpKind::TopKGate || op.kind == OpKind::MoEDispatch ||
