@@ -39,8 +39,10 @@ std::string scale_text(const Program& t, std::uint32_t axes) {
   for (int b = 0; b < t.axis_count(); ++b) {
     if (!(axes & (1u << b))) continue;
     ExprId e = t.mesh[static_cast<std::size_t>(b)].size;
-    if (t.exprs.is_const(e)) n *= static_cast<double>(t.exprs.value(e));
-    else concrete = false;
+    if (t.exprs.is_const(e))
+      n *= static_cast<double>(t.exprs.value(e));
+    else
+      concrete = false;
     prod += (prod.empty() ? "" : "*") + t.mesh[static_cast<std::size_t>(b)].name;
   }
   return concrete ? fmt::format("{}", 1.0 / n) : std::popcount(axes) > 1 ? "1/(" + prod + ")" : "1/" + prod;
@@ -62,8 +64,10 @@ std::optional<double> sync_scale(const Program& t, std::size_t first_sync, NameI
     if (std::find(ins.begin(), ins.end(), n) == ins.end()) continue;
     if (op.n_out != 1 || ins.size() != 1) return std::nullopt;
     bool scalar = op.attrs.has_number && (op.kind == OpKind::Multiply || op.kind == OpKind::Div || (op.kind == OpKind::LossScale && !op.attrs.axes));
-    if (scalar) f *= op.kind == OpKind::Div ? 1 / op.attrs.number : op.attrs.number;
-    else if (!(op_info(op.kind).category == OpCategory::collective || op.kind == OpKind::Convert)) return std::nullopt;
+    if (scalar)
+      f *= op.kind == OpKind::Div ? 1 / op.attrs.number : op.attrs.number;
+    else if (!(op_info(op.kind).category == OpCategory::collective || op.kind == OpKind::Convert))
+      return std::nullopt;
     n = t.outs(op)[0];
   }
   if (n != g) return std::nullopt;
