@@ -3,13 +3,18 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "autograd/autograd.h"
 #include "autograd/derive.h"
 #include "ir/memory.h"
+#include "autograd/loss_scaling.h"
+#include "ir/printer.h"
 #include "spatial/spatial.h"
 
 namespace spmd {
@@ -98,6 +103,10 @@ class TrainingChecker {
     so.prefix_ops = first_bwd_;
     std::vector<Diagnostic> spatial = check_spatial(t, so);
     index(t);
+    if (compensated(t, spatial)) {  // grad_sync scales those gradients back: check the step without their relabels
+      spatial = check_spatial(t, so);
+      index(t);
+    }
     if (hand_) match_duals(t, ft, r.diags);
     // After a duality finding, the placement errors further down the backward are its consequences.
     int first_dual = std::numeric_limits<int>::max();
@@ -105,7 +114,7 @@ class TrainingChecker {
     for (auto& d : spatial) {
       if (d.op < static_cast<int>(first_bwd_) || flagged_.count(d.op)) continue;
       if (d.op >= static_cast<int>(first_relabel_) && d.op < static_cast<int>(first_sync_)) {
-        if (mean_loss_finding(t, d)) r.diags.push_back(std::move(d));
+        fold_relabel_finding(t, d);
         continue;
       }
       relabel_notes(d);
@@ -120,6 +129,7 @@ class TrainingChecker {
     }
     if (!hand_) self_check(t, r.diags);
     unsynced(t, r.diags);
+    mean_loss_findings(t, r.diags);
     sort_and_cap(r.diags, r.diags.size());
     r.first_relabel = first_relabel_;
     r.first_sync = first_sync_;
@@ -128,18 +138,6 @@ class TrainingChecker {
   }
 
  private:
-  // The type of a name's last version among the first `n_ops` ops of p (or its declaration).
-  static ValueType final_type(const Program& p, const SpatialTypes& ty, NameId n, std::size_t n_ops) {
-    for (std::size_t i = n_ops; i-- > 0;) {
-      auto outs = p.outs(p.ops[i]);
-      for (std::size_t k = 0; k < outs.size(); ++k)
-        if (outs[k] == n) return ty.out(i, static_cast<int>(k));
-    }
-    for (std::size_t d = 0; d < ty.decls.size(); ++d)  // the forward's declarations (a step has the seed after them)
-      if (p.tensors[d].name == n) return ty.decls[d];
-    return {};
-  }
-
   // ---- a per-rank mean loss ------------------------------------------------------------------------
   // Each rank's backward starts from 1 on its own loss, as autograd does (DDP, FSDP, Megatron), so over
   // an axis where the loss is P(avg) (a per-rank mean) the backward computes the gradient of the sum of
@@ -181,72 +179,139 @@ class TrainingChecker {
       }
     }
   }
-  // A placement-mismatch at a relabel: the gradient of a parameter is not a pending sum over an axis the
-  // loss is a per-rank mean over. Per-rank (V) gradients of whole parameters are left to unsynced-gradient.
-  bool mean_loss_finding(const Program& t, Diagnostic& d) const {
-    if (d.id != CheckId::PlacementMismatch) return true;
+  // ---- findings at the relabels ---------------------------------------------------------------------
+  // A relabel fails when a parameter gradient is not a pending sum over an axis the loss is a per-rank mean
+  // (or replicated) over: it is N times the gradient of the loss. Per-rank (V) gradients of whole parameters
+  // are left to unsynced-gradient. The findings are one cause (the loss), so they are folded per cause and
+  // reported once (mean_loss_findings): at the op that replicated the loss, or at the loss.
+  void fold_relabel_finding(const Program& t, const Diagnostic& d) {
     std::size_t k = static_cast<std::size_t>(d.op) - first_relabel_;
     const Op& op = t.ops[static_cast<std::size_t>(d.op)];
     int a = std::countr_zero(op.attrs.axes);
-    const TensorDecl* decl = nullptr;
-    for (const auto& td : fwd_tensors())
-      if (td.name == relabel_param_[k]) decl = &td;
+    const TensorDecl* decl = param_decl(relabel_param_[k]);
     const ValueType* g = type_of(src_[op.first]);
-    if (!decl || !g) return true;
+    if (!decl || !g) return;
     Placement have = g->pl[static_cast<std::size_t>(a)], pp = decl->placement[static_cast<std::size_t>(a)];
-    if (have.is_v() && (pp.is_r() || pp.is_i())) return false;
-    std::string ax = t.mesh[static_cast<std::size_t>(a)].name, loss = p_.name(p_.loss);
-    d.id = CheckId::LossScaling;
-    if (repl_axes_ & (1u << a)) {
-      d.message = fmt::format("the loss {} is replicated over {} (R), so each rank's backward, seeded with 1 on its own copy as autograd does, "
-                              "computes the gradient of {} copies of the loss (the seed, dual of R, is a pending sum); {} is {} over {} at the end of "
-                              "the backward, so it is {} times the gradient of the loss",
-                              loss, ax, ax, d.tensor, to_string(have), ax, ax);
-      d.notes.clear();
-      d.notes.push_back({decl->loc, fmt::format("parameter {} is declared {} over {} here", p_.name(decl->name), to_string(pp), ax)});
-      int w = replicating_op(a);
+    if (have.is_v() && (pp.is_r() || pp.is_i())) return;
+    ((repl_axes_ >> a) & 1u ? repl_fold_ : mean_fold_).push_back({t.name(t.ins(op)[0]), to_string(have), a});
+  }
+  const TensorDecl* param_decl(NameId n) const {
+    for (const auto& td : fwd_tensors())
+      if (td.name == n) return &td;
+    return nullptr;
+  }
+  void mean_loss_findings(const Program& t, std::vector<Diagnostic>& out) {
+    std::string loss = p_.name(p_.loss);
+    if (!repl_fold_.empty()) {
+      std::uint32_t axes = 0;
+      for (const auto& f : repl_fold_) axes |= 1u << f.axis;
+      // the cascade of the same cause: replicated gradients never averaged over those axes
+      std::vector<std::string> left;
+      std::erase_if(out, [&](const Diagnostic& d) {
+        auto it = unsynced_axes_.find(d.tensor);
+        if (d.id != CheckId::UnsyncedGradient || it == unsynced_axes_.end() || (it->second & ~axes)) return false;
+        left.push_back(d.tensor);
+        return true;
+      });
+      std::string ax = axis_list(t, axes);
+      Diagnostic d;
+      d.id = CheckId::LossScaling;
+      d.loc = p_.loss_loc;
+      d.tensor = loss;
+      int w = replicating_op(std::countr_zero(axes));
       const Op* op = w >= 0 ? &p_.ops[static_cast<std::size_t>(w)] : nullptr;
-      if (op && op->kind == OpKind::AllReduce)
-        d.notes.push_back({op->loc, fmt::format("fix: make the loss invariant here: `dst: I` on this AllReduce (Megatron's reduce_from_tensor_model_"
-                                                "parallel_region: its backward is the identity), or leave the loss a pending mean over {} (drop the "
-                                                "AllReduce before the backward) and average the gradients in grad_sync with `reduce: avg`",
-                                                ax)});
-      else if (op && op->kind == OpKind::CrossEntropyLoss)
-        d.notes.push_back({op->loc, fmt::format("fix: set `dst: I` on this vocab-parallel CrossEntropyLoss: Megatron's vocab_parallel_cross_entropy "
-                                                "computes the same loss on every rank of {} and its backward is local (softmax minus one-hot on "
-                                                "each rank's vocab slice), so the loss is invariant, not replicated",
-                                                ax)});
-      else
+      std::string tail = left.empty() ? ""
+                         : fmt::format("; and {} {} left pending over {} (grad_sync never averages {})", fmt::join(left, ", "), left.size() > 1 ? "are" : "is",
+                                       ax, left.size() > 1 ? "them" : "it");
+      d.message = fmt::format("the loss {} is replicated over {} (R){}, so each rank's backward, seeded with 1 on its own copy as autograd does, computes "
+                              "the gradient of {} copies of the loss (the seed, dual of R, is a pending sum): {} {} the gradient of the loss times the "
+                              "size of {}{}",
+                              loss, ax, op && op->kind == OpKind::AllReduce ? " after this AllReduce" : "", ax, grads_text(repl_fold_),
+                              repl_fold_.size() > 1 ? "are" : "is", ax, tail);
+      if (op && (op->kind == OpKind::AllReduce || op->kind == OpKind::CrossEntropyLoss)) {
+        d.loc = op->loc;
+        d.op = w;
+        Op fixed = *op;
+        fixed.attrs.dst_invariant = true;
+        std::string why = op->kind == OpKind::AllReduce
+                              ? "a DTensor P -> R redistribute has an identity backward, and so has Megatron's reduce_from_tensor_model_parallel_region"
+                              : "Megatron's vocab_parallel_cross_entropy computes the same loss on every rank and its backward is local";
+        std::vector<std::string> also = replicated_after(p_, *ft_, n_ops_, w, axes);
+        d.notes.push_back({op->loc, fmt::format("fix: make the loss invariant: `dst: I` on this {} ({}): its gradient is then the loss's gradient on "
+                                                "every rank, with nothing to average{}",
+                                                op_name(op->kind), why,
+                                                also.empty() ? ""
+                                                             : fmt::format("; and declare {} invariant (I) over {} too, as {} combined with the "
+                                                                           "invariant values after it (each rank computes the same gradient)",
+                                                                           fmt::join(also, ", "), ax, also.size() > 1 ? "they are" : "it is"))});
+        // a hand-written backward holds the old dual (an AllReduce): the fix is two edits there
+        if (also.empty() && !hand_) d.fix = {FixKind::Replace, w, op->loc.line, "", print_op(p_, fixed)};
+        if (hand_) d.notes.back().message += fmt::format(", and drop that {}'s dual from `backward:` (the dual of `dst: I` is the identity)", op_name(op->kind));
+      } else {
         d.notes.push_back({p_.loss_loc, fmt::format("fix: every rank of {} computes the whole loss from replicated values: declare the values it is "
                                                     "computed from invariant (I) over {} (Megatron's f, Convert I -> R, marks where the gradient "
                                                     "is reduced), or average the gradients over {} in grad_sync with `reduce: avg`",
                                                     ax, ax, ax)});
-      return true;
+      }
+      out.push_back(std::move(d));
     }
-    d.message = fmt::format("the loss {} is a per-rank mean over {} (P(avg)), so each rank's backward, seeded with 1 on its own loss as autograd "
-                            "does, computes the gradient of the sum of the per-rank losses; {} is {} over {} at the end of the backward, so it "
-                            "is {} times the gradient of the mean loss",
-                            loss, ax, d.tensor, to_string(have), ax, ax);
-    d.notes.clear();
-    d.notes.push_back({decl->loc, fmt::format("parameter {} is declared {} over {} here", p_.name(decl->name), to_string(pp), ax)});
-    // LossScale must name every axis the loss is a per-rank mean over (its rule), so the fix lists them all.
-    std::uint32_t mean_axes = avg_axes_ & ~repl_axes_;
-    double n = 1;
-    bool concrete = true;
-    std::string prod;
-    for (int b = 0; b < t.axis_count(); ++b) {
-      if (!(mean_axes & (1u << b))) continue;
-      ExprId e = t.mesh[static_cast<std::size_t>(b)].size;
-      if (t.exprs.is_const(e)) n *= static_cast<double>(t.exprs.value(e));
-      else concrete = false;
-      prod += (prod.empty() ? "" : "*") + t.mesh[static_cast<std::size_t>(b)].name;
+    if (!mean_fold_.empty()) {
+      std::uint32_t axes = 0;
+      for (const auto& f : mean_fold_) axes |= 1u << f.axis;
+      std::string ax = axis_list(t, axes);
+      Diagnostic d;
+      d.id = CheckId::LossScaling;
+      d.loc = p_.loss_loc;
+      d.tensor = loss;
+      d.message = fmt::format("the loss {} is a per-rank mean over {} (P(avg)), so each rank's backward, seeded with 1 on its own loss as autograd "
+                              "does, computes the gradient of the sum of the per-rank losses: {} {} there, so {} the gradient of the mean loss "
+                              "times the size of {}",
+                              loss, ax, grads_text(mean_fold_), mean_fold_.size() > 1 ? "are not pending sums" : "is not a pending sum",
+                              mean_fold_.size() > 1 ? "they are" : "it is", ax);
+      // LossScale must name every axis the loss is a per-rank mean over (its rule), so the fix lists them all.
+      std::uint32_t mean_axes = avg_axes_ & ~repl_axes_;
+      std::string scale = scale_text(t, mean_axes);
+      d.notes.push_back({p_.loss_loc, fmt::format("fix: make the per-rank losses summands of the mean before the backward: insert {{op: LossScale, in: "
+                                                  "[{}], out: {}_scaled, scale: {}, axis: {}}} after the op that produces {} and use {}_scaled as the "
+                                                  "loss; or scale those gradients by {} in grad_sync (DeepSpeed's expert gradients: average over the "
+                                                  "expert-data-parallel group, then multiply by 1/ep)",
+                                                  loss, loss, scale, axis_attr(t, mean_axes), loss, loss, scale_text(t, axes))});
+      out.push_back(std::move(d));
     }
-    std::string scale = concrete ? fmt::format("{}", 1.0 / n) : std::popcount(mean_axes) > 1 ? "1/(" + prod + ")" : "1/" + prod;
-    d.notes.push_back({p_.loss_loc, fmt::format("fix: make the per-rank losses summands of the mean before the backward: insert {{op: LossScale, in: "
-                                                "[{}], out: {}_scaled, scale: {}, axis: {}}} after the op that produces {} and use {}_scaled as the "
-                                                "loss; or keep the gradient a pending sum over {} until grad_sync reduces it with `reduce: avg`",
-                                                loss, loss, scale, axis_attr(t, mean_axes), loss, loss, ax)});
-    return true;
+  }
+  // ---- a scale in grad_sync that compensates (DeepSpeed #6546) ----------------------------------------
+  // A gradient N times too large over the axes its relabels fail on is right when grad_sync multiplies it
+  // by exactly 1/N before the optimizer (DeepSpeed averages expert gradients over the expert-data-parallel
+  // group, then multiplies by 1/ep). Those relabels become no-ops (a LossScale by 1) and the step is checked
+  // again. True when some relabel changed.
+  bool compensated(Program& t, const std::vector<Diagnostic>& spatial) {
+    std::unordered_map<NameId, std::vector<std::size_t>> failed;  // parameter -> its failed relabel ops
+    for (const auto& d : spatial)
+      if (d.op >= static_cast<int>(first_relabel_) && d.op < static_cast<int>(first_sync_))
+        failed[relabel_param_[static_cast<std::size_t>(d.op) - first_relabel_]].push_back(static_cast<std::size_t>(d.op));
+    bool changed = false;
+    for (auto& [param, ops] : failed) {
+      std::sort(ops.begin(), ops.end());
+      ops.erase(std::unique(ops.begin(), ops.end()), ops.end());
+      double n = 1;
+      bool concrete = true;
+      for (std::size_t j : ops) {
+        ExprId e = t.mesh[static_cast<std::size_t>(std::countr_zero(t.ops[j].attrs.axes))].size;
+        if (t.exprs.is_const(e)) n *= static_cast<double>(t.exprs.value(e));
+        else concrete = false;
+      }
+      auto f = sync_scale(t, first_sync_, t.ins(t.ops[ops[0]])[0]);
+      if (!concrete || !f || std::abs(*f * n - 1) > 1e-9) continue;
+      for (std::size_t j : ops) {
+        Op& o = t.ops[j];
+        o.kind = OpKind::LossScale;
+        o.attrs = OpAttrs();
+        o.attrs.number = 1;
+        o.attrs.has_number = true;
+      }
+      changed = true;
+    }
+    return changed;
   }
   // The forward op at which the loss became R over axis a: follow the loss back through ops whose output
   // keeps their first input's placement there (a mean, a scale, a cast) to the one whose input was not R.
@@ -317,16 +382,6 @@ class TrainingChecker {
     return nullptr;
   }
 
-  std::string axis_list(const Program& p, std::uint32_t m, const char* sep = " and ") const {
-    std::string s;
-    for (int a = 0; a < p.axis_count(); ++a)
-      if (m & (1u << a)) s += (s.empty() ? "" : sep) + p.mesh[static_cast<std::size_t>(a)].name;
-    return s;
-  }
-  std::string axis_attr(const Program& p, std::uint32_t m) const {
-    std::string s = axis_list(p, m, ", ");
-    return std::popcount(m) > 1 ? "[" + s + "]" : s;
-  }
   static int norm(int d, int rank) { return d == kUnset ? d : d < 0 ? d + rank : d; }
 
   // ---- gradient duality (hand-written backward) ---------------------------------------------------
@@ -550,7 +605,7 @@ class TrainingChecker {
   }
 
   // ---- gradient synchronization ---------------------------------------------------------------------
-  void unsynced(const Program& t, std::vector<Diagnostic>& out) const {
+  void unsynced(const Program& t, std::vector<Diagnostic>& out) {
     for (const auto& decl : fwd_tensors()) {
       if (!decl.param) continue;
       const std::string pname = p_.name(decl.name);
@@ -569,6 +624,7 @@ class TrainingChecker {
         per_rank |= gp.is_v();
       }
       if (!bad) continue;
+      unsynced_axes_[it->first] = bad;
       int a0 = std::countr_zero(bad);
       Diagnostic d;
       d.id = CheckId::UnsyncedGradient;
@@ -673,6 +729,8 @@ class TrainingChecker {
   std::uint32_t repl_axes_ = 0;        // those on which it is R
   const SpatialTypes* ft_ = nullptr;   // the forward's types
   std::vector<NameId> relabel_param_;  // per relabel op: the parameter whose gradient it relabels
+  std::vector<FoldedGrad> repl_fold_, mean_fold_;
+  std::unordered_map<std::string, std::uint32_t> unsynced_axes_;  // unsynced-gradient finding (by gradient) -> its axes  // failed relabels over axes the loss is replicated / a per-rank mean over
   SpatialTypes tt_;
   std::vector<std::int64_t> src_, before_sync_, final_;
   std::vector<std::uint32_t> out_op_;

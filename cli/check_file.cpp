@@ -43,12 +43,19 @@ void check_schedule(FileResult& r, const Options& opt, std::ostream* dot) {
   for (auto& d : check_temporal(lowered, to)) {
     if (d.id == CheckId::Deadlock)
       for (const auto& n : d.notes)
-        if (n.message.find("is blocked here") != std::string::npos) r.blocked.push_back(n.loc);
+        if (blocked_rank(n)) r.blocked.push_back(n.loc);
     r.diags.push_back(std::move(d));
   }
 }
 
 }  // namespace
+
+std::optional<BlockedRank> blocked_rank(const Note& n) {
+  if (n.message.rfind("rank ", 0) != 0) return std::nullopt;
+  for (auto [text, cycle] : {std::pair<const char*, bool>{" is blocked here: ", true}, {" is also blocked: ", false}})
+    if (auto at = n.message.find(text); at != std::string::npos) return BlockedRank{n.message.substr(5, at - 5), cycle};
+  return std::nullopt;
+}
 
 std::string display_name(const std::string& path) { return path == "-" ? "<stdin>" : path; }
 

@@ -39,6 +39,14 @@ struct FileResult {
   std::vector<Loc> blocked;          // its cells where a deadlock left a rank blocked
 };
 
+// A deadlock's note that names a blocked rank ("rank {pp: 1} is blocked here: ..." for a rank of the cycle,
+// "rank {pp: 0} is also blocked: ..." for one that waits on it): the rank's label and whether it is in the cycle.
+struct BlockedRank {
+  std::string label;
+  bool in_cycle = false;
+};
+std::optional<BlockedRank> blocked_rank(const Note& n);
+
 // The name a file is shown by in diagnostics ("<stdin>" for "-").
 std::string display_name(const std::string& path);
 // The raw text of an input (standard input for "-"); nullopt when it cannot be read.

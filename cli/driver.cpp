@@ -273,7 +273,19 @@ int cmd_report(const std::string& path, const std::string& output, const Options
   SpatialTypes types;
   types.want_origins = true;
   FileResult r = check_file(path, opt, nullptr, &types);
-  std::string html = report_html(r, r.load_failed || r.schedule ? nullptr : &types, input_text(path, opt).value_or(""), kVersion);
+  // A training program: the page shows its training step (forward, backward, grad_sync), where the gradients are.
+  TrainingCheck step;
+  SpatialTypes step_types;
+  step_types.want_origins = true;
+  ReportStep rs;
+  if (!r.load_failed && !r.schedule && r.program.loss >= 0 && (r.program.train || r.program.has_backward || opt.backward)) {
+    try {
+      step = check_training(r.program, {opt.z3_timeout_ms, nullptr, true, &step_types});  // checks the forward again: its verdict decides
+    } catch (const LoadError&) {  // check_file has reported it
+    }
+    if (step.built) rs = {&step.program, &step_types, step.first_backward, step.first_sync};
+  }
+  std::string html = report_html(r, r.load_failed || r.schedule ? nullptr : &types, input_text(path, opt).value_or(""), kVersion, rs);
   if (output == "-") out << html;
   else if (!write_file(output, html, err)) return kBadInput;
   return r.load_failed ? kBadInput : has_errors(r.diags) ? kFindings : kClean;

@@ -8,6 +8,7 @@
 
 #include "cli/layout.h"
 #include "ir/op_table.h"
+#include "ir/printer.h"
 #include "ir/ranks.h"
 
 namespace spmd {
@@ -47,40 +48,59 @@ struct Walker {
     return it != e.ops.end() && it->op == op ? &*it : nullptr;
   }
 
-  // How value `r` came to have its placement on axis `a`: a chain, newest step first.
+  // One step of how value `r` came to have its placement on axis `a`: its text, and the input it kept the
+  // placement from (the next step), if any.
+  WhyStep step(ValueRef r, int a) const {
+    WhyStep w;
+    const ValueType* vt = type(r);
+    if (!vt) return w;
+    Placement pl = vt->pl[static_cast<std::size_t>(a)];
+    if (r.op == -1) {
+      const TensorDecl& d = p.tensors[static_cast<std::size_t>(r.k)];
+      bool written = d.placement_loc.line != d.loc.line || d.placement_loc.col != d.loc.col;
+      w.text = fmt::format("{} {} at line {}", name(r), written ? "declared " + axis_placement_text(p, vt->pl, a) : "R by default", d.loc.line);
+      w.brief = fmt::format("{} at line {}", written ? "declared" : "R by default", d.loc.line);
+      return w;
+    }
+    const Op& op = p.ops[static_cast<std::size_t>(r.op)];
+    const ExplainOp* eo = op_of(r.op);
+    // The input it kept the placement from, if one has the same placement on this axis.
+    std::optional<ValueRef> from;
+    std::string ins, from_name;
+    if (eo)
+      for (std::size_t i = 0; i < eo->in_refs.size(); ++i) {
+        const ValueType* it = eo->in_refs[i].op >= -1 ? type(eo->in_refs[i]) : nullptr;
+        if (!it || !it->ok) continue;
+        ins += fmt::format("{}{} {}", ins.empty() ? "" : ", ", eo->ins[i], axis_placement_text(p, it->pl, a));
+        if (!from && it->pl[static_cast<std::size_t>(a)] == pl) from = eo->in_refs[i], from_name = eo->ins[i];
+      }
+    std::string at = fmt::format("{} (line {})", op_name(op.kind), op.loc.line);
+    if (from && !(pl.is_r())) {
+      w.text = fmt::format("{} {} via {}", name(r), axis_placement_text(p, vt->pl, a), at);
+      w.brief = "via " + at;
+      w.from = *from;
+      w.from_name = from_name;
+      return w;
+    }
+    w.text = fmt::format("{} became {} at {}{}", name(r), axis_placement_text(p, vt->pl, a), at, ins.empty() ? "" : " from " + ins);
+    w.brief = fmt::format("arose at {}{}", at, ins.empty() ? "" : " from " + ins);
+    // The rule's own reason, when the checker recorded that the placement arose at this op.
+    if (const PlacementOrigin* o = origin(r, a); o && !o->why.empty() && o->loc.line == op.loc.line && o->loc.col == op.loc.col) {
+      w.text += ": " + o->why;
+      w.brief += ": " + o->why;
+    }
+    return w;
+  }
+
+  // The whole chain, newest step first.
   std::string chain(ValueRef r, int a) const {
     std::string s;
-    for (int step = 0; step < kMaxChain; ++step) {
-      const ValueType* vt = type(r);
-      if (!vt) return s;
-      Placement pl = vt->pl[static_cast<std::size_t>(a)];
-      if (r.op == -1) {
-        const TensorDecl& d = p.tensors[static_cast<std::size_t>(r.k)];
-        bool written = d.placement_loc.line != d.loc.line || d.placement_loc.col != d.loc.col;
-        return s + fmt::format("{}{} {} at line {}", s.empty() ? "" : " <- ", name(r), written ? "declared " + to_string(pl) : "R by default", d.loc.line);
-      }
-      const Op& op = p.ops[static_cast<std::size_t>(r.op)];
-      const ExplainOp* eo = op_of(r.op);
-      // The input it kept the placement from, if one has the same placement on this axis.
-      std::optional<ValueRef> from;
-      std::string ins;
-      if (eo)
-        for (std::size_t i = 0; i < eo->in_refs.size(); ++i) {
-          const ValueType* it = eo->in_refs[i].op >= -1 ? type(eo->in_refs[i]) : nullptr;
-          if (!it || !it->ok) continue;
-          ins += fmt::format("{}{} {}", ins.empty() ? "" : ", ", eo->ins[i], to_string(it->pl[static_cast<std::size_t>(a)]));
-          if (!from && it->pl[static_cast<std::size_t>(a)] == pl) from = eo->in_refs[i];
-        }
-      std::string at = fmt::format("{} (line {})", op_name(op.kind), op.loc.line);
-      if (from && !(pl.is_r())) {
-        s += fmt::format("{}{} {} via {}", s.empty() ? "" : " <- ", name(r), to_string(pl), at);
-        r = *from;
-        continue;
-      }
-      s += fmt::format("{}{} became {} at {}{}", s.empty() ? "" : " <- ", name(r), to_string(pl), at, ins.empty() ? "" : " from " + ins);
-      // The rule's own reason, when the checker recorded that the placement arose at this op.
-      if (const PlacementOrigin* o = origin(r, a); o && !o->why.empty() && o->loc.line == op.loc.line && o->loc.col == op.loc.col) s += ": " + o->why;
-      return s;
+    for (int k = 0; k < kMaxChain; ++k) {
+      WhyStep w = step(r, a);
+      if (w.text.empty()) return s;
+      s += (s.empty() ? "" : " <- ") + w.text;
+      if (!w.from) return s;
+      r = *w.from;
     }
     return s + " <- ...";
   }
@@ -94,8 +114,9 @@ std::string value_line(const Program& p, const SpatialTypes& t, const ExplainVal
   std::string shape = "[";
   for (int d = 0; d < v.type->rank; ++d) shape += (d ? ", " : "") + t.exprs.str(v.type->shape[static_cast<std::size_t>(d)], p.vars);
   shape += "]";
-  std::string s = fmt::format("  {:<{}}  {} {}  {}  local {}\n", bold(v.name, color), name_w + (color ? 8 : 0), shape, dtype_name(v.type->dtype),
-                              placement_text(p, v.type->pl), local_shape(p, t.exprs, *v.type));
+  std::string zz = zigzag_text(p, *v.type);
+  std::string s = fmt::format("  {:<{}}  {} {}  {}{}  local {}\n", bold(v.name, color), name_w + (color ? 8 : 0), shape, dtype_name(v.type->dtype),
+                              placements_text(p, v.type->pl), zz.empty() ? "" : "  " + zz, local_shape(p, t.exprs, *v.type));
   for (const auto& w : v.why) s += fmt::format("  {:<{}}    why {}\n", "", name_w, w);
   return s;
 }
@@ -105,7 +126,7 @@ std::string value_line(const Program& p, const SpatialTypes& t, const ExplainVal
 Explanation explain_program(const Program& p, const SpatialTypes& types) {
   Explanation e;
   for (std::size_t i = 0; i < p.tensors.size(); ++i) {
-    ExplainValue v{p.name(p.tensors[i].name), {-1, static_cast<int>(i)}, i < types.decls.size() ? &types.decls[i] : nullptr, {}};
+    ExplainValue v{p.name(p.tensors[i].name), {-1, static_cast<int>(i)}, i < types.decls.size() ? &types.decls[i] : nullptr, {}, {}};
     e.decls.push_back(std::move(v));
   }
   std::unordered_map<NameId, ValueRef> base;
@@ -126,7 +147,7 @@ Explanation explain_program(const Program& p, const SpatialTypes& types) {
         ValueRef r{static_cast<int>(i), k};
         const ValueType* vt = nullptr;
         if (i < types.out_base.size() && types.out_base[i] + static_cast<std::size_t>(k) < types.outs.size()) vt = &types.outs[types.out_base[i] + static_cast<std::size_t>(k)];
-        eo.outs.push_back({p.name(n), r, vt, {}});
+        eo.outs.push_back({p.name(n), r, vt, {}, {}});
         env[n] = r;
         ++k;
       }
@@ -138,8 +159,13 @@ Explanation explain_program(const Program& p, const SpatialTypes& types) {
   auto fill = [&](ExplainValue& v) {
     if (!v.type || !v.type->ok) return;
     for (int a = 0; a < p.axis_count(); ++a)
-      if (!v.type->pl[static_cast<std::size_t>(a)].is_r())
-        v.why.push_back(fmt::format("{} {}: {}", p.mesh[static_cast<std::size_t>(a)].name, to_string(v.type->pl[static_cast<std::size_t>(a)]), w.chain(v.ref, a)));
+      if (!v.type->pl[static_cast<std::size_t>(a)].is_r()) {
+        std::string head = fmt::format("{} {}", p.mesh[static_cast<std::size_t>(a)].name, axis_placement_text(p, v.type->pl, a));
+        v.why.push_back(head + ": " + w.chain(v.ref, a));
+        WhyStep first = w.step(v.ref, a);
+        first.text = head;  // the report writes "tp S(1)", the brief step, and a link to the input's own row
+        v.why_step.push_back(std::move(first));
+      }
   };
   for (auto& v : e.decls) fill(v);
   for (auto& o : e.ops)
@@ -185,7 +211,7 @@ std::string explain_text(const std::string& file, const Program& p, const Spatia
             s += fmt::format("  {:<{}}  (undefined)\n", o.ins[i], w);
             continue;
           }
-          ExplainValue v{o.ins[i], o.in_refs[i], wk.type(o.in_refs[i]), {}};
+          ExplainValue v{o.ins[i], o.in_refs[i], wk.type(o.in_refs[i]), {}, {}};
           const ExplainValue* src = nullptr;
           if (v.ref.op == -1) src = &e.decls[static_cast<std::size_t>(v.ref.k)];
           else if (const ExplainOp* d = wk.op_of(v.ref.op)) src = &d->outs[static_cast<std::size_t>(v.ref.k)];

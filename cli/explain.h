@@ -20,11 +20,21 @@ struct ValueRef {
   int k = 0;    // declaration index, or output index of `op`
 };
 
+// One step of a placement's explanation: this value's part, and the input it kept the placement from (whose own
+// explanation continues the chain), if any.
+struct WhyStep {
+  std::string text;   // "a S(1) via GELU (line 5)" (in ExplainValue::why_step: the axis and placement, "tp S(1)")
+  std::string brief;  // without the value and placement: "via GELU (line 5)", "arose at MatMul (line 7) from ...: why"
+  std::optional<ValueRef> from;
+  std::string from_name;
+};
+
 struct ExplainValue {
   std::string name;
   ValueRef ref;
   const ValueType* type = nullptr;  // into the SpatialTypes given
-  std::vector<std::string> why;     // one line per axis that is not R: how the placement arose
+  std::vector<std::string> why;     // one line per axis that is not R: how the placement arose (the whole chain)
+  std::vector<WhyStep> why_step;    // the same axes: only this value's step, for the report (which links `from` to its row)
 };
 
 struct ExplainOp {

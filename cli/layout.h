@@ -21,7 +21,9 @@ struct LayoutCell {
 
 struct Layout {
   std::string name;                    // the tensor
-  std::string summary;                 // "[8, 1024, 4096] f32  tp: S(2)  dp: R"
+  std::string summary;                 // "[8, 1024, 4096] f32  tp: S(2), dp: R": shape_dtype and placements
+  std::string shape_dtype;             // "[8, 1024, 4096] f32"
+  std::string placements;              // "tp: S(2), dp: R" (and the zigzag order, if any)
   bool drawable = false;               // false: `why_not` says why there is no picture
   std::string why_not;
   std::string row_label, col_label;    // "dim 0 (B = 8) split over dp"; empty: not split
@@ -36,13 +38,16 @@ Layout tensor_layout(const Program& p, const ExprPool& exprs, const ValueType& t
 
 // Local shape on a rank ("[8, 1024, 1024]"; "S/4" for a symbolic size; "ceil(10/4)" when uneven).
 std::string local_shape(const Program& p, const ExprPool& exprs, const ValueType& t);
-// "tp: S(2), dp: R" (every mesh axis).
-std::string placement_text(const Program& p, const Placements& pl);
+
+// "dim 1 in zigzag order over cp" when LoadBalance put dims of the value in zigzag order, else "".
+std::string zigzag_text(const Program& p, const ValueType& t);
 
 // Text made safe inside HTML or SVG (& < > ").
 std::string html_escape(const std::string& s);
 
 std::string layout_text(const Layout& l, bool color);
+// What the picture shows, apart from the tensor's name and its undrawn dims: equal keys, equal pictures.
+std::string layout_key(const Layout& l);
 std::string layout_svg(const Layout& l);
 
 }  // namespace spmd

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "cli/check_file.h"
 #include "cli/layout.h"
 #include "ir/ranks.h"
 
@@ -66,20 +67,22 @@ std::string timeline_svg(const Program& p, const std::vector<Diagnostic>& diags)
       box[{r, i}] = {kLeft + k * kColW, kTop + lane * kLaneH};
     }
   }
-  // Blocked ops of a deadlock: notes "rank {..} is blocked here: ..." at the op's location.
-  std::vector<std::pair<int, int>> blocked;  // (rep, op), in cycle order
+  // Blocked ops of a deadlock: the notes "rank {..} is blocked here: ..." (the cycle, in its order) and "rank {..} is
+  // also blocked: ..." (waiting on it) at the op's location. Only the cycle's ops are joined by the red arrows.
+  std::vector<std::pair<int, int>> blocked, cycle;  // (rep, op)
   for (const auto& d : diags) {
     if (d.id != CheckId::Deadlock) continue;
     for (const auto& n : d.notes) {
-      auto at = n.message.find(" is blocked here");
-      if (n.message.rfind("rank ", 0) != 0 || at == std::string::npos) continue;
-      std::string label = n.message.substr(5, at - 5);
+      auto br = blocked_rank(n);
+      if (!br) continue;
       for (int r = 0; r < reps; ++r) {
-        if (s.label(p, r) != label) continue;
+        if (s.label(p, r) != br->label) continue;
         for (const auto& [key, b] : box)
           if (key.first == r && p.ops[static_cast<std::size_t>(key.second)].loc.line == n.loc.line &&
-              p.ops[static_cast<std::size_t>(key.second)].loc.col == n.loc.col)
+              p.ops[static_cast<std::size_t>(key.second)].loc.col == n.loc.col) {
             blocked.push_back(key);
+            if (br->in_cycle) cycle.push_back(key);
+          }
       }
     }
   }
@@ -128,8 +131,8 @@ std::string timeline_svg(const Program& p, const std::vector<Diagnostic>& diags)
     int x2 = b->second.x + kBoxW / 2, y2 = b->second.y + (b->second.y > a->second.y ? 0 : kBoxH);
     o += fmt::format("<path class=\"p2p\" d=\"M{},{} L{},{}\" marker-end=\"url(#arrow)\"/>", x1, y1, x2, y2);
   }
-  for (std::size_t k = 0; blocked.size() > 1 && k < blocked.size(); ++k) {
-    Box a = box[blocked[k]], b = box[blocked[(k + 1) % blocked.size()]];
+  for (std::size_t k = 0; cycle.size() > 1 && k < cycle.size(); ++k) {
+    Box a = box[cycle[k]], b = box[cycle[(k + 1) % cycle.size()]];
     // Bulging left of the boxes, so it crosses no other op.
     int bulge = 18 + std::abs(b.y - a.y) / 6;
     o += fmt::format("<path class=\"cycle\" d=\"M{},{} C{},{} {},{} {},{}\" marker-end=\"url(#arrow-red)\"/>", a.x, a.y + kBoxH / 2, a.x - bulge,

@@ -362,18 +362,76 @@ bool any_reading(const Setup& s, const std::vector<Val>& ranks, bool pending, co
   return false;
 }
 
-// The model value `v` equals under some reading, if any.
-const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks) {
+// Dim d of t from zigzag order over a ring of n (LoadBalance: block r holds chunks r and 2n-1-r of 2n) back to
+// the natural order.
+Tensor unzigzag(const Tensor& t, int d, std::int64_t n) {
+  std::int64_t c = t.shape[static_cast<std::size_t>(d)] / (2 * n);
+  std::vector<Tensor> parts;
+  for (std::int64_t i = 0; i < 2 * n; ++i) {
+    std::int64_t at = i < n ? 2 * i : 2 * (2 * n - 1 - i) + 1;  // where natural chunk i sits
+    parts.push_back(slice(t, d, at * c, (at + 1) * c));
+  }
+  return concat(parts, d);
+}
+
+// Whether plan value t can be `want` in some layout the plan may hold it in: the same elements with size-1 dims
+// aside (keepdim), or a padded copy (no dim shorter, `want` its leading block). 1: equal, 0: comparable but
+// different, -1: not comparable (another shape).
+int layout_equal(const Tensor& t, const Tensor& want) {
+  if (t.shape == want.shape) return same_value(t, want) ? 1 : 0;
+  auto squeeze = [](Shape sh) {
+    sh.erase(std::remove(sh.begin(), sh.end(), std::int64_t{1}), sh.end());
+    return sh;
+  };
+  if (t.data.size() == want.data.size() && squeeze(t.shape) == squeeze(want.shape)) return same_value(interp::reshape(t, want.shape), want) ? 1 : 0;
+  if (t.shape.size() != want.shape.size()) return -1;
+  Tensor cut = t;
+  for (std::size_t d = 0; d < t.shape.size(); ++d) {
+    if (t.shape[d] < want.shape[d]) return -1;
+    if (t.shape[d] > want.shape[d]) cut = slice(cut, static_cast<int>(d), 0, want.shape[d]);
+  }
+  return same_value(cut, want) ? 1 : 0;
+}
+
+// The same, trying also every dim in zigzag order over every mesh axis when the program may reorder a dim so
+// (`zigzag`: LoadBalance, or a local-view program): a value between the reorder and its inverse is the spec's
+// value in that order.
+int layout_equal(const Setup& s, bool zigzag, const Tensor& t, const Tensor& want) {
+  int r = layout_equal(t, want);
+  if (r == 1 || !zigzag) return r;
+  for (int d = 0; d < t.rank(); ++d)
+    for (std::int64_t n : s.inst.mesh) {
+      std::int64_t len = t.shape[static_cast<std::size_t>(d)];
+      if (n < 2 || len % (2 * n)) continue;
+      int z = layout_equal(unzigzag(t, d, n), want);
+      if (z == 1) return 1;
+      r = std::max(r, z);
+    }
+  return r;
+}
+
+// The model value `v` equals under some reading (and layout, layout_equal), if any.
+const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks, bool zigzag = false) {
   if (ranks.empty() || !ranks[0].defined) return nullptr;
   OracleOptions quiet = s.oo;
   quiet.rtol = kRtol, quiet.atol = kAtol;
   const SpecValue* hit = nullptr;
   any_reading(s, ranks, true, quiet, [&](const Tensor& t) {
     for (const auto& sv : table)
-      if (sv.t->shape == t.shape && same_value(t, *sv.t)) return hit = &sv, true;
+      if (layout_equal(s, zigzag, t, *sv.t) == 1) return hit = &sv, true;
     return false;
   });
   return hit;
+}
+
+// Whether some reading of the plan value gives a tensor comparable with `want` (layout_equal >= 0): a name the
+// plan and the spec share is a lineage point only then (a padded, per-block or otherwise other-shaped value of
+// the same name is another value).
+bool comparable(const Setup& s, const std::vector<Val>& ranks, const Tensor& want, bool zigzag) {
+  if (ranks.empty() || !ranks[0].defined) return false;
+  OracleOptions quiet = s.oo;
+  quiet.rtol = kRtol, quiet.atol = kAtol;
+  return any_reading(s, ranks, true, quiet, [&](const Tensor& t) { return layout_equal(s, zigzag, t, want) >= 0; });
 }
 
 // Every stage cut of the run holds: the plan's value before the cut, read by some placement with no pending sum (a cut
@@ -429,12 +487,14 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
     in_cone[static_cast<std::size_t>(o)] = 1;
     for (int q : producers[static_cast<std::size_t>(o)]) stack.push_back(q);
   }
+  // values in zigzag order: made by LoadBalance, or by hand in the local view (each rank slices its two chunks)
+  bool zigzag = p.local_view || std::any_of(p.ops.begin(), p.ops.end(), [](const Op& op) { return op.kind == OpKind::LoadBalance; });
   std::vector<const SpecValue*> matched(p.ops.size(), nullptr);
   std::vector<char> good(p.ops.size(), 0);
   int frontier = -1, fallback = -1;
   for (std::size_t oi = 0; oi < p.ops.size(); ++oi) {
     if (!in_cone[oi] || run.plan_vals[oi].empty()) continue;
-    const SpecValue* m = match(s, table, run.plan_vals[oi][0]);
+    const SpecValue* m = match(s, table, run.plan_vals[oi][0], zigzag);
     matched[oi] = m;
     good[oi] = m != nullptr;
     if (good[oi] || partial_by_design(p.ops[oi])) continue;
@@ -459,7 +519,9 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
     std::vector<SpecValue> own;
     for (const auto& sv : table)
       if (sv.name == want && (sv.op < 0 || sv.op == s.model_last[static_cast<std::size_t>(want)])) own.push_back(sv);
-    if (!own.empty() && !match(s, own, run.plan_vals[oi][0])) named = static_cast<int>(oi), c.named = want;
+    // a name the spec shares but with another layout (a padded gather, a per-block mask) is not a lineage point
+    if (own.empty() || !comparable(s, run.plan_vals[oi][0], *own[0].t, zigzag)) continue;
+    if (!match(s, own, run.plan_vals[oi][0], zigzag)) named = static_cast<int>(oi), c.named = want;
   }
   int first = frontier >= 0 ? frontier : fallback;
   c.op = named >= 0 ? named : first >= 0 ? first : last;
@@ -536,8 +598,16 @@ std::string scope_text(const Program& p) {
 }
 
 // The first op of the plan or the spec whose result depends on a choice made by comparing values (routing, a
-// max/min reduction, a cast to integers), or null.
+// max/min reduction, a cast to integers, an input pending a max or min), or null.
 const Op* value_choice(const Program& p) {
+  // an input pending a max or min: its global value is the largest (smallest) summand, chosen by value; the first
+  // op that reads it stands for the choice
+  for (const auto& t : p.tensors)
+    if (std::any_of(t.placement.begin(), t.placement.end(), [](Placement pl) { return pl.is_p() && (pl.op == ReduceOp::Max || pl.op == ReduceOp::Min); }))
+      for (const auto& op : p.ops) {
+        auto ins = p.ins(op);
+        if (std::find(ins.begin(), ins.end(), t.name) != ins.end()) return &op;
+      }
   for (const auto* list : {&p.ops, &p.spec_ops})
     for (const auto& op : *list) {
       bool choice = op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin || op.kind == OpKind::TopKGate || op.kind == OpKind::MoEDispatch ||
@@ -547,6 +617,17 @@ const Op* value_choice(const Program& p) {
       if (choice) return &op;
     }
   return nullptr;
+}
+
+// Every value the spec computed in run `r` and both sides of the compared link are real numbers (no inf or
+// NaN): a counterexample whose inputs divide by zero somewhere shows no real difference.
+bool stays_real(Setup& s, Run& r, const Link& l) {
+  auto finite = [](const Tensor& t) { return std::all_of(t.data.begin(), t.data.end(), [](const Num& e) { return std::isfinite(e.d); }); };
+  for (const auto& op : r.model_vals)
+    for (const auto& t : op)
+      if (!finite(t)) return false;
+  Assembled a = assemble(s.p, *r.plan, l.plan, l.pl, s.oo);
+  return (!a.ok || finite(a.t)) && finite(r.model->at(0, l.spec).t);
 }
 
 // A difference found in trial `ts`: value-mismatch (the doubles differ: a counterexample, the first plan op that goes
@@ -574,7 +655,9 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
     if (diff.kind == DiffKind::Real) {
       rec = run_once(s, ts, true, true, work);
       if (rec->failure.empty()) rdiff = compare(s, *rec, links, degree);
-      ints = rdiff && rdiff->kind == DiffKind::Real;
+      // small integers can hit a zero divisor (x / 0, log 0): such a run has no real value, so the drawn reals
+      // give the counterexample instead
+      ints = rdiff && rdiff->kind == DiffKind::Real && stays_real(s, *rec, links[rdiff->link]);
     }
     if (!ints) {
       rec = run_once(s, ts, false, true, work);

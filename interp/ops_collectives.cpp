@@ -170,7 +170,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
   std::uint32_t axes = at.axes;
   auto src_member = [&](const char* what) -> std::size_t {
     std::size_t s = at.rank < 0 ? 0 : static_cast<std::size_t>(at.rank);
-    if (n == 1) return 0;  // the single-device run: the identity
+    if (global_) return 0;  // the single-device run: the identity (a one-rank group checks the root like any other)
     if (s >= n) throw InterpError(std::string(what) + " rank " + std::to_string(s) + " is outside a group of " + std::to_string(n));
     return s;
   };

@@ -39,7 +39,7 @@ AttnShape attn_shape(AttnLayout layout, const std::string& nm, const Tensor& q, 
   if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4) throw InterpError(nm + " needs rank-4 q, k, v");
   auto L = [](const Tensor& t, int d) { return t.shape[static_cast<std::size_t>(d)]; };
   g.B = L(q, g.b), g.HQ = L(q, g.h), g.SQ = L(q, g.s), g.D = L(q, g.dd), g.HK = L(k, g.h), g.SK = L(k, g.s), g.DV = L(v, g.dd);
-  if (L(k, g.b) != g.B || L(v, g.b) != g.B || L(k, g.dd) != g.D || L(v, g.s) != g.SK || L(v, g.h) != g.HK || g.HK == 0 || g.HQ % g.HK != 0)
+  if (L(k, g.b) != g.B || L(v, g.b) != g.B || L(k, g.dd) != g.D || L(v, g.s) != g.SK || L(v, g.h) != g.HK || (g.HK == 0 ? g.HQ != 0 : g.HQ % g.HK != 0))  // no heads at all: an empty shard
     throw InterpError(nm + " local shapes do not fit: q " + shape_text(q.shape) + ", k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
   if (static_cast<std::int64_t>(qpos.size()) != g.SQ || static_cast<std::int64_t>(kpos.size()) != g.SK)
     throw InterpError(nm + " positions do not fit the local q and k");
@@ -128,7 +128,7 @@ void Runner::attend(const Op& op, const Tensor& q, const Tensor& k, const Tensor
   if (op.attrs.layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
   auto L = [](const Tensor& t, int d) { return t.shape[static_cast<std::size_t>(d)]; };
   std::int64_t B = L(q, b), HQ = L(q, h), SQ = L(q, s), D = L(q, dd), HK = L(k, h), SK = L(k, s), DV = L(v, dd);
-  if (L(k, b) != B || L(v, b) != B || L(k, dd) != D || L(v, s) != SK || L(v, h) != HK || HK == 0 || HQ % HK != 0)
+  if (L(k, b) != B || L(v, b) != B || L(k, dd) != D || L(v, s) != SK || L(v, h) != HK || (HK == 0 ? HQ != 0 : HQ % HK != 0))
     throw InterpError(nm + " local shapes do not fit: q " + shape_text(q.shape) + ", k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
   charge(B * HQ * SQ * SK * (D + DV));
   // the head dim (whole on every rank) the scale uses: the real one under shape reduction

@@ -67,6 +67,12 @@ void Runner::reduce_dims(int oi, std::int64_t r, const std::string& taint) {
   auto dims = norm_dims(op.attrs.dims, x.t.rank(), false);
   Val o;
   auto sum = [](const Num& a, const Num& b) { return a + b; };
+  // max and min have no identity: over an empty slice (a rank's torch.chunk shard of a short dim) torch.amax
+  // raises, and an infinite stand-in would leak into later arithmetic (0 x -inf); so does this run
+  if (op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin)
+    for (int d : dims)
+      if (x.t.shape[static_cast<std::size_t>(d)] == 0)
+        throw InterpError(std::string(op_name(op.kind)) + " over dim " + std::to_string(d) + ", which is empty on this rank: max and min have no identity");
   // max / min reductions pick an element (by d): any grouping and order of the fold picks the same one
   if (op.kind == OpKind::ReduceMax) o.t = reduce(x.t, dims, op.attrs.keepdim, -INFINITY, [](const Num& a, const Num& b) { return pick_max(a, b); });
   else if (op.kind == OpKind::ReduceMin) o.t = reduce(x.t, dims, op.attrs.keepdim, INFINITY, [](const Num& a, const Num& b) { return pick_min(a, b); });

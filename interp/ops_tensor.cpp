@@ -101,8 +101,7 @@ void Runner::concat_op(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   for (int i = 0; i < n; ++i) {
     const Val& x = in(oi, r, i);
     if (x.t.rank() != rank) throw InterpError("Concat/Stack of tensors of different ranks");
-    for (int e = 0; e < rank; ++e)
-      if (x.gshape[static_cast<std::size_t>(e)] != 1) target[static_cast<std::size_t>(e)] |= x.mask[static_cast<std::size_t>(e)];
+    for (int e = 0; e < rank; ++e) target[static_cast<std::size_t>(e)] |= x.mask[static_cast<std::size_t>(e)];  // nothing broadcasts here
   }
   std::int64_t parts = 1, idx = 0;
   if (!stack) part(target[static_cast<std::size_t>(d)], c, parts, idx);
@@ -121,7 +120,7 @@ void Runner::concat_op(int oi, std::int64_t r, const std::vector<std::int64_t>& 
       if (e == d && !stack) continue;
       if (x.gshape[static_cast<std::size_t>(e)] != x0.gshape[static_cast<std::size_t>(e)]) throw InterpError("Concat/Stack of mismatched shapes");
     }
-    Tensor a = align(x, t, c, "an input of " + std::string(op_name(op.kind)));
+    Tensor a = align(x, t, c, "an input of " + std::string(op_name(op.kind)), false);
     if (stack) {
       Shape s = a.shape;
       s.insert(s.begin() + d, 1);
@@ -261,12 +260,15 @@ void Runner::index_add(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   auto du = static_cast<std::size_t>(d);
   if (ix.t.rank() != 1 || src.t.rank() != x.t.rank()) throw InterpError("IndexAdd shapes");
   note_range(p_.ins(op)[1], x.gshape[du]);
-  if (live(x.mask[du] | src.mask[du] | ix.mask[0])) throw InterpError("IndexAdd along a sharded dim or with a sharded index");
+  // A sharded index with the source cut alike along it: each rank adds its own rows into its copy of x (a partial
+  // sum of the scatter; the checker says which x may take it)
+  if (live(x.mask[du]) || live(src.mask[du]) != live(ix.mask[0])) throw InterpError("IndexAdd along a sharded dim or with a sharded index");
   std::vector<std::uint32_t> t(x.mask.size(), 0);
   for (std::size_t e = 0; e < t.size(); ++e)
     if (e != du) t[e] = (x.gshape[e] == 1 ? 0 : x.mask[e]) | (src.gshape[e] == 1 ? 0 : src.mask[e]);
   Tensor xa = align(x, t, c, "x of IndexAdd");
   std::vector<std::uint32_t> ts = t;
+  ts[du] = src.mask[du];  // this rank's rows, as its index holds their indices
   Tensor sa = align(src, ts, c, "the source of IndexAdd");
   std::int64_t outer, inner, n = xa.shape[du], k = sa.shape[du];
   dims3(xa.shape, d, outer, inner);

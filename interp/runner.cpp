@@ -245,10 +245,11 @@ void Runner::set_out(int op, std::int64_t r, int k, Val v, const std::string& ta
 }
 
 // Slices `v` so that dim d holds the block of `target[d]` (the operand's own block must contain it).
-Tensor Runner::align(const Val& v, const std::vector<std::uint32_t>& target, const std::vector<std::int64_t>& c, const std::string& what) const {
+Tensor Runner::align(const Val& v, const std::vector<std::uint32_t>& target, const std::vector<std::int64_t>& c, const std::string& what,
+                     bool ones) const {
   Tensor t = v.t;
   for (std::size_t d = 0; d < v.gshape.size(); ++d) {
-    if (target[d] == v.mask[d] || v.gshape[d] == 1) continue;
+    if (target[d] == v.mask[d] || (ones && v.gshape[d] == 1)) continue;
     std::int64_t lo, hi, olo, ohi;
     block(v.gshape[d], target[d], c, lo, hi);
     block(v.gshape[d], v.mask[d], c, olo, ohi);
@@ -261,17 +262,22 @@ Tensor Runner::align(const Val& v, const std::vector<std::uint32_t>& target, con
   return t;
 }
 
-// Right-aligned union of the masks of two operands (broadcast dims of size 1 carry no shard).
+// Right-aligned union of the masks of two operands (broadcast dims of size 1 carry no shard; a size-1 dim that
+// meets only size-1 dims is not broadcast and keeps its shard: torch.chunk gives one rank the element).
 std::vector<std::uint32_t> Runner::union_masks(const Val& x, const Val& y, std::size_t r, std::size_t skip_tail) {
   std::vector<std::uint32_t> m(r, 0);
   for (std::size_t k = 0; k + skip_tail < r; ++k) {
-    auto pick = [&](const Val& v) -> std::uint32_t {
+    auto dim_of = [&](const Val& v) -> std::ptrdiff_t {
       std::size_t rv = v.gshape.size() - skip_tail;
-      if (k + rv < r - skip_tail) return 0;
-      std::size_t d = k + rv - (r - skip_tail);
-      return v.gshape[d] == 1 ? 0 : v.mask[d];
+      return k + rv < r - skip_tail ? -1 : static_cast<std::ptrdiff_t>(k + rv - (r - skip_tail));
     };
-    m[k] = pick(x) | pick(y);
+    std::ptrdiff_t dx = dim_of(x), dy = dim_of(y);
+    bool bcast = (dx >= 0 && x.gshape[static_cast<std::size_t>(dx)] != 1) || (dy >= 0 && y.gshape[static_cast<std::size_t>(dy)] != 1);
+    auto pick = [&](const Val& v, std::ptrdiff_t d) -> std::uint32_t {
+      if (d < 0) return 0;
+      return bcast && v.gshape[static_cast<std::size_t>(d)] == 1 ? 0 : v.mask[static_cast<std::size_t>(d)];
+    };
+    m[k] = pick(x, dx) | pick(y, dy);
   }
   return m;
 }

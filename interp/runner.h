@@ -189,7 +189,10 @@ class Runner {
   int n_in(int op) const { return p_.ops[static_cast<std::size_t>(op)].n_in; }
   std::string taint_of(int op, std::int64_t r);
   void set_out(int op, std::int64_t r, int k, Val v, const std::string& taint);
-  Tensor align(const Val& v, const std::vector<std::uint32_t>& target, const std::vector<std::int64_t>& c, const std::string& what) const;
+  // `ones`: a dim of size 1 is a broadcast dim and is never cut (elementwise ops); false where no dim broadcasts
+  // (Concat, Stack), so a size-1 dim is cut like any other (torch.chunk gives one rank the element).
+  Tensor align(const Val& v, const std::vector<std::uint32_t>& target, const std::vector<std::int64_t>& c, const std::string& what,
+               bool ones = true) const;
   static std::vector<std::uint32_t> union_masks(const Val& x, const Val& y, std::size_t r, std::size_t skip_tail = 0);
   static std::vector<std::uint32_t> slice_target(const Val& v, const std::vector<std::uint32_t>& out, std::size_t skip_tail = 0);
   std::vector<int> norm_dims(std::uint32_t list, int rank, bool default_last) const;

@@ -9,23 +9,16 @@ namespace spmd {
 
 namespace {
 
-std::string placements_map(const Program& p, const Placements& pl) {
-  std::string s;
-  for (int a = 0; a < p.axis_count(); ++a) {
-    if (pl[static_cast<std::size_t>(a)].is_r()) continue;
-    s += (s.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(a)].name + ": " + to_string(pl[static_cast<std::size_t>(a)]);
-  }
-  if (has_strided(pl.data(), p.axis_count())) {  // the shard order of each dim cut out of mesh order (docs/format.md)
-    std::string o;
-    for (int d = 0; d < kMaxRank; ++d) {
-      int axes[kMaxAxes];
-      int n = shard_order(pl.data(), p.axis_count(), d, axes);
-      if (n < 2 || !pl[static_cast<std::size_t>(axes[0])].ord) continue;
-      for (int k = 0; k < n; ++k) o += (o.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(axes[k])].name;
-    }
-    s += ", order: [" + o + "]";
-  }
-  return "{" + s + "}";
+std::string placements_map(const Program& p, const Placements& pl) { return "{" + placements_text(p, pl, true) + "}"; }
+
+// The axes that cut dim d, major first ("tp, dp"); empty when they cut it in mesh order.
+std::string order_of_dim(const Program& p, const Placements& pl, int d) {
+  int axes[kMaxAxes];
+  int n = shard_order(pl.data(), p.axis_count(), d, axes);
+  if (n < 2 || !pl[static_cast<std::size_t>(axes[0])].ord) return "";
+  std::string o;
+  for (int k = 0; k < n; ++k) o += (o.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(axes[k])].name;
+  return o;
 }
 
 std::string names_list(const Program& p, std::span<const NameId> names) {
@@ -218,6 +211,29 @@ std::string print_program(const Program& p) {
     o << "]\n";
   }
   return o.str();
+}
+
+std::string placements_text(const Program& p, const Placements& pl, bool skip_r) {
+  std::string s;
+  for (int a = 0; a < p.axis_count(); ++a) {
+    if (skip_r && pl[static_cast<std::size_t>(a)].is_r()) continue;
+    s += (s.empty() ? "" : ", ") + p.mesh[static_cast<std::size_t>(a)].name + ": " + to_string(pl[static_cast<std::size_t>(a)]);
+  }
+  if (has_strided(pl.data(), p.axis_count())) {  // the shard order of each dim cut out of mesh order, one list
+    std::string o;
+    for (int d = 0; d < kMaxRank; ++d)
+      if (std::string od = order_of_dim(p, pl, d); !od.empty()) o += (o.empty() ? "" : ", ") + od;
+    s += ", order: [" + o + "]";
+  }
+  return s;
+}
+
+std::string axis_placement_text(const Program& p, const Placements& pl, int axis) {
+  const Placement& x = pl[static_cast<std::size_t>(axis)];
+  std::string s = to_string(x);
+  if (x.is_s() && x.ord)
+    if (std::string od = order_of_dim(p, pl, x.dim); !od.empty()) s += " (order [" + od + "])";
+  return s;
 }
 
 }  // namespace spmd

@@ -1,4 +1,4 @@
-// schedules/schedule.cpp - CSV import, validation, lowering, grid and trace of pipeline schedules.
+// schedules/schedule.cpp - CSV import, validation, lowering and trace of pipeline schedules (the grid: grid.cpp).
 #include "schedules/schedule.h"
 
 #include "ir/memory.h"
@@ -689,50 +689,6 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
 }
 
 // ---- views -------------------------------------------------------------------------------------
-
-std::string schedule_grid(const Schedule& s, const std::vector<Loc>& blocked) {
-  std::size_t width = 2;
-  std::size_t cols = 0;
-  for (const auto& row : s.rows) {
-    cols = std::max(cols, row.size());
-    for (const auto& a : row)
-      if (a) width = std::max(width, action_text(*a).size() + 2);
-  }
-  width = std::min<std::size_t>(width, 28);
-  std::string out = fmt::format("{:>8} |", "step");
-  for (std::size_t c = 0; c < cols; ++c) out += fmt::format(" {:<{}}", c, width);
-  out += "\n";
-  auto is_blocked = [&](const Action& a) {
-    return std::any_of(blocked.begin(), blocked.end(), [&](Loc l) { return l.line == a.loc.line && l.col == a.loc.col; });
-  };
-  for (std::size_t r = 0; r < s.rows.size(); ++r) {
-    const auto& row = s.rows[r];
-    bool has_block = std::any_of(row.begin(), row.end(), [&](const auto& a) { return a && is_blocked(*a); });
-    std::string line = fmt::format("{:>8} |", fmt::format("rank {}", r));
-    for (const auto& a : row) {
-      std::string t = a ? action_text(*a) : ".";
-      if (t.size() > width) t = t.substr(0, width - 1) + "~";
-      bool b = a && is_blocked(*a);
-      line += fmt::format(" {:<{}}", b ? ">" + t + "<" : t, width);
-      if (b && has_block) {
-        line += "  (blocked)";
-        break;
-      }
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    out += line + "\n";
-  }
-  return out;
-}
-
-std::string schedule_csv(const Schedule& s) {
-  std::string out;
-  for (const auto& row : s.rows) {
-    for (std::size_t k = 0; k < row.size(); ++k) out += (k ? "," : "") + (row[k] ? action_text(*row[k]) : std::string());
-    out += "\n";
-  }
-  return out;
-}
 
 std::string schedule_trace(const Schedule& s) {
   // Unit-time simulation: each compute step takes 1 (B takes 2), communication 0; a step starts when

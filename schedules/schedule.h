@@ -60,8 +60,8 @@ Schedule with_comms(const Schedule& s);
 // whose neighbour stage runs on another rank; every Recv names the tensor it expects (`matches`).
 Program lower_schedule(const Schedule& s, P2PModel model);
 
-// The action grid in the terminal, one line per rank; `blocked` cells (by Loc) are marked and,
-// when given, each row stops after its blocked cell.
+// The action grid in the terminal, one line per rank, folded into bands of steps at most 100 columns wide;
+// `blocked` cells (by Loc) are marked and each row stops after its blocked cell (schedules/grid.cpp).
 std::string schedule_grid(const Schedule& s, const std::vector<Loc>& blocked = {});
 // The CSV form of a schedule (as PyTorch writes it).
 std::string schedule_csv(const Schedule& s);

@@ -164,6 +164,7 @@ class Checker {
 
   // ---- shared rule pieces -------------------------------------------------------------------
   bool invariant_ok(std::initializer_list<int> which);
+  Note invariant_fix(int inv, int other, int a, Fix& f) const;
   void partial_misuse(int i, int a, const std::string& why, const std::string& fix_text = "");
   void sharded_dim(int i, int a, int d, const std::string& why);
   // A shard of input `i` over axis `a` created on the wrong dim by a ReduceScatter, Scatter or AllToAll of
@@ -172,6 +173,7 @@ class Checker {
   void layout_conflict(const std::string& msg, const std::string& tensor, int i, int a, const std::string& fix_text);
   void illegal(const std::string& msg, int a, const std::string& fix_text);
   bool broadcast_shape(const Value& x, const Value& y, Value& o);
+  bool broadcast_shards_ok(const Value& o);
   static Placement shift(Placement pl, int ri, int ro);
   bool slice_ok(int i, int a, int d, int other);
 
@@ -203,7 +205,7 @@ class Checker {
   std::vector<int> coll_axes(bool innermost_first) const;
   bool can_add_shard(const Value& v, int d, int a);
   bool can_remove_shard(const Value& v, int d, int a);
-  bool rank_in_axis(int a);
+  bool rank_in_group();
   bool reduction_ok(int a, ReduceOp rop);
   void all_reduce();
   void all_gather();
@@ -249,6 +251,24 @@ class Checker {
     if (!v.uneven) return false;
     ExprId n = v.shape[static_cast<std::size_t>(d)], k = axis_size(a);
     return !(pool_.is_const(n) && pool_.is_const(k) && pool_.value(k) != 0 && pool_.value(n) % pool_.value(k) == 0);
+  }
+
+  // Some rank holds no element of dim d of v (a torch.chunk shard of a short dim: 3 over 4 ranks gives 1, 1, 1, 0);
+  // true also when the sizes are symbolic and the dim is uneven, as that cannot be ruled out.
+  bool empty_shard(const Value& v, int d) {
+    std::uint32_t m = shard_mask(v, d);
+    if (!v.uneven || !m) return false;
+    ExprId n = v.shape[static_cast<std::size_t>(d)], k = mask_size(m);
+    if (!pool_.is_const(n) || !pool_.is_const(k)) return true;
+    std::int64_t nv = pool_.value(n), kv = pool_.value(k);
+    return kv > 1 && (kv - 1) * ((nv + kv - 1) / kv) >= nv;
+  }
+
+  // Dim d of v is cut unevenly (torch.chunk): v carries `uneven` and d's size is not provably divisible by the
+  // ranks of the axes that shard it. `uneven: true` permits uneven shards; it does not make an even dim uneven.
+  bool uneven_dim(const Value& v, int d) {
+    std::uint32_t m = shard_mask(v, d);
+    return v.uneven && m && obl_.decide(OblKind::Divisible, v.shape[static_cast<std::size_t>(d)], mask_size(m)) != Decision::Holds;
   }
 
   void reshape();
@@ -319,6 +339,9 @@ class Checker {
   int cp_axis();
   std::optional<std::int64_t> ring_size(int a);
   bool cp_order_ok(int i, int a, int s);
+  int zz_of(int i, int d) const;
+  bool same_order(int i, int di, int j, int dj);
+  bool orders_ok(const Value& o);
   bool cp_other_axis(int a, int ring, int b, int h, int dd, Value& o);
   void ring_rotate();
   void ring_attention_step();

@@ -483,6 +483,8 @@ ValueType Checker::type_of(const Value& v) {
   t.ok = v.defined && !v.poisoned;
   t.fresh = v.fresh;
   t.uneven = v.uneven;
+  t.zz_axis = v.zz_axis;
+  t.zz_dims = v.zz_dims;
   return t;
 }
 
@@ -729,18 +731,52 @@ bool Checker::invariant_ok(std::initializer_list<int> which) {
     if (inv >= 0 && other >= 0) {
       std::vector<Note> notes;
       origin_note(notes, in(inv), a);
-      notes.push_back(fix(fmt::format("make both I, or convert explicitly: insert {{op: Convert, in: [{}], out: {}_r, axis: {}, to: R}} "
-                                      "before this op (its backward all-reduces the gradient)",
-                                      iname(inv), iname(inv), axn(a))));
+      Fix f;
+      notes.push_back(invariant_fix(inv, other, a, f));
       report(CheckId::InvariantMix,
              fmt::format("{} combines {}, which is I over {}, with {}, which is {}; an invariant value mixes with others only "
                          "through an explicit Convert",
                          opname(), iname(inv), axn(a), iname(other), ps(pin(other, a))),
              iname(inv), std::move(notes));
+      diags_.back().fix = std::move(f);
       return false;
     }
   }
   return true;
+}
+
+// The fix of an I operand `inv` meeting an R operand `other` over axis a. Converting the I operand to R makes this
+// op's result R, and every later op that meets the invariant values it came with reports again (one finding
+// became seven, issue 23). Where the R operand was made R is usually the mistake: an AllReduce or AllGather that
+// should leave an invariant value (`dst: I`, Megatron's g; a machine fix), or a declared replicated tensor whose
+// gradient, computed from invariant values, is invariant too (declare it I). Else the explicit Convert.
+Note Checker::invariant_fix(int inv, int other, int a, Fix& f) const {
+  NameId n = p_.ins(*op_)[static_cast<std::size_t>(other)];
+  if (pin(other, a).is_r() && !p_.per_rank) {
+    for (int j = op_idx_ - 1; j >= 0; --j) {
+      const Op& w = p_.ops[static_cast<std::size_t>(j)];
+      auto outs = p_.outs(w);
+      if (std::find(outs.begin(), outs.end(), n) == outs.end()) continue;
+      if ((w.kind == OpKind::AllReduce || w.kind == OpKind::AllGather) && !w.attrs.dst_invariant && (w.attrs.axes >> a & 1u)) {
+        Op changed = w;
+        changed.attrs.dst_invariant = true;
+        f = {FixKind::Replace, j, w.loc.line, "", print_op(p_, changed)};
+        return {w.loc, fmt::format("fix: leave {} invariant where it is reduced: `dst: I` on this {} (Megatron's g: its backward is the identity), so "
+                                   "it meets {} as I",
+                                   iname(other), op_name(w.kind), iname(inv))};
+      }
+      break;
+    }
+    for (const auto& t : p_.tensors)
+      if (t.name == n)
+        return fix(fmt::format("declare {} I over {} (every rank computes the same gradient for it from invariant values, with nothing to reduce; "
+                               "Megatron's replicated norm weights), or, if its gradient must be reduced, convert {} explicitly: insert "
+                               "{{op: Convert, in: [{}], out: {}_r, axis: {}, to: R}} before this op",
+                               iname(other), axn(a), iname(inv), iname(inv), iname(inv), axn(a)));
+  }
+  return fix(fmt::format("make both I, or convert explicitly: insert {{op: Convert, in: [{}], out: {}_r, axis: {}, to: R}} before this op (its backward "
+                         "all-reduces the gradient)",
+                         iname(inv), iname(inv), axn(a)));
 }
 
 void Checker::partial_misuse(int i, int a, const std::string& why, const std::string& fix_text) {
@@ -789,6 +825,32 @@ bool Checker::broadcast_shape(const Value& x, const Value& y, Value& o) {
       if (!same_dim(ex, ey, [&] { return fmt::format("{} broadcasts dim {} of {} against dim {} of {}", opname(), dx, iname(0), dy, iname(1)); }, iname(1)))
         return false;
       o.shape[static_cast<std::size_t>(k)] = ex;
+    }
+  }
+  return true;
+}
+
+// An input dim of size 1 broadcast against a larger one must not be sharded: a shard of one element leaves the
+// other ranks an empty slice ([4, 0] does not broadcast against [4, 3]; torch.chunk gives rank 0 the element).
+// DTensor replicates such a dim before the op; here that is the user's AllGather. False after a report.
+bool Checker::broadcast_shards_ok(const Value& o) {
+  for (int i = 0; i < n_in(); ++i) {
+    const Value& v = in(i);
+    for (int d = 0; d < v.rank; ++d) {
+      int k = d + (o.rank - v.rank);
+      if (!is_one(v.shape[static_cast<std::size_t>(d)]) || is_one(o.shape[static_cast<std::size_t>(k)])) continue;
+      std::uint32_t m = shard_mask(v, d);
+      if (!m || is_one(mask_size(m))) continue;
+      int a = std::countr_zero(m);
+      std::vector<Note> notes;
+      origin_note(notes, v, a);
+      notes.push_back(fix(fix_allgather(iname(i), a, d) + ", or keep the size-1 dim replicated"));
+      report(CheckId::ShapeMismatch,
+             fmt::format("{} broadcasts dim {} of {} (size 1) against size {}, but that dim is sharded over {}: one rank holds its element and "
+                         "the others an empty slice, which does not broadcast",
+                         opname(), d, iname(i), dstr(o.shape[static_cast<std::size_t>(k)]), mask_names(m)),
+             iname(i), std::move(notes));
+      return false;
     }
   }
   return true;
@@ -899,7 +961,13 @@ void Checker::check_outputs(const std::vector<std::pair<std::uint32_t, std::uint
                                                axn(a))});
       } else {
         d.id = CheckId::PlacementMismatch;
-        d.message = fmt::format("output {} is {} over {}, but it is declared {}", name, ps(got), axn(a), ps(want));
+        if (got.is_s() && want.is_s() && got.dim == want.dim)  // the same axes, another shard order: say both orders
+          d.message = fmt::format("output {} is {{{}}}, but it is declared {{{}}}: the same axes cut dim {} in another order, so each rank holds other "
+                                  "rows than declared",
+                                  name, placements_text(p_, v.pl), placements_text(p_, od.placement), got.dim);
+        else
+          d.message = fmt::format("output {} is {} over {}, but it is declared {}", name, axis_placement_text(p_, v.pl, a), axn(a),
+                                  axis_placement_text(p_, od.placement, a));
         if (got.is_s() && want.is_s()) scatter_dim_fix(v, a, want.dim, d.notes, d.fix);
       }
       diags_.push_back(std::move(d));

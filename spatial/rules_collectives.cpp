@@ -66,13 +66,29 @@ bool Checker::can_remove_shard(const Value& v, int d, int a) {
   return true;
 }
 
-bool Checker::rank_in_axis(int a) {
+// The root rank (`src` of Broadcast/Scatter, `dst` of Reduce/Gather) indexes the op's whole group: its axes
+// in mesh order (rank = row-major coordinate), as the interpreter and torch.distributed's group ranks do. With
+// a symbolic axis size the bound is an obligation (rank < group size for every allowed size).
+bool Checker::rank_in_group() {
   if (at().rank < 0) return true;
-  auto n = obl_.concrete(axis_size(a));
-  if (n && at().rank >= *n) {
-    report(CheckId::IllegalCollective, fmt::format("{} names rank {} of axis {}, which has only {} ranks", opname(), at().rank, axn(a), *n), iname(0));
+  ExprId n = mask_size(at().axes);
+  std::string group = mask_names(at().axes);
+  const char* attr = op_->kind == OpKind::Reduce || op_->kind == OpKind::Gather ? "dst" : "src";
+  ExprId room = pool_.sub(n, pool_.constant(at().rank));  // n - rank >= 1
+  Decision dec = obl_.decide(OblKind::Positive, room, room);
+  if (dec == Decision::Fails) {
+    auto k = obl_.concrete(n);
+    report(CheckId::IllegalCollective,
+           fmt::format("{} names rank {} of {} (`{}: {}`), which has only {} ranks", opname(), at().rank,
+                       std::popcount(at().axes) > 1 ? "the group " + group : "axis " + group, attr, at().rank, k ? std::to_string(*k) : dstr(n)),
+           iname(0));
     return false;
   }
+  if (dec == Decision::Deferred && obl_.first_time(OblKind::Positive, room, room))
+    obl_.push({OblKind::Positive, room, room, CheckId::IllegalCollective, here(), op_idx_, iname(0),
+               fmt::format("{} names rank {} (`{}: {}`) of {}, which must have more than {} ranks ({} - {} must be positive)", opname(), at().rank, attr,
+                           at().rank, group, at().rank, dstr(n), at().rank),
+               {}});
   return true;
 }
 
@@ -214,8 +230,8 @@ void Checker::reduce_scatter() {
 
 void Checker::broadcast() {
   Value& o = out() = in(0);
+  if (!rank_in_group()) return;
   for (int a : coll_axes(false)) {
-    if (!rank_in_axis(a)) return;
     Placement p = pin(0, a);
     if (p.is_p() || p.is_s())
       return illegal(fmt::format("Broadcast over {} of {}, which is {} over {}: the source rank holds only {}, not the whole value", axn(a), iname(0),
@@ -227,8 +243,8 @@ void Checker::broadcast() {
 
 void Checker::reduce() {
   Value& o = out() = in(0);
+  if (!rank_in_group()) return;
   for (int a : coll_axes(false)) {
-    if (!rank_in_axis(a)) return;
     Placement p = pin(0, a);
     if (p.is_p() && p.op != at().rop)
       return illegal(fmt::format("Reduce({}) of {}, which is {} over {}: the reduce op must match", reduce_name(at().rop), iname(0), ps(p), axn(a)), a,
@@ -299,8 +315,8 @@ void Checker::scatter() {
   Value& o = out() = in(0);
   int d = norm_dim(at().dim, in(0).rank, "dim", iname(0));
   if (d < 0) return;
+  if (!rank_in_group()) return;
   for (int a : coll_axes(false)) {
-    if (!rank_in_axis(a)) return;
     Placement p = pl_of(o, a);
     if (p.is_p() || p.is_s())
       return illegal(fmt::format("Scatter over {} of {}, which is {} over {}: the source rank must hold the whole value", axn(a), iname(0), ps(p), axn(a)),
@@ -314,8 +330,8 @@ void Checker::gather() {
   Value& o = out() = in(0);
   int d = norm_dim(at().dim, in(0).rank, "dim", iname(0));
   if (d < 0) return;
+  if (!rank_in_group()) return;
   for (int a : coll_axes(true)) {
-    if (!rank_in_axis(a)) return;
     Placement p = pl_of(o, a);
     if (!p.is_s(d))
       return illegal(fmt::format("Gather over {} along dim {} of {}, which is {} over {}: Gather assembles a tensor sharded S({})", axn(a), d, iname(0),

@@ -153,6 +153,7 @@ void Checker::attention() {
                                std::popcount(at().axes)),
                    -1, "name the context-parallel axis alone");
   if (!attention_shapes(b, h, s, dd)) return;
+  if (!same_order(1, s, 2, s)) return;  // key j's value is v's row j
   auto dim = [&](int i, int d) { return in(i).shape[static_cast<std::size_t>(d)]; };
   Value& o = out() = in(0);
   o.shape[static_cast<std::size_t>(dd)] = dim(2, dd);
@@ -236,12 +237,8 @@ void Checker::embedding() {
                                            "look up only its own ids in only its own slice of the table",
                                            iname(1), ps(pw), axn(a), iname(0), ps(pi)),
                                iname(0), 0, a, fmt::format("replicate the ids over {}, or replicate the table", axn(a)));
-      if (pw.is_s(0) && uneven_on(w, 0, a))
-        return report(CheckId::ShapeMismatch,
-                      fmt::format("Embedding with weight {} vocab-sharded unevenly (torch.chunk) over {}: the masked lookup finds each rank's rows "
-                                  "from its index times the local vocab size, so the shards must be even",
-                                  iname(1), axn(a)),
-                      iname(1), {fix("pad the vocabulary to a multiple of the axis size (Megatron's make_vocab_size_divisible_by)")});
+      // A vocab shard's rows start at its torch.chunk offset (DTensor's _MaskPartial reads it from the layout), so an
+      // uneven (declared) vocab split is exact; Megatron's VocabParallelEmbedding asserts an even one.
       if (pw.is_s(0))
         set_new(o, a, Placement::p(), fmt::format("Embedding looks up {}, which is vocab-sharded S(0) over {}: each rank holds only its rows, "
                                                   "zeros elsewhere (masked lookup)",

@@ -95,6 +95,48 @@ bool Checker::cp_inputs_ok() {
   return false;
 }
 
+// The zigzag order (LoadBalance over an axis) of dim d of input i: that axis, or -1 for the natural order.
+int Checker::zz_of(int i, int d) const {
+  const Value& v = in(i);
+  return d >= 0 && d < v.rank && (v.zz_dims >> d & 1u) ? v.zz_axis : -1;
+}
+
+// Inputs i and j are read position by position along their dims di and dj (an elementwise op, a mask, RoPE's
+// positions, a loss's labels): both must hold the positions in one order, or each element meets another
+// position's (positions in natural order against tokens reordered by LoadBalance). A dim of size 1 is
+// broadcast and has no order. False after a report.
+bool Checker::same_order(int i, int di, int j, int dj) {
+  if (is_one(in(i).shape[static_cast<std::size_t>(di)]) || is_one(in(j).shape[static_cast<std::size_t>(dj)])) return true;
+  int zi = zz_of(i, di), zj = zz_of(j, dj);
+  if (zi == zj) return true;
+  int z = zi >= 0 ? i : j, n = zi >= 0 ? j : i, dz = zi >= 0 ? di : dj, dn = zi >= 0 ? dj : di, a = zi >= 0 ? zi : zj;
+  int other = z == i ? zj : zi;
+  std::string how = other >= 0 ? fmt::format("in zigzag order over {}", axn(other)) : "in natural order";
+  layout_conflict(fmt::format("{} reads {} and {} position by position, but dim {} of {} is in zigzag order over {} (LoadBalance) and dim {} of {} is "
+                              "{}: each element meets another position's (tokens, positions, masks and labels must be reordered alike)",
+                              opname(), iname(i), iname(j), dz, iname(z), axn(a), dn, iname(n), how),
+                  iname(n), n, a,
+                  fmt::format("reorder {} as {} was: insert {{op: LoadBalance, in: [{}], out: {}_zz, axis: {}, dim: {}}} where it is still whole (before "
+                              "it is sharded) and read {}_zz here; or undo the zigzag of {} first (`direction: inverse`)",
+                              iname(n), iname(z), iname(n), iname(n), axn(a), dn, iname(n), iname(z)));
+  return false;
+}
+
+// Every pair of inputs of an elementwise op whose dims meet in output dim k (right-aligned, neither broadcast)
+// hold them in one order. False after a report.
+bool Checker::orders_ok(const Value& o) {
+  for (int k = 0; k < o.rank; ++k) {
+    int first = -1, fd = -1;
+    for (int i = 0; i < n_in(); ++i) {
+      int d = k - (o.rank - in(i).rank);
+      if (d < 0 || is_one(in(i).shape[static_cast<std::size_t>(d)])) continue;
+      if (first < 0) first = i, fd = d;
+      else if (!same_order(first, fd, i, d)) return false;
+    }
+  }
+  return true;
+}
+
 // The one mesh axis a ring op runs over; -1 after a report.
 int Checker::cp_axis() {
   std::vector<int> v = coll_axes(false);

@@ -137,7 +137,7 @@ void Checker::add_like(bool multiply) {
     return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
   if (!invariant_ok({0, 1})) return;
   Value& o = out();
-  if (!broadcast_shape(in(0), in(1), o)) return;
+  if (!broadcast_shape(in(0), in(1), o) || !broadcast_shards_ok(o) || !orders_ok(o)) return;
   o.dtype = in(0).dtype;
   o.uneven = in(0).uneven || in(1).uneven;
   int ro = o.rank;

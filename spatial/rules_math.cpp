@@ -32,7 +32,7 @@ void Checker::div_minmax() {
   if (at().has_number) return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
   if (!invariant_ok({0, 1})) return;
   Value& o = out();
-  if (!broadcast_shape(in(0), in(1), o)) return;
+  if (!broadcast_shape(in(0), in(1), o) || !broadcast_shards_ok(o) || !orders_ok(o)) return;
   o.dtype = in(0).dtype;
   o.uneven = in(0).uneven || in(1).uneven;
   int ro = o.rank;
@@ -86,7 +86,7 @@ void Checker::where() {
   Value ab;
   if (!broadcast_shape(in(1), in(2), ab)) return;
   Value& o = out();
-  if (!broadcast_shape(in(0), ab, o)) return;
+  if (!broadcast_shape(in(0), ab, o) || !broadcast_shards_ok(o) || !orders_ok(o)) return;
   o.dtype = in(1).dtype;
   o.uneven = in(0).uneven || in(1).uneven || in(2).uneven;
   int ro = o.rank;

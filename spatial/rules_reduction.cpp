@@ -107,7 +107,7 @@ void Checker::reduce_dims() {
       if (!leaves)
         return sharded_dim(0, a, p.dim, "each rank would take the log-sum-exp of its own slice, and those combine by another log-sum-exp, "
                                         "which no pending reduction expresses");
-      if (mean && x.uneven) {
+      if (mean && uneven_dim(x, p.dim)) {
         std::vector<Note> notes;
         origin_note(notes, x, a);
         notes.push_back(fix(fix_allgather(iname(0), a, p.dim)));
@@ -115,6 +115,18 @@ void Checker::reduce_dims() {
                       fmt::format("Mean over dim {} of {}, which is sharded unevenly over {}: the average of the local means is not the "
                                   "global mean when shards differ in size",
                                   p.dim, iname(0), axn(a)),
+                      iname(0), std::move(notes));
+      }
+      if ((*leaves == ReduceOp::Max || *leaves == ReduceOp::Min) && empty_shard(x, p.dim)) {
+        std::vector<Note> notes;
+        origin_note(notes, x, a);
+        notes.push_back(fix(fix_allgather(iname(0), a, p.dim) + ", or pad the dim to a multiple of the ranks"));
+        return report(CheckId::ShapeMismatch,
+                      fmt::format("{} over dim {} of {} ({} elements), which is sharded unevenly over {}: torch.chunk leaves some rank an empty "
+                                  "slice, and the {} of nothing has no value (torch.amax raises; an identity of {}inf would leak into later "
+                                  "arithmetic, e.g. 0 x inf)",
+                                  opname(), p.dim, iname(0), dstr(x.shape[static_cast<std::size_t>(p.dim)]), mask_names(shard_mask(x, p.dim)),
+                                  reduce_name(*leaves), *leaves == ReduceOp::Max ? "-" : "+"),
                       iname(0), std::move(notes));
       }
       set_new(o, a, Placement::p(*leaves),
@@ -141,7 +153,8 @@ void Checker::cross_entropy() {
                   iname(1));
   for (int d = 0; d < vd; ++d)
     if (!same_dim(lb.shape[static_cast<std::size_t>(d)], lg.shape[static_cast<std::size_t>(d)],
-                  fmt::format("CrossEntropyLoss labels dim {} against logits dim {}", d, d), iname(1)))
+                  fmt::format("CrossEntropyLoss labels dim {} against logits dim {}", d, d), iname(1)) ||
+        !same_order(0, d, 1, d))
       return;
   std::uint32_t vocab_axes = 0;
   if (at().vocab_parallel) {
@@ -160,6 +173,7 @@ void Checker::cross_entropy() {
   }
   Value tok;  // per-token loss placement
   tok.rank = static_cast<std::uint8_t>(vd);
+  tok.uneven = lg.uneven || lb.uneven;
   std::copy(lb.shape.begin(), lb.shape.begin() + vd, tok.shape.begin());
   for (int a = 0; a < axes(); ++a) {
     Placement pl = pin(0, a), pb = pin(1, a);
@@ -241,7 +255,7 @@ void Checker::cross_entropy() {
   for (int a = 0; a < axes(); ++a) {
     Placement p = tok.pl[static_cast<std::size_t>(a)];
     if (p.is_s()) {
-      if (mean && o.uneven)
+      if (mean && uneven_dim(tok, p.dim))
         return report(CheckId::ShapeMismatch,
                       fmt::format("CrossEntropyLoss takes the mean over tokens sharded unevenly over {}: the average of the local means is not the "
                                   "global mean",

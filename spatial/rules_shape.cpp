@@ -150,7 +150,7 @@ void Checker::reshape() {
                                                 "split to one element per rank by outer axes), so the local pieces interleave",
                                                 g->i0, g->i1 - 1),
                              iname(0), 0, a, fix_allgather(iname(0), a, p.dim));
-    if (g->i1 - g->i0 > 1 && x.uneven) {
+    if (g->i1 - g->i0 > 1 && uneven_dim(x, p.dim)) {
       std::vector<Note> notes;
       origin_note(notes, x, a);
       notes.push_back(fix(fix_allgather(iname(0), a, p.dim)));

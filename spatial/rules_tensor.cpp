@@ -227,13 +227,18 @@ void Checker::rope() {
   if (auto cd = obl_.concrete(D); cd && *cd % 2)
     return report(CheckId::ShapeMismatch, fmt::format("RoPE rotates pairs of the last dim of {}, which has odd size {}", iname(0), dstr(D)), iname(0));
   ExprId s = x.shape[static_cast<std::size_t>(d)];
+  int zz = zz_of(0, d);  // tokens reordered by LoadBalance: the positions must be reordered alike
   if (!same_dim(pos.shape[0], s,
                 fmt::format("RoPE of {} at positions {}: the positions must be the global positions of all {} tokens of dim {} (under sequence or "
-                            "context parallelism a rank using 0..{}/N-1 instead of its global offsets is the classic bug; take Arange(end: {}) and let "
+                            "context parallelism a rank using 0..{}/N-1 instead of its global offsets is the classic bug; take Arange(end: {}){} and let "
                             "RoPE read each rank's slice)",
-                            iname(0), iname(1), dstr(s), d, dstr(s), dstr(s)),
+                            iname(0), iname(1), dstr(s), d, dstr(s), dstr(s),
+                            zz >= 0 ? fmt::format(", reorder it with {{op: LoadBalance, axis: {}, dim: 0}} as the tokens were (dim {} of {} is in zigzag order)",
+                                                  axn(zz), d, iname(0))
+                                    : ""),
                 iname(1)))
     return;
+  if (!same_order(0, d, 1, 0)) return;
   Value& o = out() = x;
   for (int a = 0; a < axes(); ++a) {
     Placement xp = pin(0, a), pp = pin(1, a);
@@ -329,12 +334,49 @@ void Checker::index_add() {
       return;
   if (!invariant_ok({0, 2})) return;
   if (!dim_whole(0, d, "the indices are global, and a rank holds only its block of the indexed dim")) return;
-  if (!dim_whole(2, d, "each source row goes to the row its index names, which another rank may hold")) return;
+  // A local scatter: the index and the source cut alike along the index (each rank holds its own rows and their
+  // indices, e.g. its routed tokens) into a target whole along dim d. Each rank adds its rows into its own copy:
+  // the ranks' results are partial sums of the scatter (Megatron's tokens-per-expert count, then an AllReduce).
+  std::uint32_t local = shard_mask(src, d);
+  if (shard_mask(idx, 0) != local) local = 0;
+  else
+    for (int a = 0; a < axes(); ++a)
+      if ((local >> a) & 1u && !(pin(1, a).is_s(0) && pin(1, a).ord == pin(2, a).ord)) local = 0;
+  if (local != shard_mask(src, d) &&
+      !dim_whole(2, d, "each source row goes to the row its index names, and this rank holds only some of the source's rows but every index (cut "
+                       "the index along with the source for a per-rank scatter into a whole target)"))
+    return;
   Value& o = out() = x;
   o.uneven = x.uneven || src.uneven;
   for (int a = 0; a < axes(); ++a) {
     Placement xp = pin(0, a), ip = pin(1, a), sp = pin(2, a);
     if (ip.is_i()) ip = Placement::r();
+    if ((local >> a) & 1u) {
+      // x + sum over ranks of (this rank's rows scattered): a pending sum when x is one (each rank holds a summand)
+      // or per-rank values when x is; a replicated x would be counted once per rank
+      if (xp.is_v()) {
+        set_new(o, a, Placement::v(), fmt::format("IndexAdd of this rank's rows of {} (S({}) over {}) into its own {}", iname(2), d, axn(a), iname(0)));
+        o.fresh |= 1u << a;
+      } else if (xp.is_p() && xp.op == ReduceOp::Sum) {
+        set_from(o, a, xp, 0);
+      } else if (xp.is_p() || xp.is_s()) {
+        return partial_misuse(0, a, fmt::format("each rank adds its own rows of {} (S({}) over {}) into {}, which is {}: the results are partial sums, "
+                                                "which only a pending sum or per-rank values take",
+                                                iname(2), d, axn(a), iname(0), ps(xp)));
+      } else {
+        std::vector<Note> notes;
+        notes.push_back(fix(fmt::format("scatter into a per-rank buffer: declare {} `P` over {} (each rank's zeros are a summand of zero) or `V` "
+                                        "(per-rank values), and add a replicated starting value after the AllReduce",
+                                        iname(0), axn(a))));
+        report(CheckId::PartialMisuse,
+               fmt::format("IndexAdd adds this rank's rows of {} (S({}) over {}, with their indices {}) into {}, which is {} over {}: each rank holds {} plus "
+                           "its partial scatter, so summing the ranks' results counts {} {} times",
+                           iname(2), d, axn(a), iname(1), iname(0), ps(xp), axn(a), iname(0), iname(0), axsize(a)),
+               iname(0), std::move(notes));
+        return;
+      }
+      continue;
+    }
     if (ip.is_p()) return partial_misuse(1, a, "an index pending a reduction is not an index yet");
     if (!ip.is_r()) {
       if (ip.is_v() && (xp.is_v() || xp.is_r()) && (sp.is_v() || sp.is_r())) {

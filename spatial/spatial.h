@@ -27,6 +27,8 @@ struct ValueType {
   bool ok = false;
   std::uint32_t fresh = 0;  // axes on which a V holds per-rank values (the checker's Value::fresh)
   bool uneven = false;      // shards may be padded (declared `uneven`, or computed from such a value)
+  std::int8_t zz_axis = -1;  // the dims (bitmask zz_dims) held in zigzag order over this axis (LoadBalance), for drawing
+  std::uint8_t zz_dims = 0;
   std::span<const ExprId> dims() const { return {shape.data(), rank}; }
 };
 

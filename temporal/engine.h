@@ -125,6 +125,7 @@ struct Slot {
 
 struct Buffer {
   std::optional<Access> last_write;
+  int unread_over = -1;  // the event of the write last_write replaced when that value was never read (-1: none)
   boost::container::small_vector<Access, 2> reads;  // most buffers are read once or twice
 };
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "ir/printer.h"
 #include "temporal/engine.h"
 
 namespace spmd::temporal_detail {
@@ -21,6 +22,7 @@ void Engine::access(int r, NameId buf, Access y, const Op& yop) {
     for (const auto& x : b.reads)
       if (x.event != y.event && !ended_before(x, y.event)) report(r, buf, x, y, yop);
   if (y.write) {
+    b.unread_over = b.last_write && b.reads.empty() ? b.last_write->event : -1;
     b.last_write = y;
     b.reads.clear();
   } else {
@@ -149,6 +151,28 @@ void Engine::report(int r, NameId buf, const Access& x, const Access& y, const O
         if (w.kind == OpKind::Wait && (w.attrs.stream >= 0 ? p_.name(w.attrs.stream) : std::string("compute")) == ystream) wait_from = w.loc.line;
         break;
       }
+    const Buffer& bb = buffer(r, buf);
+    if (!y.write && h.name >= 0 && bb.unread_over >= 0 && bb.last_write && bb.last_write->event == x.event && yop.kind != OpKind::OverlapRegion) {
+      // The async write replaced a value no op read yet, and this read comes before its Wait: the read is meant
+      // for the value it overwrote (a prefetch into the buffer the current layer still reads). A Wait before
+      // the read would hand it the prefetched value: the write-after-read on the buffer is the bug.
+      const Op& old = op_of(bb.unread_over);
+      msg = fmt::format("{} reads {}, but {} overwrites it before this read: the value {} wrote at line {} is never read, so this read, meant for it, "
+                        "gets the new one once the write lands (a write-after-read on {}: the buffer is reused while its reader still needs it)",
+                        op_name(yop.kind), b, describe(x), op_name(old.kind), old.loc.line, b);
+      notes.push_back({old.loc, fmt::format("the value this read needs is written here, and nothing reads it before line {} overwrites {}", xop.loc.line, b)});
+      std::size_t yi = static_cast<std::size_t>(&yop - p_.ops.data());
+      bool next = yi + 1 < ranks_[static_cast<std::size_t>(r)].end;
+      notes.push_back({yop.loc, fmt::format("fix: give the {} at line {} a second buffer (`out: {}_next`, read by the ops after its Wait), or wait "
+                                            "for the reader: move it after this op",
+                                            op_name(xop.kind), xop.loc.line, b)});
+      Diagnostic d = diag(id, yop, static_cast<int>(yi), std::move(msg));
+      d.tensor = b;
+      if (next) d.fix = {FixKind::Move, static_cast<int>(yi), op_at(static_cast<int>(yi) + 1).loc.line, "", print_op(p_, xop), xop.loc.line};
+      d.notes = std::move(notes);
+      local(std::move(d), r);
+      return;
+    }
     if (yop.kind == OpKind::OverlapRegion) {
       // the region overlaps the op that writes what it reads: a Wait before it would leave nothing to overlap
       wait_yaml.clear();

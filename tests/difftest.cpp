@@ -183,7 +183,8 @@ class Gen {
   std::string fresh(const char* prefix) { return prefix + std::to_string(counter_++); }
 
   // Declares a new input; `like` copies the placement of an existing value on some axes.
-  std::string new_input(const Dims& shape, bool integer, const GVal* like = nullptr, std::optional<Placements> forced = std::nullopt) {
+  std::string new_input(const Dims& shape, bool integer, const GVal* like = nullptr, std::optional<Placements> forced = std::nullopt,
+                        bool uneven = false) {
     std::string name = fresh(integer ? "ids" : "x");
     Placements p{};
     ReduceOp pop = static_cast<ReduceOp>(255);
@@ -210,8 +211,20 @@ class Gen {
       set_shard_order(p.data(), static_cast<int>(mesh_.size()), dd, axes, n);
     }
     if (forced) p = *forced;
+    // An input cut unevenly along a dim by one axis declares the torch.chunk layout half of the time (else the
+    // declaration is the shape-mismatch): a short dim leaves a rank an empty slice (3 over 4), which reductions
+    // and broadcasts must handle (issue 23)
+    if (!integer && !uneven && rng_.chance(0.5))
+      for (int dd = 0; dd < static_cast<int>(shape.size()); ++dd) {
+        int cut = 0;
+        std::int64_t k = 1;
+        for (std::size_t a = 0; a < mesh_.size(); ++a)
+          if (p[a].is_s(dd)) ++cut, k *= mesh_[a].second;
+        if (cut == 1 && shape[static_cast<std::size_t>(dd)] % k) uneven = true;
+      }
     std::string d = name + ": {shape: " + dims_text(shape) + ", placement: " + pl_text(p, shape.size());
     if (integer) d += ", dtype: i64";
+    if (uneven) d += ", uneven: true";
     d += "}";
     decls_.push_back(d);
     vals_.push_back({name, shape, integer});
@@ -422,6 +435,20 @@ class Gen {
       }
       case 7: {
         std::int64_t k = random_dim();
+        if (rng_.chance(0.3)) {
+          // a per-rank scatter (tokens-per-expert): this rank's rows and their indices, cut alike over one axis, into
+          // a target whole along dim d that is mostly a per-rank buffer (P or V), sometimes replicated
+          std::size_t a = static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size())));
+          k *= mesh_[a].second;
+          Placements pi{}, ps{}, px{};
+          pi[a] = Placement::s(0);
+          ps[a] = Placement::s(d);
+          px[a] = rng_.pick(std::vector<Placement>{Placement::p(), Placement::v(), Placement::r()});
+          std::string target = new_input(xv.shape, false, nullptr, px);
+          std::string ids = new_input({k}, true, nullptr, pi);
+          std::string src = new_input(with(k), false, nullptr, ps);
+          return emit("IndexAdd", {target, ids, src}, {GVal{fresh("ia"), xv.shape}}, "dim: " + num(d));
+        }
         std::string ids = new_input({k}, true, nullptr, Placements{});
         std::string src = new_input(with(k), false, &xv);
         return emit("IndexAdd", {xv.name, ids, src}, {GVal{fresh("ia"), xv.shape}}, "dim: " + num(d));
@@ -500,7 +527,22 @@ class Gen {
     Dims s = xv.shape;
     if (!s.empty() && rng_.chance(0.4)) s.erase(s.begin(), s.begin() + 1 + rng_.below(static_cast<int>(s.size())));  // a bias: a suffix
     if (s.empty() && !xv.shape.empty()) s = {xv.shape.back()};
-    std::string y = new_input(s, false, &xv);
+    std::string y;
+    if (s.size() >= 2 && rng_.chance(0.12)) {
+      // a keepdim-style operand: one dim of size 1 broadcast against x's, sometimes sharded (torch.chunk: one rank
+      // holds the element, the others an empty slice; issue 23)
+      int k = rng_.below(static_cast<int>(s.size()));
+      s[static_cast<std::size_t>(k)] = 1;
+      std::optional<Placements> forced;
+      if (rng_.chance(0.6)) {
+        Placements p{};
+        p[static_cast<std::size_t>(rng_.below(static_cast<int>(mesh_.size())))] = Placement::s(k);
+        forced = p;
+      }
+      y = new_input(s, false, &xv, forced, true);
+    } else {
+      y = new_input(s, false, &xv);
+    }
     return rng_.chance(0.7) ? emit(k, {xv.name, y}, {o}) : emit(k, {y, xv.name}, {o});
   }
 

@@ -1,9 +1,9 @@
 // tests/mutation.cpp - mutation testing of the value-level check (ctest `mutation`; docs/reliability.md).
 //
-// From each fixed example (a plan equal to its spec) it makes every mutant of six kinds: one constant changed
+// From each fixed example (a plan equal to its spec) it makes every mutant of seven kinds: one constant changed
 // (a `scalar`/`number` attribute doubled, or 0 made 1), one Slice / Arange / Pad offset shifted by one, two Concat blocks swapped,
 // one collective dropped (its output renamed to its input downstream), one collective's axis swapped for another, one
-// AllReduce / ReduceScatter's reduce op swapped (sum <-> avg). The ops of a training program's hand-written `backward:`
+// AllReduce / ReduceScatter's reduce op swapped (sum <-> avg), one RingRotate's or LoadBalance's direction flipped. The ops of a training program's hand-written `backward:`
 // and of its `grad_sync:` are mutated as the forward's are (a dropped gradient AllReduce, its axis or reduce op, a
 // scale constant); a training program's value check compares its synchronized gradients with the spec's.
 // A mutant "changes values" when a numeric run with independent draws (three other seeds) finds its outputs
@@ -115,6 +115,12 @@ std::vector<Mutant> mutants_of(const Program& base) {
           mop(m).attrs.axes = 1u << a;
           out.push_back(std::move(m));
         }
+      if (op.kind == OpKind::RingRotate || op.kind == OpKind::LoadBalance) {  // the ring the other way, the zigzag undone (issue 23)
+        Mutant m{"direction of " + where(op, li) + " flipped", base};
+        std::uint8_t& c = mop(m).attrs.choice;
+        c = c == 1 ? 0 : 1;
+        out.push_back(std::move(m));
+      }
       if (op.kind == OpKind::AllReduce || op.kind == OpKind::ReduceScatter) {  // sum <-> avg (a gradient N times off)
         Mutant m{"reduce op of " + where(op, li) + " swapped", base};
         ReduceOp& r = mop(m).attrs.rop;

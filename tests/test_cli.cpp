@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include <algorithm>
+#include <set>
 
 #include "cli/driver.h"
 #include "ir/loader.h"
@@ -393,4 +394,108 @@ TEST_CASE("the explain outputs shown in the docs are what explain prints") {
   }
   fs::current_path(old);
   CHECK(blocks >= 5);
+}
+
+// ---- the learner's view and a repository that stands alone (issue 23) ------------------------------
+
+TEST_CASE("explain --tensor draws what each rank holds: a strided shard in its order, a zigzag sequence chunk by chunk") {
+  // FSDP2 + TP: w2's dim 0 is cut tp-major (order: [tp, dp]), so rows 8:16 are dp1 tp0's, not dp0 tp1's.
+  Run w2 = run({"explain", "--tensor", "w2", src("examples/fsdp/fsdp2_tp_dp_outer.yaml")});
+  CHECK(w2.out.find("w2: [32, 16] f32  dp: S(0), tp: S(0), order: [tp, dp]\n") != std::string::npos);
+  CHECK(w2.out.find("rows: dim 0 (32) split 4 ways over tp x dp (tp major: a strided shard, not mesh order)") != std::string::npos);
+  CHECK(w2.out.find(" 8:16 | dp1 tp0 |") != std::string::npos);
+  CHECK(w2.out.find("16:24 | dp0 tp1 |") != std::string::npos);
+  // Mesh order is unchanged: dp major.
+  Run h = run({"explain", "--tensor", "h", src("docs/tutorial/06_sp_mlp.yaml")});
+  CHECK(h.out.find("4:8 | dp1 tp0 ") != std::string::npos);
+  // Zigzag over cp = 4 (LoadBalance, then S(1)): rank i holds chunks i and 7-i of 8.
+  Run xs = run({"explain", "--tensor", "xs", src("examples/cp/llama3_cp_allgather_kv_zigzag.yaml")});
+  CHECK(xs.out.find("cp: S(1)  dim 1 in zigzag order over cp") != std::string::npos);
+  CHECK(xs.out.find("   0:1024 | cp0 |") != std::string::npos);
+  CHECK(xs.out.find("4096:5120 | cp3 |") != std::string::npos);
+  CHECK(xs.out.find("7168:8192 | cp0 |") != std::string::npos);
+  // Not sharded but in zigzag order: the note gives the order of the chunks.
+  Run kf = run({"explain", "--tensor", "k_full", src("examples/cp/llama3_cp_allgather_kv_zigzag.yaml")});
+  CHECK(kf.out.find("its 8 chunks lie in the order 0, 7, 1, 6, 2, 5, 3, 4") != std::string::npos);
+  // A grid wider than 100 characters leaves out middle columns (it was 221 characters here).
+  Run wide = run({"explain", "--tensor", "h", src("examples/moe/deepseek_v3_moe_train.yaml")});
+  std::istringstream lines(wide.out);
+  std::size_t widest = 0;
+  for (std::string l; std::getline(lines, l);)
+    if (l.find("+---") != std::string::npos || l.find(" | ") != std::string::npos) widest = std::max(widest, l.size());
+  CHECK(widest <= 100);
+  CHECK(wide.out.find("0:1 | dp0 ep0 tp0 | dp0 ep1 tp0 |") != std::string::npos);
+  CHECK(wide.out.find("| ... | dp0 ep7 tp0 |") != std::string::npos);
+  CHECK(wide.out.find("column blocks 5 to 6 (of 0 to 7) are left out") != std::string::npos);
+}
+
+TEST_CASE("a placement is printed with its shard order everywhere: explain, why, and the placement-mismatch message") {
+  Run e = run({"explain", src("examples/fsdp/fsdp2_tp_dp_outer.yaml")});
+  CHECK(e.out.find("w2          [32, 16] f32  dp: S(0), tp: S(0), order: [tp, dp]  local [8, 16]") != std::string::npos);
+  CHECK(e.out.find("why tp S(0) (order [tp, dp]): w2 declared S(0) (order [tp, dp]) at line 14") != std::string::npos);
+  CHECK(e.out.find("w2_tp became S(0) at ZeROGatherParam (line 19) from w2 S(0) (order [tp, dp])") != std::string::npos);
+  Run c = run({"check", src("tests/programs/zero/order_output_bad.yaml")});
+  CHECK(c.code == 1);
+  CHECK(c.out.find("error[placement-mismatch]: output y is {dp: S(0), tp: S(0), order: [tp, dp]}, but it is declared {dp: S(0), tp: S(0)}: the same "
+                   "axes cut dim 0 in another order") != std::string::npos);
+}
+
+TEST_CASE("the deadlock grid stops every rank the notes call blocked, and a wide grid is folded") {
+  // Rendezvous 1F1B: ranks 2 and 3 form the cycle, ranks 0 and 1 are also blocked; all four rows stop.
+  Run r = run({"check", src("examples/pipeline/1f1b_4stages_rendezvous.yaml")});
+  CHECK(r.code == 1);
+  CHECK(r.out.find("  rank 0 | 0F0   0F1   0F2   >0F3<  (blocked)\n") != std::string::npos);
+  CHECK(r.out.find("  rank 1 | 1F0   1F1   >1F2<  (blocked)\n") != std::string::npos);
+  CHECK(r.out.find("0B0") == std::string::npos);  // nothing after a blocked cell
+  // The 8-rank interleaved schedule (a hundred steps) is folded into bands of at most 100 columns.
+  Run s = run({"schedule", "show", src("tests/data/pipelining/torchtitan_interleaved1f1b_8ranks_16mb.csv")});
+  CHECK(s.code == 0);
+  std::istringstream lines(s.out);
+  int bands = 0;
+  std::size_t widest = 0;
+  for (std::string l; std::getline(lines, l);) {
+    if (l.rfind("    step |", 0) == 0) ++bands;
+    if (l.find(" | ") != std::string::npos) widest = std::max(widest, l.size());
+  }
+  CHECK(bands > 10);
+  CHECK(widest <= 100);
+}
+
+TEST_CASE("report: the line under the title names what the file is, also for a schedule CSV") {
+  Run csv = run({"report", src("tests/data/pipelining/torchtitan_2rank.csv"), "-o", "-"});
+  CHECK(csv.out.find("<div class=\"meta\">pipeline schedule: 2 ranks, 4 stages, ") != std::string::npos);
+  CHECK(csv.out.find("<div class=\"meta\"> &middot;") == std::string::npos);
+  Run yaml = run({"report", src("docs/tutorial/02_tp_mlp_bias_bug.yaml"), "-o", "-"});
+  CHECK(yaml.out.find("<div class=\"meta\">") != std::string::npos);
+  CHECK(yaml.out.find("mesh {tp: 4} &middot; 4 ops &middot; spmdcheck ") != std::string::npos);
+}
+
+TEST_CASE("the repository stands alone: no test or example reads ../shared, run-example builds one binary, the README's table") {
+  namespace fs = std::filesystem;
+  for (const char* dir : {"examples", "tests/programs", "tests/bad_input", "docs"})
+    for (const auto& e : fs::recursive_directory_iterator(src(dir))) {
+      if (!e.is_regular_file()) continue;
+      std::string text = slurp(e.path().string());
+      INFO(e.path().string());
+      CHECK(text.find("shared/data") == std::string::npos);
+    }
+  std::string readme = slurp(src("README.md"));
+  CHECK(readme.find("../shared/data") == std::string::npos);
+  CHECK(slurp(src("scripts/run-example.sh")).find("setup.sh cli") != std::string::npos);
+  CHECK(slurp(src("scripts/setup.sh")).find("--target spmdcheck") != std::string::npos);
+  // "Where things are": one table (no blank line inside), each folder once.
+  auto at = readme.find("| folder | what |");
+  REQUIRE(at != std::string::npos);
+  std::istringstream table(readme.substr(at));
+  std::set<std::string> folders;
+  int rows = 0;
+  for (std::string l; std::getline(table, l) && !l.empty();) {
+    if (l.rfind("| `", 0) != 0) continue;
+    std::string folder = l.substr(2, l.find(" |", 2) - 2);
+    CHECK_MESSAGE(folders.insert(folder).second, folder << " is listed twice");
+    ++rows;
+  }
+  CHECK(folders.count("`autograd/`") == 1);  // past the blank line that split the table
+  CHECK(folders.count("`bench/`") == 1);
+  CHECK(rows >= 12);
 }

@@ -308,4 +308,59 @@ spec:
 }
 
 }  // namespace
+TEST_CASE("equiv: a counterexample never divides by zero: small integers that hit a zero divisor give way to the drawn reals") {
+  // Rounded to small integers, y has zeros, so x / y has no real value there (it printed `-nan in the plan`).
+  Program p = load_program_string(R"(mesh: {tp: 2}
+tensors:
+  x: {shape: [8, 4], placement: {tp: S(0)}}
+  y: {shape: [8, 4], placement: {tp: S(0)}}
+ops:
+  - {op: Div, in: [x, y], out: q}
+  - {op: Multiply, in: [q], out: out, scalar: 2}
+outputs:
+  out: {placement: {tp: S(0)}}
+spec:
+  ops:
+    - {op: Div, in: [x, y], out: q}
+    - {op: Multiply, in: [q], out: out, scalar: 3}
+  outputs: [out]
+)",
+                                  "div.yaml");
+  EquivResult r = check_equivalence(p);
+  REQUIRE(r.verdict == EquivVerdict::Mismatch);
+  std::string all = r.diags[0].message;
+  for (const auto& n : r.diags[0].notes) all += "\n" + n.message;
+  CHECK(all.find("nan") == std::string::npos);
+  CHECK(all.find(" inf") == std::string::npos);
+  CHECK(all.find("-inf") == std::string::npos);
+  CHECK(all.find("counterexample (drawn inputs)") != std::string::npos);
+}
+}  // namespace spmd
+
+namespace spmd {
+// tests/programs/equiv files with `# localize: LINE`: the value-mismatch is located at LINE (the diagnostic's line,
+// or the first value on the way with no counterpart in the spec), not at an innocent op before it (issue 23: an
+// all-gather before a wrong unpad, a count before a wrong divide, a same-named mask of another size beside a wrong
+// rotation, an RMSNorm of zigzag tokens before a wrong RoPE).
+TEST_CASE("equiv: localization goldens point at the op that goes wrong") {
+  namespace fs = std::filesystem;
+  int checked = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(SPMD_SOURCE_DIR) / "tests" / "programs" / "equiv")) {
+    std::ifstream in(e.path());
+    std::string line;
+    unsigned want = 0;
+    while (std::getline(in, line))
+      if (line.rfind("# localize: ", 0) == 0) want = static_cast<unsigned>(std::stoul(line.substr(12)));
+    if (!want) continue;
+    INFO(e.path().string());
+    EquivResult r = check_equivalence(load_program_file(e.path().string()));
+    REQUIRE(r.verdict == EquivVerdict::Mismatch);
+    REQUIRE(!r.diags.empty());
+    bool at = r.diags[0].loc.line == want;
+    for (const auto& n : r.diags[0].notes) at |= n.loc.line == want && n.message.find("the first value on the way") != std::string::npos;
+    CHECK_MESSAGE(at, "located at line " << r.diags[0].loc.line << ": " << r.diags[0].message);
+    ++checked;
+  }
+  CHECK(checked >= 4);
+}
 }  // namespace spmd

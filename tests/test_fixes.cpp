@@ -5,6 +5,9 @@
 // (insert_before, insert_after, replace, append, move) is applied to the file's text, and the result is
 // checked again. Strict: the fixed program must not load worse, must not report a check ID the original
 // did not, and must have fewer findings of the fixed ID; a program with one finding must become clean.
+// A fixed program that passes must also compute the right values: with a `spec:` the value check must not
+// find a mismatch, without one the numeric oracle must not see its outputs differ (a fix that hides a bug,
+// such as a Wait moved up so that a layer reads the next layer's prefetched weights, passes every type check).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -16,6 +19,9 @@
 #include <unistd.h>
 
 #include "cli/driver.h"
+#include "cli/run.h"
+#include "equiv/equiv.h"
+#include "ir/loader.h"
 
 namespace {
 
@@ -112,6 +118,35 @@ std::string apply_fix(const std::string& text, const nlohmann::json& fix) {
   return out;
 }
 
+// The values of a fixed program that passes: 1 when they agree (the spec's, or the oracle's single-device run),
+// 0 when they cannot be compared (skipped), -1 when they differ; `why` says how.
+int values_agree(const std::string& text, const std::string& path, std::string& why) {
+  spmd::Program p;
+  try {
+    p = spmd::load_program_string(text, path);
+  } catch (const spmd::LoadError& e) {
+    why = e.what();
+    return -1;
+  }
+  if (p.has_spec) {
+    spmd::EquivResult r = spmd::check_equivalence(p);
+    why = r.message;
+    return r.verdict == spmd::EquivVerdict::Mismatch ? -1 : r.verdict == spmd::EquivVerdict::Equivalent ? 1 : 0;
+  }
+  int result = 1;
+  for (std::uint64_t seed = 0; seed < 2; ++seed) {
+    spmd::RunOptions o;
+    o.seed = seed;
+    spmd::RunReport r = spmd::run_program_text(text, path, o);
+    if (r.oracle.verdict == spmd::OracleVerdict::Differ || r.oracle.verdict == spmd::OracleVerdict::GlobalError) {
+      why = r.oracle.message;
+      return -1;
+    }
+    if (r.oracle.verdict != spmd::OracleVerdict::Agree) result = 0, why = r.oracle.message;
+  }
+  return result;
+}
+
 std::map<std::string, int> error_ids(const nlohmann::json& file) {
   std::map<std::string, int> m;
   if (!file.contains("diagnostics")) return m;
@@ -130,7 +165,7 @@ TEST_CASE("fixes: every machine-readable fix, applied, removes its finding and a
   std::sort(files.begin(), files.end());
   std::filesystem::path tmp = std::filesystem::temp_directory_path() / ("spmd_fixes_" + std::to_string(::getpid()));
   std::filesystem::create_directories(tmp);
-  int applied = 0, clean = 0;
+  int applied = 0, clean = 0, agreeing = 0, unjudged = 0;
   for (const auto& f : files) {
     std::string text = read(f);
     if (text.find("csv:") != std::string::npos) continue;  // schedules read files relative to the program
@@ -157,9 +192,17 @@ TEST_CASE("fixes: every machine-readable fix, applied, removes its finding and a
       if (total == 1) CHECK_MESSAGE(after["verdict"] == "pass", "the only finding is fixed, but the program does not pass");
       ++applied;
       clean += after["verdict"] == "pass";
+      if (after["verdict"] == "pass") {
+        std::string why;
+        int v = values_agree(fixed, path, why);
+        CHECK_MESSAGE(v >= 0, "the fixed program passes every check, but its values are wrong: " << why);
+        agreeing += v > 0;
+        unjudged += v == 0;
+      }
     }
   }
   std::filesystem::remove_all(tmp);
-  MESSAGE(applied << " fixes applied, " << clean << " of them leave a program that passes");
+  MESSAGE(applied << " fixes applied, " << clean << " of them leave a program that passes; of those, " << agreeing
+                  << " compute the spec's (or the single-device) values and " << unjudged << " cannot be compared");
   CHECK(applied >= 10);
 }

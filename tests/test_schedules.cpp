@@ -3,7 +3,11 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "schedules/schedule.h"
@@ -13,7 +17,14 @@ using namespace spmd;
 
 namespace {
 
-const std::string kData = std::string(SPMD_SOURCE_DIR) + "/../shared/data/pipelining/";
+// The published schedules, copied into the repository with their source and licence (tests/data/pipelining/README.md).
+const std::string kData = std::string(SPMD_SOURCE_DIR) + "/tests/data/pipelining/";
+// The corpus they were copied from: ../shared beside the repository in the project's workspace (or $SPMD_SHARED_DIR);
+// absent in a plain clone.
+std::string corpus_dir() {
+  const char* env = std::getenv("SPMD_SHARED_DIR");
+  return (env && *env ? std::string(env) : std::string(SPMD_SOURCE_DIR) + "/../shared") + "/data/pipelining/";
+}
 
 std::set<std::string> verdict(const Schedule& s, P2PModel model) {
   std::set<std::string> ids;
@@ -173,4 +184,29 @@ TEST_CASE("the grid and the Chrome trace") {
   std::string g = schedule_grid(load_schedule_csv(kData + "deadlock_recv_first_2rank.csv"), {{1, 1}, {2, 1}});
   CHECK(g.find(">0RECV_B0<  (blocked)") != std::string::npos);
   CHECK(g.find("0SEND_F0") == std::string::npos);
+}
+
+TEST_CASE("the copies in tests/data/pipelining are the published files (skipped without ../shared)" * doctest::test_suite("corpus")) {
+  namespace fs = std::filesystem;
+  const std::string corpus = corpus_dir();
+  if (!fs::is_directory(corpus)) {
+    MESSAGE("skipped: the outside corpus " << corpus << " is absent (a clone on its own); the copies in tests/data/pipelining are used");
+    return;
+  }
+  auto slurp = [](const fs::path& f) {
+    std::ifstream in(f, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  int compared = 0;
+  for (const auto& e : fs::directory_iterator(corpus)) {
+    if (e.path().extension() != ".csv") continue;
+    CAPTURE(e.path().filename().string());
+    fs::path copy = fs::path(kData) / e.path().filename();
+    REQUIRE(fs::exists(copy));  // every schedule of the corpus has its copy
+    CHECK(slurp(copy) == slurp(e.path()));
+    ++compared;
+  }
+  CHECK(compared >= 10);
 }
