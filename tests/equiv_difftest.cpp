@@ -24,7 +24,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cctype>
 #include <map>
+#include <set>
 #include <string>
 
 #include "equiv/equiv.h"
@@ -165,13 +167,57 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
 
 struct TrainTally {
   int generated = 0, discarded = 0, evaluated = 0, caught_by_types = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0;
-  int differs = 0, clean = 0, clean_equivalent = 0, false_equivalent = 0, false_mismatch = 0, fixed_differs = 0, fixed_unproved = 0, truth_failed = 0, compared = 0;
+  int differs = 0, clean = 0, clean_equivalent = 0, false_equivalent = 0, false_mismatch = 0, fixed_differs = 0, fixed_unproved = 0, truth_failed = 0, compared = 0, reduced = 0;
   std::map<std::string, int> discards, unproved, features;
   struct PerClass {
     int n = 0, not_applicable = 0, types = 0, mismatch = 0, unproved = 0, equivalent = 0, harmless = 0, missed = 0;
   };
   std::map<std::string, PerClass> per;
 };
+
+// The program with every integer of 2 or more in a `shape: [...]` list written as a named size (N4: 4), so the
+// value check reduces it (docs/equivalence.md, "Shape reduction"); equal numbers share one name.
+std::string with_named_sizes(const std::string& text) {
+  std::string out;
+  std::set<long> used;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    std::size_t at = text.find("shape: [", i);
+    if (at == std::string::npos) {
+      out += text.substr(i);
+      break;
+    }
+    std::size_t open = at + 8, close = text.find(']', open);
+    out += text.substr(i, open - i);
+    std::string list = text.substr(open, close - open), rewritten;
+    for (std::size_t j = 0; j < list.size();) {
+      if (std::isdigit(static_cast<unsigned char>(list[j])) && (j == 0 || !std::isalnum(static_cast<unsigned char>(list[j - 1])))) {
+        std::size_t e = j;
+        while (e < list.size() && std::isdigit(static_cast<unsigned char>(list[e]))) ++e;
+        long v = std::stol(list.substr(j, e - j));
+        if (v >= 2 && (e == list.size() || !std::isalnum(static_cast<unsigned char>(list[e])))) {
+          rewritten += fmt::format("N{}", v);
+          used.insert(v);
+        } else {
+          rewritten += list.substr(j, e - j);
+        }
+        j = e;
+      } else {
+        rewritten += list[j++];
+      }
+    }
+    out += rewritten;
+    i = close;
+  }
+  if (used.empty()) return text;
+  std::string sizes = "sizes: {";
+  for (long v : used) sizes += fmt::format("{}N{}: {}", sizes.size() > 8 ? ", " : "", v, v);
+  sizes += "}\n";
+  std::size_t mesh = out.find("\nmesh:");
+  std::size_t eol = mesh == std::string::npos ? std::string::npos : out.find('\n', mesh + 1);
+  if (eol == std::string::npos) return text;
+  return out.substr(0, eol + 1) + sizes + out.substr(eol + 1);
+}
 
 void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
   for (int i = 0; i < count; ++i) {
@@ -223,7 +269,9 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
       for (const auto& d : p.tensors) tied |= d.param && uses[d.name] > 1;
       t.features["tied weight"] += tied;
     }
-    EquivResult r = check_equivalence(p);
+    // The value check runs with shape reduction: on the program with its sizes named (the ground truth on the literal one).
+    EquivResult r = check_equivalence(load_program_string(with_named_sizes(text), "train_gen.yaml"));
+    t.reduced += !r.reduction.empty();
     test::Truth tr = test::gradient_truth(p);
     t.compared += tr.compared;
     if (tr.failed && !tr.differs) {
@@ -271,7 +319,7 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
               "%d where the ground truth cannot run\n",
               t.generated, t.discarded, t.caught_by_types, t.evaluated, t.equivalent, t.mismatch, t.unknown, t.skipped, t.differs, t.compared, t.false_equivalent,
               t.false_mismatch, t.fixed_differs, t.fixed_unproved, t.truth_failed);
-  std::printf("  mistake-free programs run: %d, %d of them equivalent\n", t.clean, t.clean_equivalent);
+  std::printf("  mistake-free programs run: %d, %d of them equivalent; %d value checks ran at reduced sizes\n", t.clean, t.clean_equivalent, t.reduced);
   std::string feats;
   for (const auto& [f, k] : t.features) feats += fmt::format("{}'{}' {}", feats.empty() ? "" : ", ", f, k);
   std::printf("  programs run that contain: %s\n", feats.c_str());
