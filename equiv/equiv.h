@@ -19,6 +19,7 @@ namespace spmd {
 struct EquivOptions {
   std::uint64_t seed = 0;
   int trials = 1;
+  std::int64_t max_bytes = 0;  // tensor values live at once (0: the interpreter's default, OracleOptions::max_bytes)
 };
 
 enum class EquivVerdict { Equivalent, Mismatch, Unknown, Skipped };
