@@ -13,10 +13,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 #include "interp/assembly.h"
 #include "interp/num.h"
@@ -122,6 +124,13 @@ Program model_of(const Program& p) {
   return m;
 }
 
+// The cuts made of one point on the ranks so far, a few distinct values (a value replicated over an axis is cut on
+// every rank that holds it, bit for bit the same).
+struct CutMemo {
+  std::vector<std::pair<Tensor, Tensor>> done;  // (value before the cut, after it)
+  std::size_t next = 0;                         // the entry to replace when full
+};
+
 // What one run of model and plan gives.
 struct Run {
   std::unique_ptr<Runner> plan, model;
@@ -131,9 +140,13 @@ struct Run {
   // Recorded when asked: every op output, model: [op][k] global; plan: [op][k][rank] local.
   std::vector<std::vector<Tensor>> model_vals;
   std::vector<std::vector<std::vector<Val>>> plan_vals;
-  // Stage cuts (staged verification): each cut point's value before the cut, model global, plan per rank.
+  // Stage cuts (staged verification): each cut point's value before the cut, model global, plan per rank, kept until
+  // every rank has written the point; then it is checked (cut_ok) and dropped.
   std::vector<Tensor> model_cut;
   std::vector<std::vector<Val>> plan_cut;
+  std::vector<std::int64_t> cut_left;  // ranks yet to write each point
+  std::vector<char> cut_ok;
+  std::vector<CutMemo> cut_memo;  // the plan's, per point while some rank has yet to write it
 };
 
 struct Setup {
@@ -153,24 +166,49 @@ struct Setup {
   // Shape reduction (equiv/reduce.h): the real global shapes of each op's inputs, for the plan and the model.
   const std::vector<std::vector<Shape>>* plan_real = nullptr;
   const std::vector<std::vector<Shape>>* model_real = nullptr;
+  // NameId -> 1 for the values read after a run (the compared outputs): a run without records frees the others
+  // once dead (Runner::free_dead).
+  std::vector<char> plan_keep, model_keep;
 };
+
+bool cut_holds(const Setup& s, const std::vector<Val>& ranks, const Tensor& want);
 
 constexpr std::uint64_t kCutKey = 0x5ea9e0c07ULL;
 
 // The cut: the lanes of every element replaced by a random function of them, keyed by the cut point (the same in
-// both runs); the double stays. Downstream of a verified cut the exact lanes see a fresh variable (degree 1).
-void cut_lanes(Tensor& t, int c) {
-  for (auto& e : t.data) {
+// both runs); the double stays. Downstream of a verified cut the exact lanes see a fresh variable (degree 1). A value
+// equal bit for bit to the one `memo` (if any) holds for this point gets the same result, its evaluations counted.
+void cut_lanes(Tensor& t, int c, CutMemo* memo) {
+  const auto tag = static_cast<std::uint32_t>(c) + 1;  // downstream random functions are this stage's own
+  const std::size_t n = t.data.size();
+  if (memo)
+    for (const auto& [src, out] : memo->done)
+      if (src.shape == t.shape && (n == 0 || std::memcmp(src.data.data(), std::as_const(t).data.data(), n * sizeof(Num)) == 0)) {
+        num::count_evaluations(tag, n);
+        t = out;
+        return;
+      }
+  const Tensor src = t;
+  t = Tensor::uninit(src.shape);
+  Num* o = t.data.data();
+  bool plain = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Num& e = src.data[i];
+    plain &= num::plain(e);
     Num r;  // no log part, degree 1
     r.d = e.d;
-    r.tag = static_cast<std::uint32_t>(c) + 1;  // downstream random functions are this stage's own
+    r.tag = tag;
     for (int l = 0; l < kLanes; ++l) {
       Fp x = e.pure(l);
       r.f[l] = num::rf(kCutKey + static_cast<std::uint64_t>(c), &x, 1, l, r.tag);
     }
     r.deg = 1;
-    e = r;
+    o[i] = r;
   }
+  if (!memo || !plain) return;  // (a log part's purification counts evaluations of its own)
+  constexpr std::size_t kKept = 8;
+  if (memo->done.size() < kKept) memo->done.emplace_back(src, t);
+  else memo->done[memo->next++ % kKept] = {src, t};
 }
 
 void round_to_small_ints(Val& v, DType dt) {
@@ -200,6 +238,8 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       Assembled a = assemble(p, dist, t.name, t.placement, s.oo);
       if (a.ok) one.at(0, t.name).t = std::move(a.t);
     }
+  } catch (const BudgetError&) {
+    throw;  // too large to run: not checked (check_pair)
   } catch (const std::runtime_error& e) {
     run->failure = std::string("the inputs cannot be built: ") + e.what();
     return run;
@@ -212,7 +252,11 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
   if (cut) {
     run->model_cut.assign(static_cast<std::size_t>(s.n_cuts), {});
     run->plan_cut.assign(static_cast<std::size_t>(s.n_cuts), std::vector<Val>(static_cast<std::size_t>(dist.ranks())));
+    run->cut_left.assign(static_cast<std::size_t>(s.n_cuts), dist.ranks());
+    run->cut_ok.assign(static_cast<std::size_t>(s.n_cuts), 0);
+    run->cut_memo.assign(static_cast<std::size_t>(s.n_cuts), {});
   }
+  if (!record && !s.plan_keep.empty()) dist.free_dead(s.plan_keep), one.free_dead(s.model_keep);
   if (record || cut) {
     one.after_op = [&, r = run.get()](int oi, std::int64_t) {
       const Op& op = s.model.ops[static_cast<std::size_t>(oi)];
@@ -225,7 +269,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
         for (NameId n : s.model.outs(op))
           if (int c = s.model_cut[static_cast<std::size_t>(n)]; c >= 0 && s.model_last[static_cast<std::size_t>(n)] == oi) {
             r->model_cut[static_cast<std::size_t>(c)] = one.at(0, n).t;
-            cut_lanes(one.at(0, n).t, c);
+            cut_lanes(one.at(0, n).t, c, nullptr);
           }
     };
     dist.after_op = [&, r = run.get()](int oi, std::int64_t rank) {
@@ -239,13 +283,22 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       if (cut)
         for (NameId n : p.outs(op))
           if (int c = s.plan_cut[static_cast<std::size_t>(n)]; c >= 0 && s.plan_last[static_cast<std::size_t>(n)] == oi) {
-            r->plan_cut[static_cast<std::size_t>(c)][static_cast<std::size_t>(rank)] = dist.at(rank, n);
-            cut_lanes(dist.at(rank, n).t, c);
+            auto cu = static_cast<std::size_t>(c);
+            r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
+            cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
+            if (--r->cut_left[cu] == 0) {  // every rank has it: check it now and drop the copies
+              r->cut_ok[cu] = cut_holds(s, r->plan_cut[cu], r->model_cut[cu]);
+              r->plan_cut[cu].clear();
+              r->model_cut[cu] = Tensor();
+              r->cut_memo[cu] = CutMemo{};
+            }
           }
     };
   }
   try {
     one.run(seed);
+  } catch (const BudgetError&) {
+    throw;
   } catch (const std::runtime_error& e) {
     run->failure = std::string("the spec's run fails: ") + e.what();
     run->failed_op = one.failed_op;
@@ -253,6 +306,8 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
   }
   try {
     dist.run(seed);
+  } catch (const BudgetError&) {
+    throw;
   } catch (const std::runtime_error& e) {
     run->failure = std::string("the plan's run fails: ") + e.what();
     run->failed_op = dist.failed_op;
@@ -283,7 +338,7 @@ std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& l
     const Link& l = links[k];
     const std::string& name = s.p.name(l.plan);
     const Val& g = run.model->at(0, l.spec);
-    Assembled a = assemble(s.p, *run.plan, l.plan, l.pl, s.oo);
+    const Assembled a = assemble(s.p, *run.plan, l.plan, l.pl, s.oo);  // (const: reading a shared buffer never copies it)
     Difference d;
     d.link = k;
     if (!g.defined) return d.what = "the spec never computes " + s.p.name(l.spec), d;
@@ -434,16 +489,16 @@ bool comparable(const Setup& s, const std::vector<Val>& ranks, const Tensor& wan
   return any_reading(s, ranks, true, quiet, [&](const Tensor& t) { return layout_equal(s, zigzag, t, want) >= 0; });
 }
 
-// Every stage cut of the run holds: the plan's value before the cut, read by some placement with no pending sum (a cut
-// of per-rank summands would not be a cut of their sum), equals the model's in doubles and in every lane.
-bool cuts_hold(const Setup& s, const Run& run) {
-  for (std::size_t c = 0; c < run.model_cut.size(); ++c) {
-    const auto& ranks = run.plan_cut[c];
-    if (ranks.empty() || std::any_of(ranks.begin(), ranks.end(), [](const Val& v) { return !v.defined; })) return false;
-    const Tensor& want = run.model_cut[c];
-    if (!any_reading(s, ranks, false, s.oo, [&](const Tensor& t) { return t.shape == want.shape && same_value(t, want); })) return false;
-  }
-  return true;
+// A stage cut holds: the plan's value before the cut, read by some placement with no pending sum (a cut of per-rank
+// summands would not be a cut of their sum), equals the model's in doubles and in every lane. Each point is checked
+// as soon as every rank of the plan has written it (run_once); cuts_hold says whether all of a run's points held.
+bool cut_holds(const Setup& s, const std::vector<Val>& ranks, const Tensor& want) {
+  if (ranks.empty() || std::any_of(ranks.begin(), ranks.end(), [](const Val& v) { return !v.defined; })) return false;
+  return any_reading(s, ranks, false, s.oo, [&](const Tensor& t) { return t.shape == want.shape && same_value(t, want); });
+}
+
+bool cuts_hold(const Run& run) {
+  return std::all_of(run.cut_ok.begin(), run.cut_ok.end(), [](char ok) { return ok != 0; });
 }
 
 // Kinds whose outputs are partial by design (a ring attention step without its accumulator): never blamed first.
@@ -672,7 +727,11 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   if (rec) {
     std::vector<std::pair<NameId, NameId>> pairs;
     for (const auto& l : links) pairs.emplace_back(l.plan, l.spec);
-    c = localize(s, *rec, shown.plan, pairs);
+    try {
+      c = localize(s, *rec, shown.plan, pairs);
+    } catch (const BudgetError&) {  // reading the recorded values by every placement is too large: no place named
+      c = Culprit{};
+    }
   }
   if (diff.kind == DiffKind::Lanes) {
     d.id = CheckId::ValueUnproved;
@@ -751,14 +810,14 @@ struct Reduced {
 
 EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_detail::TrainingPair* pending, const Reduced* red) {
   EquivResult res;
-  auto skip = [&](std::string why) {
+  auto skip = [&](std::string why, Loc at = {}) {
     res.verdict = EquivVerdict::Skipped;
     res.message = "equivalence not checked: " + why;
     if (p.has_spec) {
       Diagnostic d;
       d.id = CheckId::ValueUnproved;
       d.severity = Severity::Warning;
-      d.loc = p.spec_loc;
+      d.loc = at.line ? at : p.spec_loc;
       d.message = res.message;
       res.diags.push_back(std::move(d));
     }
@@ -778,9 +837,10 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   for (const auto& op : p.ops)
     if (op.kind == OpKind::Reinterpret)
       return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
-  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, 0};
+  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, 0, {}, {}};
   if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd;
   s.oo.seed = opt.seed;
+  if (opt.max_bytes > 0) s.oo.max_bytes = opt.max_bytes;
   std::string covers;  // with a reduction: what the verdict covers
   if (red) {
     s.inst.vars = red->r.vars;
@@ -820,6 +880,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     std::int64_t w0 = 0;
     Runner pre(s.model, s.inst.vars, std::vector<std::int64_t>(s.inst.mesh.size(), 1), true, s.oo, w0, s.inst.mesh);
     pre.int_range = &s.ranges;
+    pre.free_dead({});
     try {
       for (const auto& t : s.model.tensors) pre.declare(t, 1, opt.seed);
       pre.run(opt.seed);
@@ -847,6 +908,9 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     for (const auto& od : p.outputs) links.push_back({od.name, od.name, od.loc, od.has_placement ? od.placement : Placements{}});
   }
   if (links.empty()) return skip("nothing to compare (no outputs)");
+  s.plan_keep.assign(p.names.size(), 0);
+  s.model_keep.assign(p.names.size(), 0);
+  for (const auto& l : links) s.plan_keep[static_cast<std::size_t>(l.plan)] = s.model_keep[static_cast<std::size_t>(l.spec)] = 1;
   // Stage cut points: names the plan and the spec both write (the spec's name through lineage:), neither a declared
   // tensor nor a compared output, nor a pending sum in the plan; each is cut at its last write in each program
   // (a gradient accumulated in place is cut once it is whole).
@@ -908,7 +972,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     try {
       rec = run_once(s, opt.seed, false, true, work);
     } catch (const BudgetError& e) {
-      return skip(e.what());
+      return skip(e.what(), e.loc);
     }
     if (!rec->failure.empty()) return located_failure(*rec);
     for (const auto& l : p.lineage) {
@@ -919,7 +983,13 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       std::size_t k = 0;
       while (k < op.n_out && p.outs(op)[k] != l.plan) ++k;
       const auto& ranks = rec->plan_vals[static_cast<std::size_t>(w)][k];
-      if (any_reading(s, ranks, true, s.oo, [&](const Tensor& t) { return t.shape == g.t.shape; })) continue;
+      bool fits = false;
+      try {
+        fits = any_reading(s, ranks, true, s.oo, [&](const Tensor& t) { return t.shape == g.t.shape; });
+      } catch (const BudgetError& e) {
+        return skip(e.what(), e.loc);
+      }
+      if (fits) continue;
       Diagnostic d;
       d.id = CheckId::ShapeMismatch;
       d.loc = l.loc;
@@ -949,7 +1019,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     try {
       // With stage cuts first; a cut that does not hold (or a difference in the lanes) is decided without them.
       run = run_once(s, ts, false, false, work, true);
-      if (run->failure.empty() && !num::trial_failed() && cuts_hold(s, *run)) {
+      if (run->failure.empty() && !num::trial_failed() && cuts_hold(*run)) {
         diff = compare(s, *run, links, degree);
         if (!diff || diff->kind != DiffKind::Lanes) staged = staged || s.n_cuts > 0;
         else run.reset();
@@ -962,7 +1032,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
         if (run->failure.empty() && !num::trial_failed()) diff = compare(s, *run, links, degree);
       }
     } catch (const BudgetError& e) {
-      return skip(e.what());
+      return skip(e.what(), e.loc);
     }
     if (!run->failure.empty()) return located_failure(*run);
     if (num::trial_failed()) continue;

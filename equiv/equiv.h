@@ -22,6 +22,7 @@ struct EquivOptions {
   // Run at reduced sizes that keep the program's partition structure (equiv/reduce.h); off: at the sizes as declared
   // (symbolic ones at a small allowed value).
   bool reduce = true;
+  std::int64_t max_bytes = 0;  // tensor values live at once (0: the interpreter's default, OracleOptions::max_bytes)
 };
 
 enum class EquivVerdict { Equivalent, Mismatch, Unknown, Skipped };

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <malloc.h>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -153,7 +152,7 @@ Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& siz
     if (pa.is_v()) return res.undefined = true, res.problem = "it is V over " + an + ", which has no assembled value", res;
     std::vector<Tensor> next;
     for (std::size_t g = 0; g < cur.size(); g += static_cast<std::size_t>(n)) {
-      std::vector<Tensor> members(cur.begin() + static_cast<std::ptrdiff_t>(g), cur.begin() + static_cast<std::ptrdiff_t>(g) + n);
+      const std::vector<Tensor> members(cur.begin() + static_cast<std::ptrdiff_t>(g), cur.begin() + static_cast<std::ptrdiff_t>(g) + n);
       auto where = [&](std::int64_t m) {
         // coordinates of member m: the outer axes from the group index, this axis m, inner axes already assembled
         std::vector<std::string> parts;
@@ -295,15 +294,26 @@ std::string op_where(const Program& p, int oi) {
 
 using namespace interp;
 
+namespace {
+
+OracleResult run_oracle_unbounded(const Program& p, const OracleOptions& o);
+
+}  // namespace
+
 OracleResult run_oracle(const Program& p, const OracleOptions& o) {
-  // A run allocates many short-lived tensors of a few hundred KB (Num is 48 bytes): keep freed memory in the heap
-  // instead of returning it to the kernel after every op (glibc's defaults mmap and trim each one, doubling the CPU time).
-  static const bool heap_tuned = [] {
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 64 << 20);
-    return true;
-  }();
-  (void)heap_tuned;
+  try {
+    return run_oracle_unbounded(p, o);
+  } catch (const BudgetError& e) {  // an interpreter limit reached anywhere (the runs, the assembly): not checked
+    OracleResult res;
+    res.message = e.what();
+    return res;
+  }
+}
+
+namespace {
+
+// run_oracle without the catch of the interpreter's limits.
+OracleResult run_oracle_unbounded(const Program& p, const OracleOptions& o) {
   OracleResult res;
   // What the oracle cannot run is skipped with the reason (never counted as agreement): per-rank
   // programs and schedules (one program per set of ranks), and ops with no numeric kernel.
@@ -335,6 +345,7 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
     std::int64_t w0 = 0;
     Runner pre(p, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, w0, inst.mesh);
     pre.int_range = &ranges;
+    pre.free_dead({});
     try {
       for (const auto& t : p.tensors) pre.declare(t, 1, o.seed);
       pre.run(o.seed);
@@ -363,6 +374,11 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
     if (a.ok) g.t = std::move(a.t);
     else if (g.taint.empty()) g.taint = p.name(t.name) + " has no single-device value (" + a.problem + ")";
   }
+  // Values nothing reads after their last reader are freed as the runs go; the outputs are compared afterwards.
+  std::vector<char> keep(p.names.size(), 0);
+  for (const auto& od : p.outputs) keep[static_cast<std::size_t>(od.name)] = 1;
+  one.free_dead(keep);
+  dist.free_dead(keep);
   std::string one_failed;  // local view: the single-device run failed (no single-device meaning, not an error)
   try {
     one.run(o.seed);
@@ -405,7 +421,7 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
       res.notes.push_back("output " + name + " is not compared: " + g.taint.substr(1));
       continue;
     }
-    Assembled a = assemble(p, dist, od.name, pl, o);
+    const Assembled a = assemble(p, dist, od.name, pl, o);  // (const: reading a shared buffer never copies it)
     if (!a.ok) {
       if (a.undefined) {
         res.notes.push_back("output " + name + " is not compared: " + a.problem);
@@ -465,5 +481,7 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
   if (res.rank_checked) res.message += ", " + std::to_string(res.rank_checked) + " checked across ranks only";
   return res;
 }
+
+}  // namespace
 
 }  // namespace spmd

@@ -21,6 +21,7 @@ struct OracleOptions {
   double rtol = 1e-9, atol = 1e-9;
   std::int64_t max_elements = std::int64_t{1} << 22;  // per tensor
   std::int64_t max_work = 400'000'000;                // element operations per run
+  std::int64_t max_bytes = std::int64_t{800} << 20;   // tensor values live at once (checked before allocating)
   std::int64_t max_ranks = 64;
   // Placement to assemble each entry of Program::outputs by; nullopt (or missing): the declared one, R when
   // none is declared.

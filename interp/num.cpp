@@ -9,6 +9,9 @@ constinit thread_local Context ctx;
 
 namespace {
 
+// Random-function evaluations per stage tag (docs/equivalence.md, "Stages") since the guard started.
+thread_local std::vector<std::uint64_t> tag_evals;
+
 std::uint64_t splitmix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -65,12 +68,26 @@ Fp powmod(Fp a, std::uint64_t e, Fp p) {
   return r;
 }
 
-Fp finv(Fp a, int l) {
+Fp finv_slow(Fp a, int l) {
   if (a == 0) {
     ctx.failed = true;
     return 0;
   }
-  return powmod(a, ctx.p[l] - 2, ctx.p[l]);
+  // the extended Euclidean algorithm (a few times faster than a^(p-2)); |t| <= p < 2^62 fits a signed word
+  const Fp p = ctx.p[l];
+  std::int64_t t = 0, nt = 1;
+  std::uint64_t r = p, nr = a;
+  while (nr) {
+    std::uint64_t q = r / nr;
+    std::int64_t tt = t - static_cast<std::int64_t>(q) * nt;
+    t = nt, nt = tt;
+    std::uint64_t rr = r - q * nr;
+    r = nr, nr = rr;
+  }
+  Fp v = t < 0 ? static_cast<Fp>(t + static_cast<std::int64_t>(p)) : static_cast<Fp>(t);
+  const auto slot = static_cast<std::size_t>(a & (Context::kInvCache - 1));
+  ctx.inv_arg[l][slot] = a, ctx.inv_val[l][slot] = v;
+  return v;
 }
 
 bool is_prime(std::uint64_t n) {
@@ -121,41 +138,56 @@ Fp from_double(double x, int l) {
   return x < 0 ? fneg(v, l) : v;
 }
 
+void count_evaluations(std::uint32_t tag, std::uint64_t n) {
+  ctx.uf_evals += n;
+  if (tag_evals.size() <= tag) tag_evals.resize(std::size_t{tag} + 1, 0);
+  tag_evals[tag] += n;
+}
+
 Fp rf(std::uint64_t key, const Fp* args, int n, int l, std::uint32_t tag) {
-  if (l == 0) {
-    ++ctx.uf_evals;
-    if (ctx.tag_evals.size() <= tag) ctx.tag_evals.resize(std::size_t{tag} + 1, 0);
-    ++ctx.tag_evals[tag];
-  }
-  std::uint64_t h = splitmix(ctx.key[l] ^ key ^ (tag ? splitmix(0x7a9ULL + tag) : 0));
+  if (l == 0) count_evaluations(tag, 1);
+  // the tag's own key (the last one is kept: a kernel evaluates many functions under one tag)
+  thread_local std::uint32_t last_tag = 0;
+  thread_local std::uint64_t last_tag_key = 0;
+  if (tag != last_tag) last_tag = tag, last_tag_key = splitmix(0x7a9ULL + tag);
+  std::uint64_t h = splitmix(ctx.key[l] ^ key ^ (tag ? last_tag_key : 0));
   for (int i = 0; i < n; ++i) h = splitmix(h ^ args[i]) + static_cast<std::uint64_t>(i);
-  return splitmix(h) % ctx.p[l];
+  return freduce(splitmix(h), l);
 }
 
 double uf_pairs() {
   double pairs = 0;
-  for (std::uint64_t u : ctx.tag_evals) pairs += static_cast<double>(u) * (static_cast<double>(u) - 1) / 2;
+  for (std::uint64_t u : tag_evals) pairs += static_cast<double>(u) * (static_cast<double>(u) - 1) / 2;
   return pairs;
 }
 
-Lanes::Lanes(const LaneParams& params) : saved_(ctx) {
+Lanes::Lanes(const LaneParams& params) : saved_(ctx), saved_tags_(std::move(tag_evals)) {
+  tag_evals.clear();
   Context c;
   c.on = true;
   std::uint64_t s = splitmix(params.seed ^ 0x5eed0f11e1d5ULL);
   for (int l = 0; l < kLanes; ++l) {
-    std::uint64_t cand = (splitmix(s + static_cast<std::uint64_t>(l) * 0x1000193ULL) >> 2) | (std::uint64_t{1} << 61) | 1;
-    while (!is_prime(cand)) cand += 2;
-    if (l > 0 && cand == c.p[0]) {  // two lanes, two different primes
-      cand += 2;
-      while (!is_prime(cand)) cand += 2;
-    }
+    // a prime in (2^61, 2^62), which freduce needs (one past the top starts again from the bottom)
+    auto next_prime = [](std::uint64_t x) {
+      for (;; x += 2) {
+        if (x >> 62) x = (std::uint64_t{1} << 61) + 1;
+        if (is_prime(x)) return x;
+      }
+    };
+    std::uint64_t cand = next_prime((splitmix(s + static_cast<std::uint64_t>(l) * 0x1000193ULL) >> 2) | (std::uint64_t{1} << 61) | 1);
+    if (l > 0 && cand == c.p[0]) cand = next_prime(cand + 2);  // two lanes, two different primes
     c.p[l] = cand;
+    c.bm[l] = static_cast<std::uint64_t>((static_cast<unsigned __int128>(1) << 124) / cand);
+    c.r64[l] = static_cast<Fp>((static_cast<unsigned __int128>(1) << 64) % cand);
     c.key[l] = splitmix(s ^ (0xa5a5a5a5ULL + static_cast<std::uint64_t>(l)));
   }
   ctx = c;
 }
 
-Lanes::~Lanes() { ctx = saved_; }
+Lanes::~Lanes() {
+  ctx = saved_;
+  tag_evals = std::move(saved_tags_);
+}
 
 namespace {
 
@@ -367,7 +399,7 @@ Num Num::input(double x, std::uint64_t h, bool integer) {
   if (!num::ctx.on || integer) return Num(x);
   Num r;  // the lanes are drawn below: converting x to a field constant first would be discarded work
   r.d = x;
-  for (int l = 0; l < kLanes; ++l) r.f[l] = num::splitmix(h ^ num::ctx.key[l] ^ num::kInput) % num::ctx.p[l];
+  for (int l = 0; l < kLanes; ++l) r.f[l] = num::freduce(num::splitmix(h ^ num::ctx.key[l] ^ num::kInput), l);
   r.deg = 1;
   return r;
 }

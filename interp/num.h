@@ -25,14 +25,20 @@ struct LaneParams {
   std::uint64_t seed = 0;
 };
 
-// The thread's lane context (private to num.h / num.cpp; use the functions below).
+// The thread's lane context (private to num.h / num.cpp; use the functions below). Trivially destructible, so a
+// kernel's access to it is a plain thread-local load (no TLS wrapper call per operation).
 struct Context {
   bool on = false;
   bool failed = false;           // a field division by zero (or log of a field zero) in this trial
-  Fp p[kLanes] = {0, 0};         // the primes
+  Fp p[kLanes] = {0, 0};         // the primes (2^61 < p < 2^62)
+  std::uint64_t bm[kLanes] = {0, 0};   // Barrett constants floor(2^124 / p): a product is reduced without a division
+  Fp r64[kLanes] = {0, 0};             // 2^64 mod p (fwide)
   std::uint64_t key[kLanes] = {0, 0};  // random function keys
   std::uint64_t uf_evals = 0;    // random function evaluations (the error bound needs them)
-  std::vector<std::uint64_t> tag_evals;  // the same per stage tag (docs/equivalence.md, "Stages")
+  // Recent inverses per lane (direct-mapped by the argument's low bits): a kernel divides a whole row by one value
+  // (a norm's sd, softmax's sum, attention's z) and alternates with a few constants (a mean's 1/n).
+  static constexpr int kInvCache = 8;
+  Fp inv_arg[kLanes][kInvCache] = {}, inv_val[kLanes][kInvCache] = {};
 };
 extern constinit thread_local Context ctx;
 
@@ -47,6 +53,7 @@ class Lanes {
 
  private:
   Context saved_;
+  std::vector<std::uint64_t> saved_tags_;  // the outer guard's per-tag evaluation counts (num.cpp)
 };
 inline bool trial_failed() { return ctx.failed; }
 inline void clear_failed() { ctx.failed = false; }
@@ -64,10 +71,32 @@ inline Fp fadd(Fp a, Fp b, int l) {
 inline Fp fsub(Fp a, Fp b, int l) { return a >= b ? a - b : a + ctx.p[l] - b; }
 inline Fp fneg(Fp a, int l) { return a ? ctx.p[l] - a : 0; }
 inline Fp mulmod(Fp a, Fp b, Fp p) { return static_cast<Fp>(static_cast<unsigned __int128>(a) * b % p); }
-inline Fp fmul(Fp a, Fp b, int l) { return mulmod(a, b, ctx.p[l]); }
+// x mod p for x < 2^124 (a product of two residues, or any 64-bit value) in lane l, by Barrett reduction with
+// bm = floor(2^124 / p): the quotient estimate is at most 2 below the true one (p > 2^61), so the remainder is
+// below 3p < 2^64 and two conditional subtractions finish. The same residue as `x % p`, without a division.
+inline Fp freduce(unsigned __int128 x, int l) {
+  const Fp p = ctx.p[l];
+  auto q = static_cast<std::uint64_t>((static_cast<unsigned __int128>(static_cast<std::uint64_t>(x >> 60)) * ctx.bm[l]) >> 64);
+  Fp r = static_cast<std::uint64_t>(x) - q * p;
+  if (r >= p) r -= p;
+  if (r >= p) r -= p;
+  return r;
+}
+inline Fp fmul(Fp a, Fp b, int l) { return freduce(static_cast<unsigned __int128>(a) * b, l); }
+// x mod p for any 128-bit x (a sum of up to 15 products and a residue): hi 2^64 + lo with each part reduced.
+inline Fp fwide(unsigned __int128 x, int l) {
+  Fp hi = freduce(static_cast<std::uint64_t>(x >> 64), l), lo = freduce(static_cast<std::uint64_t>(x), l);
+  Fp s = freduce(static_cast<unsigned __int128>(hi) * ctx.r64[l], l) + lo;
+  return s >= ctx.p[l] ? s - ctx.p[l] : s;
+}
 Fp powmod(Fp a, std::uint64_t e, Fp p);
 // The inverse of `a` in lane l; a zero sets the trial-failed flag and gives 0.
-Fp finv(Fp a, int l);
+Fp finv_slow(Fp a, int l);
+inline Fp finv(Fp a, int l) {
+  const auto slot = static_cast<std::size_t>(a & (Context::kInvCache - 1));
+  if (a == ctx.inv_arg[l][slot] && a) return ctx.inv_val[l][slot];
+  return finv_slow(a, l);
+}
 // Deterministic Miller-Rabin for 64-bit n.
 bool is_prime(std::uint64_t n);
 // The field value of a double in lane l: the nearest fraction with denominator <= 2^20 when within 2^-50
@@ -77,6 +106,10 @@ Fp from_int(std::int64_t v, int l);
 // A random function of (key, stage tag, args) in lane l: a keyed hash reduced modulo the prime; counts an
 // evaluation under its tag. Tag 0 is the unstaged key (tags come from stage cuts, see Num::tag).
 Fp rf(std::uint64_t key, const Fp* args, int n, int l, std::uint32_t tag = 0);
+// Counts `n` evaluations under `tag` without computing them: a caller that reuses the results of evaluations it
+// already made for identical arguments (equiv's cut of a value another rank holds bit for bit) keeps the count, and
+// so the error bound, what evaluating them again would give.
+void count_evaluations(std::uint32_t tag, std::uint64_t n);
 
 // A function key from its name (FNV-1a), for uf().
 constexpr std::uint64_t key_of(std::string_view s) {
@@ -142,39 +175,79 @@ void lanes_div(Num& r, const Num& a, const Num& b);
 void lanes_neg(Num& r, const Num& a);
 }  // namespace num
 
+namespace num {
+// Neither lane has a log part (y = 1, k = 1): the common case, whose lane arithmetic is inlined below. It computes
+// what lanes_add / lanes_sub / lanes_mul give for such operands (no log part to combine or make pure).
+inline bool plain(const Num& a) { return (a.y[0] == 1) & (a.y[1] == 1); }
+inline std::uint32_t deg_mul(std::uint32_t a, std::uint32_t b) {
+  std::uint64_t s = std::uint64_t{a} + b;
+  return s > kMaxDeg ? kMaxDeg : static_cast<std::uint32_t>(s);
+}
+}  // namespace num
+
 inline Num operator+(const Num& a, const Num& b) {
   Num r;
   r.d = a.d + b.d;
-  if (num::ctx.on) [[unlikely]]
-    num::lanes_add(r, a, b);
+  if (num::ctx.on) [[unlikely]] {
+    if (num::plain(a) && num::plain(b)) {
+      for (int l = 0; l < kLanes; ++l) r.f[l] = num::fadd(a.f[l], b.f[l], l);
+      r.deg = std::max(a.deg, b.deg), r.tag = std::max(a.tag, b.tag);
+    } else {
+      num::lanes_add(r, a, b);
+    }
+  }
   return r;
 }
 inline Num operator-(const Num& a, const Num& b) {
   Num r;
   r.d = a.d - b.d;
-  if (num::ctx.on) [[unlikely]]
-    num::lanes_sub(r, a, b);
+  if (num::ctx.on) [[unlikely]] {
+    if (num::plain(a) && num::plain(b)) {
+      for (int l = 0; l < kLanes; ++l) r.f[l] = num::fsub(a.f[l], b.f[l], l);
+      r.deg = std::max(a.deg, b.deg), r.tag = std::max(a.tag, b.tag);
+    } else {
+      num::lanes_sub(r, a, b);
+    }
+  }
   return r;
 }
 inline Num operator*(const Num& a, const Num& b) {
   Num r;
   r.d = a.d * b.d;
-  if (num::ctx.on) [[unlikely]]
-    num::lanes_mul(r, a, b);
+  if (num::ctx.on) [[unlikely]] {
+    if (num::plain(a) && num::plain(b)) {
+      for (int l = 0; l < kLanes; ++l) r.f[l] = num::fmul(a.f[l], b.f[l], l);
+      r.deg = num::deg_mul(a.deg, b.deg), r.tag = std::max(a.tag, b.tag);
+    } else {
+      num::lanes_mul(r, a, b);
+    }
+  }
   return r;
 }
 inline Num operator/(const Num& a, const Num& b) {
   Num r;
   r.d = a.d / b.d;
-  if (num::ctx.on) [[unlikely]]
-    num::lanes_div(r, a, b);
+  if (num::ctx.on) [[unlikely]] {
+    if (num::plain(a) && num::plain(b)) {
+      for (int l = 0; l < kLanes; ++l) r.f[l] = num::fmul(a.f[l], num::finv(b.f[l], l), l);
+      r.deg = num::deg_mul(a.deg, b.deg), r.tag = std::max(a.tag, b.tag);
+    } else {
+      num::lanes_div(r, a, b);
+    }
+  }
   return r;
 }
 inline Num operator-(const Num& a) {
   Num r;
   r.d = -a.d;
-  if (num::ctx.on) [[unlikely]]
-    num::lanes_neg(r, a);
+  if (num::ctx.on) [[unlikely]] {
+    if (num::plain(a)) {
+      for (int l = 0; l < kLanes; ++l) r.f[l] = num::fneg(a.f[l], l), r.k[l] = a.k[l];
+      r.deg = a.deg, r.tag = a.tag;
+    } else {
+      num::lanes_neg(r, a);
+    }
+  }
   return r;
 }
 inline Num& Num::operator+=(const Num& b) { return *this = *this + b; }

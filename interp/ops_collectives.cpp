@@ -117,7 +117,7 @@ std::vector<std::int64_t> Runner::group(const Op& op, std::int64_t r) {
   auto c = coords(r);
   std::vector<std::int64_t> m;
   for (std::int64_t q = 0; q < ranks_; ++q) {
-    auto cq = coords(q);
+    const auto& cq = coords(q);
     bool same = true;
     for (std::size_t a = 0; a < sizes_.size(); ++a)
       if (!(axes & (1u << a)) && cq[a] != c[a]) same = false;

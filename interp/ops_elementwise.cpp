@@ -33,21 +33,21 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   Val v = in(oi, r, 0);
   DType dt = at.has_dtype ? at.dtype : DType::F32;
   const bool was_finite = global_ && all_finite(v.t);  // only the single-device run is tainted
-  // The dispatcher sends only the ops named here; the function is picked once, not per element.
+  // The dispatcher sends only the ops named here; the function is picked once, not per element (and inlined).
   const OpKind k = op.kind;
-  std::function<Num(const Num&)> f = [](const Num& x) { return x; };
-  if (k == OpKind::SiLU) f = [](const Num& x) { return silu(x); };
-  else if (k == OpKind::GELU) f = [](const Num& x) { return gelu(x); };
-  else if (k == OpKind::ReLU) f = [](const Num& x) { return relu(x); };
+  auto map = [&](auto f) { v.t = unary(v.t, f); };
+  if (k == OpKind::SiLU) map([](const Num& x) { return silu(x); });
+  else if (k == OpKind::GELU) map([](const Num& x) { return gelu(x); });
+  else if (k == OpKind::ReLU) map([](const Num& x) { return relu(x); });
   else if (k == OpKind::Cast && at.has_dtype && is_int(dt))  // to an integer type: integer data, exact (decided by d)
-    f = [dt](const Num& x) { return Num(dt == DType::Bool ? (x.d != 0 ? 1.0 : 0.0) : std::trunc(x.d)); };
-  else if (k == OpKind::LossScale) f = [s = Num(at.number)](const Num& x) { return x * s; };
-  else if (k == OpKind::Neg) f = [](const Num& x) { return -x; };
-  else if (k == OpKind::Exp) f = [](const Num& x) { return exp(x); };
-  else if (k == OpKind::Log) f = [](const Num& x) { return log(x); };
-  else if (k == OpKind::Sqrt) f = [](const Num& x) { return sqrt(x); };
-  else if (k == OpKind::Rsqrt) f = [](const Num& x) { return rsqrt(x); };
-  v.t = unary(v.t, f);
+    map([dt](const Num& x) { return Num(dt == DType::Bool ? (x.d != 0 ? 1.0 : 0.0) : std::trunc(x.d)); });
+  else if (k == OpKind::LossScale) map([s = Num(at.number)](const Num& x) { return x * s; });
+  else if (k == OpKind::Neg) map([](const Num& x) { return -x; });
+  else if (k == OpKind::Exp) map([](const Num& x) { return exp(x); });
+  else if (k == OpKind::Log) map([](const Num& x) { return log(x); });
+  else if (k == OpKind::Sqrt) map([](const Num& x) { return sqrt(x); });
+  else if (k == OpKind::Rsqrt) map([](const Num& x) { return rsqrt(x); });
+  else map([](const Num& x) { return x; });
   std::string t = was_finite ? leaves_reals(true, v.t, {}, taint) : taint;
   return set_out(oi, r, 0, std::move(v), t);
 }
@@ -56,28 +56,30 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   // The dispatcher sends only Add, Sub, Multiply, Div, Maximum and Minimum here; picked once, not per element.
   const OpKind k = op.kind;
-  std::function<Num(const Num&, const Num&)> f = [](const Num& a, const Num& b) { return a * b; };
-  if (k == OpKind::Add) f = [](const Num& a, const Num& b) { return a + b; };
-  else if (k == OpKind::Sub) f = [](const Num& a, const Num& b) { return a - b; };
-  else if (k == OpKind::Div) f = [](const Num& a, const Num& b) { return a / b; };
-  else if (k == OpKind::Maximum) f = [](const Num& a, const Num& b) { return max2(a, b); };
-  else if (k == OpKind::Minimum) f = [](const Num& a, const Num& b) { return min2(a, b); };
-  if (op.n_in == 1) {
-    Val v = in(oi, r, 0);
-    Num s = op.attrs.number;
-    v.t = unary(v.t, [&](const Num& a) { return f(a, s); });
-    return set_out(oi, r, 0, std::move(v), taint);
-  }
-  const Val& x = in(oi, r, 0);
-  const Val& y = in(oi, r, 1);
-  Val o;
-  o.gshape = broadcast_shapes(x.gshape, y.gshape);
-  o.mask = union_masks(x, y, o.gshape.size());
-  Tensor xl = align(x, slice_target(x, o.mask), c, p_.name(p_.ins(op)[0]));
-  Tensor yl = align(y, slice_target(y, o.mask), c, p_.name(p_.ins(op)[1]));
-  o.t = binary(xl, yl, f);
-  std::string t = leaves_reals(global_, o.t, {&xl, &yl}, taint);
-  set_out(oi, r, 0, std::move(o), t);
+  auto apply = [&](auto f) {
+    if (op.n_in == 1) {
+      Val v = in(oi, r, 0);
+      const Num s = op.attrs.number;
+      v.t = unary(v.t, [&](const Num& a) { return f(a, s); });
+      return set_out(oi, r, 0, std::move(v), taint);
+    }
+    const Val& x = in(oi, r, 0);
+    const Val& y = in(oi, r, 1);
+    Val o;
+    o.gshape = broadcast_shapes(x.gshape, y.gshape);
+    o.mask = union_masks(x, y, o.gshape.size());
+    Tensor xl = align(x, slice_target(x, o.mask), c, p_.name(p_.ins(op)[0]));
+    Tensor yl = align(y, slice_target(y, o.mask), c, p_.name(p_.ins(op)[1]));
+    o.t = binary(xl, yl, f);
+    std::string t = leaves_reals(global_, o.t, {&xl, &yl}, taint);
+    set_out(oi, r, 0, std::move(o), t);
+  };
+  if (k == OpKind::Add) apply([](const Num& a, const Num& b) { return a + b; });
+  else if (k == OpKind::Sub) apply([](const Num& a, const Num& b) { return a - b; });
+  else if (k == OpKind::Div) apply([](const Num& a, const Num& b) { return a / b; });
+  else if (k == OpKind::Maximum) apply([](const Num& a, const Num& b) { return max2(a, b); });
+  else if (k == OpKind::Minimum) apply([](const Num& a, const Num& b) { return min2(a, b); });
+  else apply([](const Num& a, const Num& b) { return a * b; });
 }
 
 // Where(mask, a, b): the three operands broadcast together, each rank reading its block of each.

@@ -23,30 +23,6 @@ std::string_view of_choice(const Op& op) {
   return op.attrs.choice < ch.size() ? std::string_view(ch[op.attrs.choice]) : std::string_view();
 }
 
-// The groups of a tensor of shape `s` along `dims`: the flat offset of each group's first element, and the
-// offsets of a group's elements relative to it (in the order for_each_group uses).
-void group_layout(const Shape& s, const std::vector<int>& dims, std::vector<std::int64_t>& bases, std::vector<std::int64_t>& offs) {
-  Shape st = strides_of(s);
-  offs.assign(1, 0);
-  for (int d : dims) {
-    std::vector<std::int64_t> next;
-    for (auto o : offs)
-      for (std::int64_t i = 0; i < s[static_cast<std::size_t>(d)]; ++i) next.push_back(o + i * st[static_cast<std::size_t>(d)]);
-    offs = std::move(next);
-  }
-  std::vector<int> rest;
-  for (int d = 0; d < static_cast<int>(s.size()); ++d)
-    if (std::find(dims.begin(), dims.end(), d) == dims.end()) rest.push_back(d);
-  bases.assign(1, 0);
-  for (int d : rest) {
-    std::vector<std::int64_t> next;
-    for (auto b : bases)
-      for (std::int64_t i = 0; i < s[static_cast<std::size_t>(d)]; ++i) next.push_back(b + i * st[static_cast<std::size_t>(d)]);
-    bases = std::move(next);
-  }
-  if (numel_of(s) == 0) bases.clear();
-}
-
 }  // namespace
 
 int dropout_forward(const Program& p, const std::vector<Op>& ops, const Op& grad) {
@@ -107,30 +83,29 @@ void Runner::pointwise_grad(int oi, std::int64_t r, const std::vector<std::int64
     }
     return set_out(oi, r, 0, std::move(o), t);
   }
-  std::function<Num(const Num&, const Num&)> f;
-  if (of == "Exp") f = [](const Num& g, const Num& a) { return g * exp(a); };
-  else if (of == "Log") f = [](const Num& g, const Num& a) { return g / a; };
+  auto apply = [&](auto f) { o.t = binary(dl, xl, f); };  // picked once, inlined per element
+  if (of == "Exp") apply([](const Num& g, const Num& a) { return g * exp(a); });
+  else if (of == "Log") apply([](const Num& g, const Num& a) { return g / a; });
   else if (of == "Sqrt")
-    f = [](const Num& g, const Num& a) {
+    apply([](const Num& g, const Num& a) {
       Num v = g * sqrt(a) / (Num(2.0) * a);  // sqrt'(x) = sqrt(x) / (2x): Sqrt then Div agrees with Rsqrt and NormGrad
       v.d = g.d * 0.5 / std::sqrt(a.d);      // the same real value, finite at sqrt(x) = 0 as the textbook form
       return v;
-    };
-  else if (of == "Rsqrt") f = [](const Num& g, const Num& a) { return g * (Num(-0.5) * rsqrt(a) / a); };
+    });
+  else if (of == "Rsqrt") apply([](const Num& g, const Num& a) { return g * (Num(-0.5) * rsqrt(a) / a); });
   else if (of == "SiLU")
-    f = [](const Num& g, const Num& a) {
+    apply([](const Num& g, const Num& a) {
       const Num one = 1.0;  // made here: a constant's lanes are set only while the lanes are on
       Num s = one / (one + exp(-a));
       return g * (s + a * s * (one - s));
-    };
+    });
   else if (of == "GELU")
-    f = [](const Num& g, const Num& a) {
+    apply([](const Num& g, const Num& a) {
       double cdf = 0.5 * (1 + std::erf(a.d / std::sqrt(2.0))), pdf = std::exp(-0.5 * a.d * a.d) / std::sqrt(2 * std::numbers::pi);
       return g * uf(num::key_of("gelu'"), cdf + a.d * pdf, a);
-    };
-  else if (of == "ReLU") f = [](const Num& g, const Num& a) { return g * uf(num::key_of("relu'"), a.d > 0 ? 1.0 : 0.0, a); };
+    });
+  else if (of == "ReLU") apply([](const Num& g, const Num& a) { return g * uf(num::key_of("relu'"), a.d > 0 ? 1.0 : 0.0, a); });
   else throw InterpError("PointwiseGrad of an unknown op");
-  o.t = binary(dl, xl, f);
   charge(o.t.numel());
   t = leaves_reals(global_, o.t, {&dl, &xl}, t);
   set_out(oi, r, 0, std::move(o), t);
@@ -175,12 +150,13 @@ void Runner::norm_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   for (int d : dims) count *= real_local(real_global(oi, 1, static_cast<std::size_t>(d)), x.gshape[static_cast<std::size_t>(d)],
                                          o.mask[static_cast<std::size_t>(d)], 0, c);
   const Num n = static_cast<double>(count);
-  auto at = [](Tensor& t, std::int64_t i) -> Num& { return t.data[static_cast<std::size_t>(i)]; };
+  auto at = [](const Tensor& t, std::int64_t i) -> const Num& { return t.data[static_cast<std::size_t>(i)]; };
+  Num* out = o.t.data.data();
   for (auto b : bases) {
     if (softmax) {
       Num s = 0.0;
       for (auto j : offs) s += at(g, b + j) * at(xl, b + j);
-      for (auto j : offs) at(o.t, b + j) = at(xl, b + j) * (at(g, b + j) - s);
+      for (auto j : offs) out[b + j] = at(xl, b + j) * (at(g, b + j) - s);
       continue;
     }
     Num mean = 0.0, var = 0.0, gmean = 0.0, gc = 0.0;
@@ -193,7 +169,7 @@ void Runner::norm_grad(int oi, std::int64_t r, const std::vector<std::int64_t>& 
     const Num s = var + eps, sd = sqrt(s);
     for (auto j : offs) gc += at(g, b + j) * (at(xl, b + j) - mean);
     const Num k = gc / (n * s * sd);
-    for (auto j : offs) at(o.t, b + j) = (rms ? at(g, b + j) : at(g, b + j) - gmean) / sd - (at(xl, b + j) - mean) * k;
+    for (auto j : offs) out[b + j] = (rms ? at(g, b + j) : at(g, b + j) - gmean) / sd - (at(xl, b + j) - mean) * k;
   }
   charge(o.t.numel() * 4);
   std::string t = leaves_reals(global_, o.t, {&g, &xl}, taint);
@@ -371,7 +347,7 @@ void Runner::cross_entropy_grad(int oi, const std::vector<std::int64_t>& members
   for (std::size_t k = 0; k < n; ++k) {
     std::int64_t r = members[k];
     failed_rank = r;
-    auto c = coords(r);
+    const auto& c = coords(r);
     const Val& dl = in(oi, r, 0);
     const Val& lg = in(oi, r, 1);
     const Val& lb = in(oi, r, 2);

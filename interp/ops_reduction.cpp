@@ -147,7 +147,7 @@ void Runner::cross_entropy(int oi, const std::vector<std::int64_t>& members) {
   std::int64_t T = -1;
   for (std::size_t k = 0; k < n; ++k) {
     std::int64_t r = members[k];
-    auto c = coords(r);
+    const auto& c = coords(r);
     const Val& lg = in(oi, r, 0);
     const Val& lb = in(oi, r, 1);
     if (lg.gshape.empty() || lb.gshape.size() + 1 != lg.gshape.size()) throw InterpError("CrossEntropyLoss labels must have the logits' shape without the vocab dim");

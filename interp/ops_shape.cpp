@@ -67,9 +67,8 @@ void Runner::expand(int oi, std::int64_t r, const std::string& taint) {
   if (!x.ord.empty()) throw InterpError("Expand of a value sharded in a strided order is not modelled by the oracle");
   o.taint = x.taint;
   o.vlabel = x.vlabel;
-  Tensor target(local_shape(o, coords(r)));
   Num s = op.attrs.has_number ? Num(op.attrs.number) : Num(1.0);
-  o.t = binary(x.t, target, [&](const Num& a, const Num&) { return op.attrs.has_number ? a * s : a; });
+  o.t = broadcast_map(x.t, local_shape(o, coords(r)), [&](const Num& a) { return op.attrs.has_number ? a * s : a; });
   set_out(oi, r, 0, std::move(o), taint);
 }
 

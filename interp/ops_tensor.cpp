@@ -204,7 +204,7 @@ void Runner::rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, co
   const double Dv = static_cast<double>(Dr > 0 ? Dr : D);
   const Num sign = op.attrs.inverse ? -1.0 : 1.0;
   Shape st = strides_of(o.t.shape);
-  Tensor x = o.t;
+  const Tensor x = o.t;
   std::int64_t h = D / 2;
   for (std::size_t w = 0; w < x.data.size(); ++w) {
     std::int64_t i = static_cast<std::int64_t>(w / static_cast<std::size_t>(st[lu])) % D;

@@ -10,18 +10,20 @@ Runner::Runner(const Program& p, const std::vector<std::int64_t>& vars, std::vec
        std::int64_t& work, std::vector<std::int64_t> real_sizes)
     : p_(p), vars_(vars), sizes_(std::move(axis_sizes)), real_sizes_(std::move(real_sizes)), global_(global), opt_(o), work_(work) {
   if (real_sizes_.empty()) real_sizes_ = sizes_;
+  tune_heap();
+  set_alloc_limits({o.max_elements, o.max_bytes});
   ranks_ = 1;
   for (auto s : sizes_) ranks_ *= s;
   env_.assign(static_cast<std::size_t>(ranks_), std::vector<Val>(p.names.size()));
-}
-
-std::vector<std::int64_t> Runner::coords(std::int64_t r) const {
-  std::vector<std::int64_t> c(sizes_.size());
-  for (int a = static_cast<int>(sizes_.size()) - 1; a >= 0; --a) {
-    c[static_cast<std::size_t>(a)] = r % sizes_[static_cast<std::size_t>(a)];
-    r /= sizes_[static_cast<std::size_t>(a)];
+  coords_.resize(static_cast<std::size_t>(ranks_));
+  for (std::int64_t r = 0; r < ranks_; ++r) {
+    auto& c = coords_[static_cast<std::size_t>(r)];
+    c.resize(sizes_.size());
+    for (std::int64_t q = r, a = static_cast<std::int64_t>(sizes_.size()) - 1; a >= 0; --a) {
+      c[static_cast<std::size_t>(a)] = q % sizes_[static_cast<std::size_t>(a)];
+      q /= sizes_[static_cast<std::size_t>(a)];
+    }
   }
-  return c;
 }
 
 std::int64_t Runner::rank_of(const std::vector<std::int64_t>& c) const {
@@ -60,6 +62,15 @@ Shape Runner::local_shape(const Val& v, const std::vector<std::int64_t>& c) cons
 }
 
 void Runner::declare(const TensorDecl& t, std::int64_t range, std::uint64_t seed) {
+  try {
+    declare_values(t, range, seed);
+  } catch (BudgetError& e) {
+    if (!e.loc.line) e.loc = t.loc;
+    throw;
+  }
+}
+
+void Runner::declare_values(const TensorDecl& t, std::int64_t range, std::uint64_t seed) {
   Shape g;
   for (ExprId e : t.shape) g.push_back(eval(e, "a dim of " + p_.name(t.name)));
   check_size(g);
@@ -118,7 +129,36 @@ void Runner::make_local(Val& v) {
   v.ord.clear();
 }
 
+void Runner::free_dead(std::vector<char> keep) {
+  keep_ = std::move(keep);
+  keep_.resize(p_.names.size(), 0);
+  last_read_.assign(p_.names.size(), -1);
+  for (std::size_t oi = 0; oi < p_.ops.size(); ++oi)
+    for (NameId n : p_.ins(p_.ops[oi])) last_read_[static_cast<std::size_t>(n)] = static_cast<int>(oi);
+}
+
+void Runner::release_dead(int oi, std::int64_t r) {
+  if (last_read_.empty()) return;
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  auto& env = env_[static_cast<std::size_t>(r)];
+  auto drop = [&](NameId n) {
+    auto nu = static_cast<std::size_t>(n);
+    if (!keep_[nu] && last_read_[nu] <= oi) env[nu].t = Tensor();  // the layout stays: only the elements go
+  };
+  for (NameId n : p_.ins(op)) drop(n);
+  for (NameId n : p_.outs(op)) drop(n);  // written and never read again
+}
+
 void Runner::run(std::uint64_t seed) {
+  try {
+    run_ops(seed);
+  } catch (BudgetError& e) {
+    if (!e.loc.line && failed_op >= 0) e.loc = p_.ops[static_cast<std::size_t>(failed_op)].loc;
+    throw;
+  }
+}
+
+void Runner::run_ops(std::uint64_t seed) {
   seed_ = seed;
   std::vector<int> prog(p_.ops.size());
   std::iota(prog.begin(), prog.end(), 0);
@@ -137,6 +177,7 @@ void Runner::run(std::uint64_t seed) {
         if (op.kind == OpKind::Recv && !global_ && queue(op, r, true).empty()) break;
         step_local(prog[i], r);
         if (after_op) after_op(prog[i], r);
+        release_dead(prog[i], r);
         ++i;
         progress = true;
       }
@@ -158,6 +199,7 @@ void Runner::run(std::uint64_t seed) {
         if (after_op) after_op(oi, m);
         ++pc[static_cast<std::size_t>(m)];
       }
+      for (auto m : members) release_dead(oi, m);
       progress = true;
     }
     if (!progress) throw InterpError("no rank can make progress (a Recv with no matching Send, or a collective some ranks never reach)");
@@ -199,8 +241,7 @@ std::int64_t Runner::real_count(int oi, int k, const Val& v, std::size_t d, cons
 void Runner::check_size(const Shape& s) const {
   std::int64_t n = 1;
   for (auto d : s) {
-    if (d > opt_.max_elements || (n *= std::max<std::int64_t>(d, 1)) > opt_.max_elements)
-      throw BudgetError("a tensor of shape " + shape_text(s) + " exceeds the interpreter's limit of " + std::to_string(opt_.max_elements) + " elements");
+    if (d > opt_.max_elements || (n *= std::max<std::int64_t>(d, 1)) > opt_.max_elements) throw_too_large(s, opt_.max_elements);
   }
 }
 
@@ -317,7 +358,7 @@ void Runner::step_local(int oi, std::int64_t r) {
   failed_op = oi;
   failed_rank = r;
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
-  auto c = coords(r);
+  const auto& c = coords(r);
   std::string taint = global_ ? taint_of(oi, r) : "";
   switch (op.kind) {
     case OpKind::MatMul: return matmul(oi, r, c, taint);

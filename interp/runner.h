@@ -18,10 +18,6 @@
 
 namespace spmd::interp {
 
-struct BudgetError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 // A taint that starts with this marks a value outside the promise altogether (Reinterpret): not even
 // the agreement of ranks on an R output is checked. Other taints (V) still get that check.
 constexpr char kExcluded = '!';
@@ -144,7 +140,7 @@ class Runner {
 
   std::int64_t ranks() const { return ranks_; }
   const std::vector<std::int64_t>& sizes() const { return sizes_; }
-  std::vector<std::int64_t> coords(std::int64_t r) const;
+  const std::vector<std::int64_t>& coords(std::int64_t r) const { return coords_[static_cast<std::size_t>(r)]; }
   std::int64_t rank_of(const std::vector<std::int64_t>& c) const;
   Val& at(std::int64_t r, NameId n) { return env_[static_cast<std::size_t>(r)][static_cast<std::size_t>(n)]; }
 
@@ -157,6 +153,11 @@ class Runner {
 
   // ---- the op loop (a scheduler over per-rank op lists, so per-rank programs can plug in) --------
   void run(std::uint64_t seed);
+
+  // Frees each value once no later op reads it (per rank, after the op that reads it last and after `after_op`),
+  // except the names marked in `keep` (NameId -> 1: the outputs and inputs a caller reads after the run): a run
+  // then holds its live values, not every value it computed. Off unless called before run().
+  void free_dead(std::vector<char> keep);
 
   int failed_op = -1;  // the op a thrown InterpError came from
   // Called after op `op` ran on rank `rank` (for a collective: once per member), when set (equiv/ records values).
@@ -289,7 +290,14 @@ class Runner {
   std::int64_t ranks_ = 1;
   std::uint64_t seed_ = 0;
   std::vector<std::vector<Val>> env_;
+  std::vector<std::vector<std::int64_t>> coords_;  // rank -> its mesh coordinates
   std::map<std::pair<std::int64_t, std::int64_t>, std::deque<Val>> queues_;
+  // free_dead: NameId -> the last op reading it (-1: none), and the names kept whatever their last reader
+  void declare_values(const TensorDecl& t, std::int64_t range, std::uint64_t seed);
+  void run_ops(std::uint64_t seed);
+  std::vector<int> last_read_;
+  std::vector<char> keep_;
+  void release_dead(int oi, std::int64_t r);
 };
 
 }  // namespace spmd::interp

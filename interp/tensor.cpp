@@ -1,6 +1,8 @@
 // interp/tensor.cpp - dense tensors of Num: slicing, concatenation, broadcasting, reductions, matmul.
 #include "interp/tensor.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <bit>
 
@@ -8,48 +10,148 @@ namespace spmd::interp {
 
 namespace {
 
-constexpr std::size_t kPooled = std::size_t{1} << 20;  // buffers from 1 MiB are cached
-constexpr std::size_t kCacheCap = std::size_t{1} << 30;  // at most 1 GiB kept per thread
+constexpr std::size_t kCacheCap = std::size_t{128} << 20;  // at most 128 MiB of freed buffers kept per thread
 
+// Freed element buffers by size class (four classes per power of two, from 64 bytes): a run frees and allocates
+// tensors of a few sizes over and over, and reusing a block skips malloc's bins and the kernel's page faults.
 struct BufferCache {
-  std::vector<std::pair<std::size_t, void*>> free;  // (size class, block)
+  std::vector<void*> free[256];
   std::size_t bytes = 0;
   ~BufferCache() {
-    for (auto& [c, p] : free) ::operator delete(p);
+    for (auto& list : free)
+      for (void* p : list) ::operator delete(p);
   }
 };
 thread_local BufferCache cache;
 
-std::size_t size_class(std::size_t bytes) { return std::bit_ceil(bytes); }
+// The class of a block of `bytes`: its index and its size (bytes rounded up to a quarter of their power of two).
+std::size_t size_class(std::size_t bytes, std::size_t& index) {
+  bytes = std::max<std::size_t>(bytes, 64);
+  int e = std::bit_width(bytes) - 1;  // 2^e <= bytes < 2^(e+1)
+  std::size_t step = std::size_t{1} << (e - 2), c = (bytes + step - 1) / step * step;
+  index = static_cast<std::size_t>(e) * 4 + (c >> (e - 2)) - 4;  // c / step is 4..8 (8: the next power of two)
+  return c;
+}
 
 }  // namespace
 
+void tune_heap() {
+  // A run allocates many short-lived tensors of a few hundred KB: keep freed memory in the heap instead of returning
+  // it to the kernel after every op (glibc's defaults mmap and trim each one, and the kernel zeroes every page again).
+  static const bool tuned = [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+    return true;
+  }();
+  (void)tuned;
+}
+
 void* buffer_alloc(std::size_t bytes) {
-  if (bytes < kPooled) return ::operator new(bytes);
-  std::size_t c = size_class(bytes);
-  for (std::size_t i = cache.free.size(); i-- > 0;)
-    if (cache.free[i].first == c) {
-      void* p = cache.free[i].second;
-      cache.free.erase(cache.free.begin() + static_cast<std::ptrdiff_t>(i));
-      cache.bytes -= c;
-      return p;
-    }
+  std::size_t i, c = size_class(bytes, i);
+  if (i < 256 && !cache.free[i].empty()) {
+    void* p = cache.free[i].back();
+    cache.free[i].pop_back();
+    cache.bytes -= c;
+    return p;
+  }
   return ::operator new(c);
 }
 
 void buffer_free(void* p, std::size_t bytes) {
-  if (bytes < kPooled) return ::operator delete(p);
-  std::size_t c = size_class(bytes);
-  if (cache.bytes + c > kCacheCap) return ::operator delete(p);
-  cache.free.emplace_back(c, p);
+  std::size_t i, c = size_class(bytes, i);
+  if (i >= 256 || cache.bytes + c > kCacheCap) return ::operator delete(p);
+  cache.free[i].push_back(p);
   cache.bytes += c;
 }
 
-Tensor::Tensor(Shape s, const Num& fill) : shape(std::move(s)), data(static_cast<std::size_t>(numel_of(shape)), fill) {}
+// ---- allocation limits and the element buffer ----------------------------------------------------------------
+
+namespace {
+
+thread_local AllocLimits limits;
+thread_local std::int64_t live = 0, peak = 0;
+
+}  // namespace
+
+void set_alloc_limits(const AllocLimits& l) { limits = l; }
+const AllocLimits& alloc_limits() { return limits; }
+std::int64_t live_bytes() { return live; }
+std::int64_t peak_bytes() { return peak; }
+void reset_peak_bytes() { peak = live; }
+
+namespace {
+
+// 800 MiB, 256 KiB, 1000 bytes.
+std::string bytes_text(std::int64_t b) {
+  if (b >= (1 << 20) && b % (1 << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= (1 << 10) && b % (1 << 10) == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " bytes";
+}
+
+}  // namespace
+
+void throw_too_large(const Shape& s, std::int64_t limit) {
+  throw BudgetError("a tensor of shape " + shape_text(s) + " is too large for the interpreter (more than its limit of " + std::to_string(limit) + " elements)");
+}
+
+void check_elements(const Shape& s) {
+  if (numel_of(s) > limits.max_elements) throw_too_large(s, limits.max_elements);
+}
+
+void NumBuffer::allocate(std::size_t n) {
+  if (n == 0) return;
+  if (n > static_cast<std::size_t>(limits.max_elements))
+    throw BudgetError("a tensor of " + std::to_string(n) + " elements is too large for the interpreter (more than its limit of " +
+                      std::to_string(limits.max_elements) + " elements)");
+  auto bytes = static_cast<std::int64_t>(sizeof(Header) + n * sizeof(Num));
+  if (live + bytes > limits.max_bytes)
+    throw BudgetError("the run is too large for the interpreter: it would hold more than " + bytes_text(limits.max_bytes) + " of tensor values at once");
+  h_ = static_cast<Header*>(buffer_alloc(static_cast<std::size_t>(bytes)));
+  h_->refs = 1, h_->n = n;
+  live += bytes;
+  peak = std::max(peak, live);
+}
+
+NumBuffer::NumBuffer(std::size_t n, const Num& fill) {
+  allocate(n);
+  if (h_) std::uninitialized_fill_n(elems(), n, fill);
+}
+
+NumBuffer::NumBuffer(std::size_t n, Uninit) { allocate(n); }
+
+void NumBuffer::unshare() {
+  NumBuffer copy(size(), Uninit{});
+  std::uninitialized_copy_n(elems(), size(), copy.elems());
+  std::swap(h_, copy.h_);
+}
+
+void NumBuffer::destroy() {
+  auto bytes = sizeof(Header) + h_->n * sizeof(Num);
+  live -= static_cast<std::int64_t>(bytes);
+  buffer_free(h_, bytes);
+  h_ = nullptr;
+}
+
+Tensor::Tensor(Shape s, const Num& fill) : shape(std::move(s)) {
+  check_elements(shape);
+  data = NumBuffer(static_cast<std::size_t>(numel_of(shape)), fill);
+}
+
+Tensor Tensor::uninit(Shape s) {
+  check_elements(s);
+  Tensor t;
+  t.data = NumBuffer(static_cast<std::size_t>(numel_of(s)), NumBuffer::Uninit{});
+  t.shape = std::move(s);
+  return t;
+}
 
 std::int64_t numel_of(const Shape& s) {
   std::int64_t n = 1;
-  for (auto d : s) n *= d;
+  for (auto d : s) {
+    if (d <= 0) return 0;
+    if (n > INT64_MAX / d) n = INT64_MAX;
+    else n *= d;
+  }
   return n;
 }
 
@@ -82,8 +184,9 @@ Tensor slice(const Tensor& t, int d, std::int64_t lo, std::int64_t hi) {
                       shape_text(t.shape));
   Shape s = t.shape;
   std::int64_t n = s[static_cast<std::size_t>(d)];
+  if (lo == 0 && hi == n) return t;  // the whole dim: the same buffer
   s[static_cast<std::size_t>(d)] = hi - lo;
-  Tensor out(s);
+  Tensor out = Tensor::uninit(s);
   std::int64_t outer, inner;
   split_at(t.shape, d, outer, inner);
   std::size_t w = 0;
@@ -105,8 +208,9 @@ Tensor concat(const std::vector<Tensor>& parts, int d) {
     if (a != b) throw InterpError("cannot concatenate shapes " + shape_text(p.shape) + " and " + shape_text(s) + " along dim " + std::to_string(d));
     total += p.shape[static_cast<std::size_t>(d)];
   }
+  if (parts.size() == 1) return parts[0];  // the same buffer
   s[static_cast<std::size_t>(d)] = total;
-  Tensor out(s);
+  Tensor out = Tensor::uninit(s);
   std::int64_t outer, inner;
   split_at(s, d, outer, inner);
   std::size_t w = 0;
@@ -123,7 +227,7 @@ Tensor transpose(const Tensor& t, int d0, int d1) {
   if (d0 < 0 || d1 < 0 || d0 >= t.rank() || d1 >= t.rank()) throw InterpError("transpose dims out of range for " + shape_text(t.shape));
   Shape s = t.shape;
   std::swap(s[static_cast<std::size_t>(d0)], s[static_cast<std::size_t>(d1)]);
-  Tensor out(s);
+  Tensor out = Tensor::uninit(s);
   Shape in_st = strides_of(t.shape);
   std::swap(in_st[static_cast<std::size_t>(d0)], in_st[static_cast<std::size_t>(d1)]);
   Shape idx(s.size(), 0);
@@ -158,10 +262,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
   return s;
 }
 
-namespace {
-
-// Strides of `s` viewed as a right-aligned operand of shape `out` (0 on broadcast dims).
-Shape bstrides(const Shape& s, const Shape& out) {
+Shape broadcast_strides(const Shape& s, const Shape& out) {
   Shape st = strides_of(s), r(out.size(), 0);
   for (std::size_t k = 0; k < s.size(); ++k) {
     std::size_t o = k + out.size() - s.size();
@@ -170,96 +271,101 @@ Shape bstrides(const Shape& s, const Shape& out) {
   return r;
 }
 
-}  // namespace
-
-Tensor binary(const Tensor& x, const Tensor& y, const std::function<Num(const Num&, const Num&)>& f) {
-  Shape s = broadcast_shapes(x.shape, y.shape);
-  Tensor out(s);
-  Shape sx = bstrides(x.shape, s), sy = bstrides(y.shape, s);
-  Shape idx(s.size(), 0);
-  std::int64_t ox = 0, oy = 0;
-  for (std::size_t w = 0; w < out.data.size(); ++w) {
-    out.data[w] = f(x.data[static_cast<std::size_t>(ox)], y.data[static_cast<std::size_t>(oy)]);
-    for (int k = static_cast<int>(s.size()) - 1; k >= 0; --k) {
-      auto uk = static_cast<std::size_t>(k);
-      ox += sx[uk], oy += sy[uk];
-      if (++idx[uk] < s[uk]) break;
-      ox -= sx[uk] * s[uk], oy -= sy[uk] * s[uk];
-      idx[uk] = 0;
-    }
-  }
-  return out;
-}
-
-Tensor unary(const Tensor& x, const std::function<Num(const Num&)>& f) {
-  Tensor out = x;
-  for (auto& v : out.data) v = f(v);
-  return out;
-}
-
-void for_each_group(Tensor& t, const std::vector<int>& dims, const std::function<void(std::vector<Num>&)>& fn) {
-  Shape st = strides_of(t.shape);
-  std::vector<int> rest;
-  for (int d = 0; d < t.rank(); ++d)
-    if (std::find(dims.begin(), dims.end(), d) == dims.end()) rest.push_back(d);
-  // Offsets of the elements of one group, relative to its first element.
-  std::vector<std::int64_t> offs{0};
-  for (int d : dims) {
-    std::vector<std::int64_t> next;
-    for (auto o : offs)
-      for (std::int64_t i = 0; i < t.shape[static_cast<std::size_t>(d)]; ++i) next.push_back(o + i * st[static_cast<std::size_t>(d)]);
-    offs = std::move(next);
-  }
-  std::int64_t groups = 1;
-  for (int d : rest) groups *= t.shape[static_cast<std::size_t>(d)];
-  std::vector<Num> buf(offs.size());
-  Shape idx(rest.size(), 0);
-  for (std::int64_t g = 0; g < groups; ++g) {
-    std::int64_t base = 0;
-    for (std::size_t k = 0; k < rest.size(); ++k) base += idx[k] * st[static_cast<std::size_t>(rest[k])];
-    for (std::size_t j = 0; j < offs.size(); ++j) buf[j] = t.data[static_cast<std::size_t>(base + offs[j])];
-    fn(buf);
-    for (std::size_t j = 0; j < offs.size(); ++j) t.data[static_cast<std::size_t>(base + offs[j])] = buf[j];
-    for (int k = static_cast<int>(rest.size()) - 1; k >= 0; --k) {
-      if (++idx[static_cast<std::size_t>(k)] < t.shape[static_cast<std::size_t>(rest[static_cast<std::size_t>(k)])]) break;
-      idx[static_cast<std::size_t>(k)] = 0;
-    }
-  }
-}
-
-Tensor reduce(const Tensor& t, const std::vector<int>& dims, bool keepdim, const Num& init, const std::function<Num(const Num&, const Num&)>& f) {
-  Shape keep;
+void reduce_layout(const Tensor& t, const std::vector<int>& dims, bool keepdim, Shape& keep, Shape& st_out) {
+  keep.clear();
   for (int d = 0; d < t.rank(); ++d) {
     bool red = std::find(dims.begin(), dims.end(), d) != dims.end();
     if (!red) keep.push_back(t.shape[static_cast<std::size_t>(d)]);
     else if (keepdim) keep.push_back(1);
   }
-  Tensor out(keep, init);
-  Shape st_out(t.shape.size(), 0);
-  {
-    Shape os = strides_of(keep);
-    std::size_t k = 0;
-    for (int d = 0; d < t.rank(); ++d) {
-      bool red = std::find(dims.begin(), dims.end(), d) != dims.end();
-      if (red && !keepdim) continue;
-      st_out[static_cast<std::size_t>(d)] = red ? 0 : os[k];
-      ++k;
-    }
+  st_out.assign(t.shape.size(), 0);
+  Shape os = strides_of(keep);
+  std::size_t k = 0;
+  for (int d = 0; d < t.rank(); ++d) {
+    bool red = std::find(dims.begin(), dims.end(), d) != dims.end();
+    if (red && !keepdim) continue;
+    st_out[static_cast<std::size_t>(d)] = red ? 0 : os[k];
+    ++k;
   }
-  Shape idx(t.shape.size(), 0);
-  std::int64_t o = 0;
-  for (std::size_t r = 0; r < t.data.size(); ++r) {
-    out.data[static_cast<std::size_t>(o)] = f(out.data[static_cast<std::size_t>(o)], t.data[r]);
-    for (int k = t.rank() - 1; k >= 0; --k) {
-      auto uk = static_cast<std::size_t>(k);
-      o += st_out[uk];
-      if (++idx[uk] < t.shape[uk]) break;
-      o -= st_out[uk] * t.shape[uk];
-      idx[uk] = 0;
-    }
-  }
-  return out;
 }
+
+void group_layout(const Shape& s, const std::vector<int>& dims, std::vector<std::int64_t>& bases, std::vector<std::int64_t>& offs) {
+  Shape st = strides_of(s);
+  offs.assign(1, 0);
+  for (int d : dims) {
+    std::vector<std::int64_t> next;
+    for (auto o : offs)
+      for (std::int64_t i = 0; i < s[static_cast<std::size_t>(d)]; ++i) next.push_back(o + i * st[static_cast<std::size_t>(d)]);
+    offs = std::move(next);
+  }
+  std::vector<int> rest;
+  for (int d = 0; d < static_cast<int>(s.size()); ++d)
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) rest.push_back(d);
+  bases.assign(1, 0);
+  for (int d : rest) {
+    std::vector<std::int64_t> next;
+    for (auto b : bases)
+      for (std::int64_t i = 0; i < s[static_cast<std::size_t>(d)]; ++i) next.push_back(b + i * st[static_cast<std::size_t>(d)]);
+    bases = std::move(next);
+  }
+  if (numel_of(s) == 0) bases.clear();
+}
+
+namespace {
+
+// po[m, n] += pa[m, k] x pb[k, n] in doubles, in the order the oracle always used (i, p, j).
+void real_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::int64_t k, std::int64_t n) {
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t p = 0; p < k; ++p) {
+      double x = pa[i * k + p].d;
+      for (std::int64_t j = 0; j < n; ++j) po[i * n + j].d += x * pb[p * n + j].d;
+    }
+}
+
+// The field lanes of the same product when no operand has a log part (po starts as zeros): what the element loop
+// `po += x * y` gives (field sums of products, the degree max_p(deg a + deg b), the largest tag), without forming a
+// Num per product: each sum of products is kept unreduced in 128 bits and folded every 15 products (fwide).
+void lane_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::int64_t k, std::int64_t n) {
+  if (k == 0) return;
+  const auto nu = static_cast<std::size_t>(n);
+  std::vector<std::uint32_t> col_tag(nu, 0), col_deg(nu, 0);
+  for (std::int64_t p = 0; p < k; ++p)
+    for (std::size_t j = 0; j < nu; ++j) {
+      const Num& y = pb[static_cast<std::size_t>(p) * nu + j];
+      col_tag[j] = std::max(col_tag[j], y.tag), col_deg[j] = std::max(col_deg[j], y.deg);
+    }
+  std::vector<unsigned __int128> acc(nu * kLanes);
+  for (std::int64_t i = 0; i < m; ++i) {
+    const Num* row_a = pa + i * k;
+    std::uint32_t row_tag = 0;
+    bool uniform = true;
+    for (std::int64_t p = 0; p < k; ++p) row_tag = std::max(row_tag, row_a[p].tag), uniform &= row_a[p].deg == row_a[0].deg;
+    std::fill(acc.begin(), acc.end(), 0);
+    for (std::int64_t p = 0; p < k; ++p) {
+      const Num& x = row_a[p];
+      const Num* row = pb + p * n;
+      for (std::size_t j = 0; j < nu; ++j)
+        for (int l = 0; l < kLanes; ++l) acc[j * kLanes + static_cast<std::size_t>(l)] += static_cast<unsigned __int128>(x.f[l]) * row[j].f[l];
+      if (p % 15 == 14)
+        for (std::size_t j = 0; j < nu; ++j)
+          for (int l = 0; l < kLanes; ++l) acc[j * kLanes + static_cast<std::size_t>(l)] = num::fwide(acc[j * kLanes + static_cast<std::size_t>(l)], l);
+    }
+    Num* out = po + i * n;
+    for (std::size_t j = 0; j < nu; ++j) {
+      for (int l = 0; l < kLanes; ++l) out[j].f[l] = num::fwide(acc[j * kLanes + static_cast<std::size_t>(l)], l);
+      out[j].tag = std::max(row_tag, col_tag[j]);
+      if (uniform) {
+        out[j].deg = num::deg_mul(row_a[0].deg, col_deg[j]);
+      } else {
+        std::uint32_t d = 0;
+        for (std::int64_t p = 0; p < k; ++p) d = std::max(d, num::deg_mul(row_a[p].deg, pb[p * n + static_cast<std::int64_t>(j)].deg));
+        out[j].deg = d;
+      }
+    }
+  }
+}
+
+}  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (a.rank() < 2 || b.rank() < 2) throw InterpError("matmul needs rank >= 2, got " + shape_text(a.shape) + " and " + shape_text(b.shape));
@@ -271,7 +377,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   os.push_back(m);
   os.push_back(n);
   Tensor out(os);
-  Shape sa = bstrides(ab, batch), sb = bstrides(bb, batch);
+  Shape sa = broadcast_strides(ab, batch), sb = broadcast_strides(bb, batch);
   std::int64_t nb = numel_of(batch);
   Shape idx(batch.size(), 0);
   for (std::int64_t bi = 0; bi < nb; ++bi) {
@@ -281,11 +387,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     const Num* pb = b.data.data() + ob * k * n;
     Num* po = out.data.data() + bi * m * n;
     if (!num::on()) {  // the oracle's path: the real values only
-      for (std::int64_t i = 0; i < m; ++i)
-        for (std::int64_t p = 0; p < k; ++p) {
-          double x = pa[i * k + p].d;
-          for (std::int64_t j = 0; j < n; ++j) po[i * n + j].d += x * pb[p * n + j].d;
-        }
+      real_product(pa, pb, po, m, k, n);
+    } else if (std::all_of(pa, pa + m * k, num::plain) && std::all_of(pb, pb + k * n, num::plain)) {
+      real_product(pa, pb, po, m, k, n);
+      lane_product(pa, pb, po, m, k, n);
     } else {
       for (std::int64_t i = 0; i < m; ++i)
         for (std::int64_t p = 0; p < k; ++p) {
