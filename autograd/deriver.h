@@ -392,6 +392,7 @@ class Deriver {
   void concat_vjp(bool stack);
   void rope_vjp();
   void index_add_vjp();
+  void cumsum_vjp();
   void load_balance();  // vjp_cp.cpp
   void ring_rotate();
   void ring_attention();

@@ -120,8 +120,9 @@ struct AttnShape {
     return static_cast<std::size_t>(off);
   }
 };
+// `scale`: the softmax scale of the scores (an op's `scale:`); 0 for the default 1/sqrt(D).
 AttnShape attn_shape(AttnLayout layout, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos);
+                     const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, double scale = 0);
 // Query row i of head hi (batch bi): w[j] = exp(scaled score - m), 0 where the causal mask kpos[j] > qpos[i] hides
 // key j, m the stabilizer (interp/num.h); returns z = sum of w. The one definition of attention's probabilities
 // (w / z), shared by the forward and its gradient.
@@ -131,7 +132,7 @@ Num attn_row(const AttnShape& g, bool causal, const Tensor& q, const Tensor& k, 
 // Attention kernel (ops_cp.cpp): q over k, v in `layout`, causal mask kpos[j] > qpos[i]; the output and, when
 // asked, the log-sum-exp per query row. `nm` names the op in errors.
 void attend_kernel(AttnLayout layout, bool causal, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse);
+                   const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse, double scale = 0);
 // Ring attention's log-sum-exp merge of a step (o, l) into the accumulator (O, L), in place in (o, l).
 void lse_merge(const Tensor& O, const Tensor& L, Tensor& o, Tensor& l);
 
@@ -161,6 +162,9 @@ class Runner {
   // Called after op `op` ran on rank `rank` (for a collective: once per member), when set (equiv/ records values).
   std::function<void(int op, std::int64_t rank)> after_op;
   std::int64_t failed_rank = 0;  // and the rank (the first member for a collective)
+  // The first op that chose by comparing values that are not exact constants (a mask of float data, with the lanes
+  // on): the exact lanes only follow such a choice (equiv/ never proves a program that makes one). -1: none.
+  int inexact_choice = -1;
   // When set (a shape-only pre-run with all integer inputs 0), records the range integer inputs must take:
   // Embedding ids index the table's rows, labels the logits' vocab.
   std::vector<std::int64_t>* int_range = nullptr;
@@ -249,6 +253,13 @@ class Runner {
   void rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void index_select(int oi, std::int64_t r, const std::string& taint);
   void index_add(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  // ---- masks, counts, running sums (ops_mask.cpp; the comparisons are elementwise, ops_elementwise.cpp) ----
+  void chose(int oi, const Num& a, const Num* b);  // op oi chose by the values a (and b): records an inexact choice
+  Num decide(int oi, bool v, const Num& a, const Num* b);
+  Num scalar_of(const Op& op) const;
+  void one_hot(int oi, std::int64_t r, const std::string& taint);
+  void bincount(int oi, std::int64_t r, const std::string& taint);
+  void cumsum(int oi, std::int64_t r, const std::string& taint);
 
   // ---- collectives (and the vocab-parallel loss, whose max and sum all-reduce inside) ----------------
   std::vector<std::int64_t> group(const Op& op, std::int64_t r);

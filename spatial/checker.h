@@ -198,6 +198,14 @@ class Checker {
   void embedding();
   void cross_entropy();
   void topk();
+  // ---- masks, counts, running sums (rules_mask.cpp) --------------------------------------------
+  PointwiseMap mask_map(int i) const;
+  void mask_op();
+  void one_hot();
+  void bincount();
+  void cumsum();
+  void detach();
+  bool split_sizes_ok(int s, ExprId dim);
 
   // ---- collectives --------------------------------------------------------------------------
   std::vector<int> coll_axes(bool innermost_first) const;

@@ -1,19 +1,19 @@
 // spatial/rules_math.cpp - placement and shape rules of the value ops of issue 10
 //
-// Ops: Neg/Exp/Log/Sqrt/Rsqrt, Div/Maximum/Minimum, Where. Which pending reductions pass each map is
+// Ops: Neg/Exp/Log/Sqrt/Rsqrt/Sigmoid, Div/Maximum/Minimum, Where. Which pending reductions pass each map is
 // decided by reduce_through (ir/placement.h); docs/semantics.md, section 1, says why. Dispatched from
 // Checker::apply() in rules.cpp.
 #include "spatial/checker.h"
 
 namespace spmd::detail {
 
-// Neg is linear (x -> -x: sum and avg stay, max and min swap); Exp, Log and Sqrt are monotone increasing
+// Neg is linear (x -> -x: sum and avg stay, max and min swap); Exp, Log, Sqrt and Sigmoid are monotone increasing
 // on their domain (max and min stay), Rsqrt decreasing (they swap); none of the four is additive.
 void Checker::math_unary() {
   Value& o = out() = in(0);
   PointwiseMap f = op_->kind == OpKind::Neg     ? PointwiseMap::scale(-1)
                    : op_->kind == OpKind::Rsqrt ? PointwiseMap::monotone_down()
-                                                : PointwiseMap::monotone_up();  // Exp, Log, Sqrt
+                                                : PointwiseMap::monotone_up();  // Exp, Log, Sqrt, Sigmoid
   map_partials(o, 0, f, opname());
 }
 
