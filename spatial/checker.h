@@ -182,6 +182,7 @@ class Checker {
   void linear();
   void loss_scale();
   void dropout();
+  Value* broadcast_pair(bool number_ok);
   void add_like(bool multiply);
   bool combine_layout(Value& o, int a, int i, Placement x, int j, Placement y, int ro);
   void math_unary();
@@ -205,7 +206,7 @@ class Checker {
   void bincount();
   void cumsum();
   void detach();
-  bool split_sizes_ok(int s, ExprId dim);
+  bool split_sizes_ok(int s);
 
   // ---- collectives --------------------------------------------------------------------------
   std::vector<int> coll_axes(bool innermost_first) const;

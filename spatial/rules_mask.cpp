@@ -39,12 +39,10 @@ void Checker::mask_op() {
     map_partials(o, 0, mask_map(0), k == OpKind::Not ? std::string("Not") : fmt::format("{} with {}", op, at().number));
     return;
   }
-  if (at().has_number) return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
-  if (!invariant_ok({0, 1})) return;
-  Value& o = out();
-  if (!broadcast_shape(in(0), in(1), o)) return;
+  Value* po = broadcast_pair(false);
+  if (!po) return;
+  Value& o = *po;
   o.dtype = DType::Bool;
-  o.uneven = in(0).uneven || in(1).uneven;
   int ro = o.rank;
   for (int a = 0; a < axes(); ++a) {
     Placement x = shift(pin(0, a), in(0).rank, ro), y = shift(pin(1, a), in(1).rank, ro);
@@ -126,11 +124,16 @@ void Checker::cumsum() {
 // Detach: the same value; only the backward differs (none flows through it).
 void Checker::detach() { out() = in(0); }
 
-// AllToAll's `split_sizes`: one piece of split_dim per rank of the group, adding up to the dim, and (the output
+// AllToAll's `split_sizes`: one piece of split_dim per rank of the group, adding up to the rank's piece of the dim
+// (all_to_all_single splits the local tensor: the dim divided by the axes that shard it already), and (the output
 // being S(split_dim), or per-rank values split evenly) equal to the blocks each rank holds: n/N each, or
 // torch.chunk's with `uneven: true`. False after a report.
-bool Checker::split_sizes_ok(int s, ExprId dim) {
+bool Checker::split_sizes_ok(int s) {
   const auto& sizes = p_.shapes[at().shape];
+  std::uint32_t cut = shard_mask(in(0), s);
+  ExprId dim = cut ? pool_.div(in(0).shape[static_cast<std::size_t>(s)], mask_size(cut)) : in(0).shape[static_cast<std::size_t>(s)];
+  std::string piece = cut ? fmt::format("each rank's piece of dim {} of {} (split over {} already)", s, iname(0), mask_names(cut))
+                          : fmt::format("dim {} of {}", s, iname(0));
   ExprId group = mask_size(at().axes);
   std::string names = mask_names(at().axes);
   if (!same_dim(pool_.constant(static_cast<std::int64_t>(sizes.size())), group,
@@ -138,7 +141,7 @@ bool Checker::split_sizes_ok(int s, ExprId dim) {
     return false;
   ExprId total = pool_.constant(0);
   for (ExprId e : sizes) total = pool_.add(total, e);
-  if (!same_dim(total, dim, fmt::format("AllToAll's split_sizes must add up to dim {} of {}", s, iname(0)), iname(0))) return false;
+  if (!same_dim(total, dim, fmt::format("AllToAll's split_sizes must add up to {}", piece), iname(0))) return false;
   auto n = obl_.concrete(dim), g = obl_.concrete(group);
   std::vector<std::int64_t> given;
   for (ExprId e : sizes)
@@ -157,17 +160,16 @@ bool Checker::split_sizes_ok(int s, ExprId dim) {
       return "[" + t + "]";
     };
     report(CheckId::ShapeMismatch,
-           fmt::format("AllToAll sends pieces {} of dim {} of {} ({}) to the {} ranks of {}, but S({}) over {} holds the blocks {}{}: rank i would receive "
+           fmt::format("AllToAll sends pieces {} of {} ({}) to the {} ranks of {}, but S({}) over {} holds the blocks {}{}: rank i would receive "
                        "another rank's slice",
-                       text(given), s, iname(0), *n, *g, names, s, names, text(*n % *g == 0 ? even : chunk),
+                       text(given), piece, *n, *g, names, s, names, text(*n % *g == 0 ? even : chunk),
                        *n % *g == 0 ? "" : " (torch.chunk, with `uneven: true`)"),
            iname(0), {fix(fmt::format("split_sizes: {}", text(*n % *g == 0 ? even : chunk)))});
     return false;
   }
-  ExprId piece = pool_.div(dim, group);  // symbolic: every piece must be the even block
+  ExprId block = pool_.div(dim, group);  // symbolic: every piece must be the even block
   for (std::size_t i = 0; i < sizes.size(); ++i)
-    if (!same_dim(sizes[i], piece, fmt::format("AllToAll's split size {} (rank {}) must be dim {} of {} divided by the ranks of {}", i, i, s, iname(0), names),
-                  iname(0)))
+    if (!same_dim(sizes[i], block, fmt::format("AllToAll's split size {} (rank {}) must be {} divided by the ranks of {}", i, i, piece, names), iname(0)))
       return false;
   return true;
 }

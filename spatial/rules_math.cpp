@@ -29,12 +29,9 @@ void Checker::div_minmax() {
     if (div) return (void)map_partials(o, 0, PointwiseMap::scale(1 / at().number), fmt::format("dividing by {}", at().number));
     return (void)map_partials(o, 0, PointwiseMap::monotone_up(), fmt::format("{} with {}", op, at().number));
   }
-  if (at().has_number) return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
-  if (!invariant_ok({0, 1})) return;
-  Value& o = out();
-  if (!broadcast_shape(in(0), in(1), o)) return;
-  o.dtype = in(0).dtype;
-  o.uneven = in(0).uneven || in(1).uneven;
+  Value* po = broadcast_pair(false);
+  if (!po) return;
+  Value& o = *po;
   int ro = o.rank;
   for (int a = 0; a < axes(); ++a) {
     Placement x = shift(pin(0, a), in(0).rank, ro), y = shift(pin(1, a), in(1).rank, ro);

@@ -729,13 +729,18 @@ class Gen {
   }
 
   // AllToAll's explicit `split_sizes` now and then (only for a one-axis group): the blocks of the output's
-  // S(split_dim) (even, or torch.chunk's with `uneven`), or a skewed list (DeepSpeed#8316's [4, 4, 4, 0]) that
-  // adds up to the dim, or one that does not.
+  // S(split_dim) (even, or torch.chunk's with `uneven`) of each rank's piece of the dim, or a skewed list
+  // (DeepSpeed#8316's [4, 4, 4, 0]) that adds up to it, or one that does not.
   std::string split_sizes(const GVal& x, int s, const std::string& ax, bool uneven) {
     std::size_t a = 0;
     while (a < mesh_.size() && "axis: " + mesh_[a].first != ax) ++a;
     if (a == mesh_.size() || !rng_.chance(0.3)) return "";
-    std::int64_t n = x.shape[static_cast<std::size_t>(s)], g = mesh_[a].second, step = (n + g - 1) / g;
+    std::int64_t n = x.shape[static_cast<std::size_t>(s)], g = mesh_[a].second;
+    for (std::size_t b : shard_axes(x, s)) {  // the sizes split each rank's piece of the dim (all_to_all_single's local tensor)
+      if (n % mesh_[b].second) return "";
+      n /= mesh_[b].second;
+    }
+    std::int64_t step = (n + g - 1) / g;
     std::vector<std::int64_t> sizes;
     for (std::int64_t i = 0; i < g; ++i) sizes.push_back(uneven || n % g ? std::max<std::int64_t>(0, std::min(n, (i + 1) * step) - std::min(n, i * step)) : n / g);
     double c = rng_.unit();
