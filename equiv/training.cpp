@@ -70,7 +70,9 @@ TrainingPair training_pair(const Program& p) {
     if (it == t.name_ids.end() || !last[static_cast<std::size_t>(it->second)]) continue;  // no gradient reaches it in the plan
     grads.push_back({it->second, last[static_cast<std::size_t>(it->second)]->pl, d.loc});
   }
-  if (grads.empty()) return r.why = "no parameter gets a gradient (mark parameters with `param: true`)", r;
+  // (with a spec, parameters whose gradient the spec's loss gives but the plan's does not are reported below: a loss
+  // that only reaches them through a Detach, say)
+  if (grads.empty() && !p.has_spec) return r.why = "no parameter gets a gradient (mark parameters with `param: true`)", r;
   // Names whose last write in the plan is a pending sum on some axis: a cut there would cut the summands.
   r.pending.assign(t.names.size(), 0);
   for (std::size_t n = 0; n < t.names.size(); ++n)
