@@ -35,12 +35,28 @@ void Deriver::vjp() {
     case OpKind::Exp:
     case OpKind::Log:
     case OpKind::Sqrt:
-    case OpKind::Rsqrt: return pointwise();
+    case OpKind::Rsqrt:
+    case OpKind::Sigmoid: return pointwise();
     case OpKind::Neg: return neg();
     case OpKind::Div:
       if (op_->n_in == 1) return div_scalar();
       return div_tensor_vjp();
     case OpKind::Where: return where_vjp();
+    // Masks and counts: piecewise constant in their inputs (and bool or integer, so never reached with a
+    // gradient from a float loss); Detach stops the gradient by definition. No contribution is a zero one.
+    case OpKind::Eq:
+    case OpKind::Ne:
+    case OpKind::Lt:
+    case OpKind::Le:
+    case OpKind::Gt:
+    case OpKind::Ge:
+    case OpKind::And:
+    case OpKind::Or:
+    case OpKind::Not:
+    case OpKind::OneHot:
+    case OpKind::Bincount:
+    case OpKind::Detach: return;
+    case OpKind::CumSum: return cumsum_vjp();
     case OpKind::Maximum:
     case OpKind::Minimum:
     case OpKind::ReduceMax:

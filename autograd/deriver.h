@@ -111,7 +111,7 @@ class Deriver {
         Ver v = nd + ty_.out_base[i] + k;
         cur_[static_cast<std::size_t>(outs[k])] = static_cast<std::int64_t>(v);
         ver_name_[v] = outs[k];
-        needs_[v] = any && floating(ty_.outs[v - nd].dtype);
+        needs_[v] = any && floating(ty_.outs[v - nd].dtype) && op.kind != OpKind::Detach;  // no gradient flows back through Detach
         claim(outs[k]);
       }
     }
@@ -392,6 +392,7 @@ class Deriver {
   void concat_vjp(bool stack);
   void rope_vjp();
   void index_add_vjp();
+  void cumsum_vjp();
   void load_balance();  // vjp_cp.cpp
   void ring_rotate();
   void ring_attention();

@@ -240,6 +240,8 @@ void Deriver::attention() {
       o.attrs.layout = op_->attrs.layout;
       o.attrs.axes = op_->attrs.axes;  // `cp`: the causal mask's global positions
       o.attrs.order = op_->attrs.order;
+      o.attrs.number = op_->attrs.number;  // `scale`: the forward's softmax scale
+      o.attrs.has_number = op_->attrs.has_number;
       emit(o, {dy(), fin(0), fin(1), fin(2)}, dst);
     });
 }

@@ -39,6 +39,8 @@ void Deriver::ring_attention() {
       o.attrs.layout = op_->attrs.layout;
       o.attrs.axes = op_->attrs.axes;
       o.attrs.order = op_->attrs.order;
+      o.attrs.number = op_->attrs.number;  // `scale`
+      o.attrs.has_number = op_->attrs.has_number;
       if (k == 0) {
         emit(o, {dy(), fin(0), kf, vf}, dst);
         return;

@@ -2,7 +2,8 @@
 //
 // Slice and Pad are each other's transpose; Concat's VJP slices the gradient, Split's pads each piece's
 // gradient back to the whole dim (the contributions add up); Stack slices and drops the new dim; RoPE's
-// is the rotation by the opposite angle; IndexAdd passes dy to x and selects it for the source.
+// is the rotation by the opposite angle; IndexAdd passes dy to x and selects it for the source; CumSum's is the
+// running sum the other way (dx_i = sum_{j >= i} dy_j).
 #include "autograd/deriver.h"
 
 namespace spmd::autograd_detail {
@@ -98,6 +99,15 @@ void Deriver::index_add_vjp() {
     Op o = make(OpKind::IndexSelect);
     o.attrs.dim = op_->attrs.dim;
     emit(o, {dy(), fin(1)}, dst);
+  });
+}
+
+void Deriver::cumsum_vjp() {
+  contribute_in(0, exact(0), [&](NameId dst) {
+    Op o = make(OpKind::CumSum);
+    o.attrs.dim = op_->attrs.dim;
+    o.attrs.reverse = !op_->attrs.reverse;
+    emit(o, {dy()}, dst);
   });
 }
 

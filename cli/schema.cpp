@@ -60,7 +60,6 @@ json attr_schema(const AttrSpec& a) {
     }
     case AttrType::Int:  // ranges as the loader's
       if (a.name == "src" || a.name == "dst") return {{"type", "integer"}, {"minimum", 0}, {"maximum", 1 << 20}};
-      if (a.name == "k") return {{"type", "integer"}, {"minimum", 1}, {"maximum", 1 << 20}};
       return {{"type", "integer"}, {"minimum", -kMaxRank}, {"maximum", kMaxRank - 1}};
     case AttrType::Ints:
     {
@@ -75,7 +74,11 @@ json attr_schema(const AttrSpec& a) {
     case AttrType::Placements: return placements_schema();
     case AttrType::Reduce: return {{"enum", json::array({"sum", "avg", "mean", "max", "min"})}};
     case AttrType::DType: return dtype_schema();
-    case AttrType::Shape: return shape_schema();
+    case AttrType::Shape:
+      if (a.name == "split_sizes")  // AllToAll: one size per rank of the group, 0 allowed
+        return {{"type", "array"}, {"minItems", 1}, {"maxItems", 4096},
+                {"items", {{"anyOf", json::array({{{"type", "integer"}, {"minimum", 0}, {"maximum", kMaxSize}}, {{"type", "string"}, {"minLength", 1}}})}}}};
+      return shape_schema();
     case AttrType::Name: return name_schema();
     case AttrType::Names: return names_schema();
     case AttrType::Coords: return coords_schema();

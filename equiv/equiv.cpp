@@ -176,8 +176,8 @@ bool cut_holds(const Setup& s, const std::vector<Val>& ranks, const Tensor& want
 constexpr std::uint64_t kCutKey = 0x5ea9e0c07ULL;
 
 // The cut: the lanes of every element replaced by a random function of them, keyed by the cut point (the same in
-// both runs); the double stays. Downstream of a verified cut the exact lanes see a fresh variable (degree 1). A value
-// equal bit for bit to the one `memo` (if any) holds for this point gets the same result, its evaluations counted.
+// both runs); the double stays. Downstream of a verified cut the exact lanes see a fresh variable (degree 1); an
+// exact constant (degree 0) stays as it is. A value equal bit for bit to the one `memo` (if any) holds for this point gets the same result, its evaluations counted.
 void cut_lanes(Tensor& t, int c, CutMemo* memo) {
   const auto tag = static_cast<std::uint32_t>(c) + 1;  // downstream random functions are this stage's own
   const std::size_t n = t.data.size();
@@ -194,6 +194,10 @@ void cut_lanes(Tensor& t, int c, CutMemo* memo) {
   bool plain = true;
   for (std::size_t i = 0; i < n; ++i) {
     const Num& e = src.data[i];
+    if (e.deg == 0) {  // an exact constant (integer data, positions, masks of them): no degree to cut, and a
+      o[i] = e;        // comparison downstream still decides on exact data (Runner::inexact_choice)
+      continue;
+    }
     plain &= num::plain(e);
     Num r;  // no log part, degree 1
     r.d = e.d;
@@ -653,7 +657,8 @@ std::string scope_text(const Program& p) {
 }
 
 // The first op of the plan or the spec whose result depends on a choice made by comparing values (routing, a
-// max/min reduction, a cast to integers, an input pending a max or min), or null.
+// max/min reduction, an input pending a max or min), or null. A comparison, a count or a cast to integers is a
+// choice only on data that is not an exact constant: the runs report that (Runner::inexact_choice).
 const Op* value_choice(const Program& p) {
   // an input pending a max or min: its global value is the largest (smallest) summand, chosen by value; the first
   // op that reads it stands for the choice
@@ -667,7 +672,6 @@ const Op* value_choice(const Program& p) {
     for (const auto& op : *list) {
       bool choice = op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin || op.kind == OpKind::TopKGate || op.kind == OpKind::MoEDispatch ||
                     op.kind == OpKind::AmaxUpdate || op.kind == OpKind::AmaxHistory ||
-                    (op.kind == OpKind::Cast && op.attrs.has_dtype && is_int(op.attrs.dtype)) ||
                     (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
       if (choice) return &op;
     }
@@ -1009,7 +1013,8 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   int trials = 0;
   bool staged = false;
   std::uint64_t max_degree = 0, max_uf = 0;
-  bool choices = value_choice(p) != nullptr;
+  const Op* choice = value_choice(p);  // a choice by value: static (routing, max/min), or met by a mask of float data in a run
+  bool choices = choice != nullptr;
   for (int attempt = 0; attempt < kMaxAttempts && (log2_bound > kLog2Target || choices); ++attempt) {
     std::uint64_t ts = attempt == 0 ? opt.seed : mix(opt.seed ^ (0x7e57ULL + static_cast<std::uint64_t>(attempt)));
     num::Lanes guard({ts});
@@ -1037,13 +1042,16 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     if (!run->failure.empty()) return located_failure(*run);
     if (num::trial_failed()) continue;
     if (diff) return report_difference(s, links, *diff, ts, work, res);
+    if (!choice && run->plan->inexact_choice >= 0) choice = &p.ops[static_cast<std::size_t>(run->plan->inexact_choice)];
+    if (!choice && run->model->inexact_choice >= 0) choice = &s.model.ops[static_cast<std::size_t>(run->model->inexact_choice)];
+    choices = choice != nullptr;
     ++trials;
     std::uint64_t uf = num::uf_evaluations();
     max_degree = std::max(max_degree, degree), max_uf = std::max(max_uf, uf);
     log2_bound += trial_log2_bound(degree);
   }
   std::string scope = scope_text(p);
-  if (const Op* choice = value_choice(p)) {
+  if (choice) {
     // The exact lanes follow the branch the doubles take, so they cannot see a choice made on the wrong values when
     // the drawn inputs happen to lead both programs to the same branch: equal on every trial is evidence, not proof.
     res.verdict = EquivVerdict::Unknown;
@@ -1238,6 +1246,10 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   }
   EquivResult res = check_pair(q, opt, nullptr, rp);
   if (red.run_failed) res = check_pair(p, opt, nullptr, nullptr);
+  if (res.verdict == EquivVerdict::Skipped && p.outputs.empty() && p.spec_outputs.empty()) {  // nothing but the gradients to compare
+    res.message += "; the gradients are not compared: " + tp.why;
+    for (auto& d : res.diags) d.message = res.message;
+  }
   if (res.verdict != EquivVerdict::Equivalent) return res;
   res.verdict = EquivVerdict::Unknown;
   res.message = "the forward's outputs equal the spec's, but the gradients are not compared: " + tp.why;

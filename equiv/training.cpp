@@ -71,7 +71,9 @@ TrainingPair training_pair(const Program& p) {
     if (it == t.name_ids.end() || !last[static_cast<std::size_t>(it->second)]) continue;  // no gradient reaches it in the plan
     grads.push_back({it->second, last[static_cast<std::size_t>(it->second)]->pl, d.loc});
   }
-  if (grads.empty()) return r.why = "no parameter gets a gradient (mark parameters with `param: true`)", r;
+  // (with a spec, parameters whose gradient the spec's loss gives but the plan's does not are reported below: a loss
+  // that only reaches them through a Detach, say)
+  if (grads.empty() && !p.has_spec) return r.why = "no parameter gets a gradient (mark parameters with `param: true`)", r;
   // Names whose last write in the plan is a pending sum on some axis: a cut there would cut the summands.
   r.pending.assign(t.names.size(), 0);
   for (std::size_t n = 0; n < t.names.size(); ++n)
@@ -94,20 +96,25 @@ TrainingPair training_pair(const Program& p) {
   if (!p.has_backward) r.plan_bwd = {tc.first_backward, tc.first_relabel};
   NameId plan_seed = seed.name;
   Program c;
-  if (p.has_spec) {
+  {
     // The spec's step: its forward on the same declarations, whole (R everywhere), its backward derived. Built on a
-    // copy of the plan's step so that every side table the plan's ops use stays valid in the pair.
+    // copy of the plan's step so that every side table the plan's ops use stays valid in the pair. Without a spec,
+    // the model is the plan's own forward on one device: its step derived on a mesh of ones (collectives and
+    // conversions the identity, a Mean's count the whole dim), the real mesh put back afterwards.
     NameId spec_loss = p.loss;
     for (const auto& l : p.spec_outputs)
       if (l.plan == p.loss) spec_loss = l.spec;
     bool writes = false;
-    for (const auto& op : p.spec_ops)
+    for (const auto& op : p.has_spec ? p.spec_ops : p.ops)
       for (NameId n : p.outs(op)) writes |= n == spec_loss;
     if (!writes) return r.why = fmt::format("the spec does not compute the loss {} (name it alike, or list it under the spec's outputs)", p.name(p.loss)), r;
     Program s = t;
-    s.ops = p.spec_ops;
+    s.ops = p.has_spec ? p.spec_ops : p.ops;
     s.tensors.assign(p.tensors.begin(), p.tensors.end());
-    for (auto& d : s.tensors) d.placement = Placements{}, d.uneven = false;
+    if (p.has_spec)
+      for (auto& d : s.tensors) d.placement = Placements{}, d.uneven = false;
+    else
+      for (auto& m : s.mesh) m.size = s.exprs.constant(1);
     s.loss = spec_loss;
     s.train = true;
     s.has_backward = s.has_grad_sync = s.has_spec = s.has_expect = s.local_view = false;
@@ -119,9 +126,10 @@ TrainingPair training_pair(const Program& p) {
     try {
       sc = check_training_in_place(s, undo, so);
     } catch (const LoadError& e) {
-      return r.why = fmt::format("the spec's backward cannot be derived (line {}: {})", e.loc.line, e.what()), r;
+      return r.why = fmt::format("{} backward cannot be derived (line {}: {})", p.has_spec ? "the spec's" : "the single-device step's", e.loc.line, e.what()), r;
     }
-    if (!sc.built) return r.why = "the spec's forward does not check as a single-device program", r;
+    if (!sc.built) return r.why = fmt::format("{} forward does not check as a single-device program", p.has_spec ? "the spec's" : "the plan's"), r;
+    s.mesh = t.mesh;
     // The spec's seed is the plan's input, times N: the plan's backward computes the gradients of N copies of the
     // loss (every intermediate gradient is N times the spec's), and the P(avg) relabel with grad_sync's average
     // divides by N at the end; the spec mirrors both, so intermediate gradients are comparable stage by stage.
@@ -169,15 +177,31 @@ TrainingPair training_pair(const Program& p) {
     c.ops = std::move(plan_ops);
     c.spec_ops = std::move(spec_ops);
     c.has_spec = true;
-    c.spec_loc = p.spec_loc;
+    c.spec_loc = p.has_spec ? p.spec_loc : p.loss_loc;
     c.spec_outputs = p.spec_outputs;
+    if (!p.has_spec)  // each plan output against the same name in its own single-device step
+      for (const auto& od : p.outputs) c.spec_outputs.push_back({od.name, od.name, od.loc});
     c.lineage = p.lineage;
-  } else {
-    return r.why = "gradients are compared with a spec's (`spec:`); without one only the forward is compared", r;
   }
   c.tensors.assign(p.tensors.begin(), p.tensors.end());
   c.tensors.push_back(seed);
   c.outputs = p.outputs;
+  // The loss is compared too (by the placement of its last write), unless an output already names it.
+  bool loss_out = std::any_of(c.outputs.begin(), c.outputs.end(), [&](const OutputDecl& od) { return od.name == p.loss; }) ||
+                  std::any_of(p.spec_outputs.begin(), p.spec_outputs.end(), [&](const Program::SpecLink& l) { return l.plan == p.loss; });
+  if (!loss_out && last[static_cast<std::size_t>(p.loss)]) {
+    OutputDecl od;
+    od.name = p.loss;
+    od.loc = p.loss_loc;
+    od.has_placement = true;
+    od.placement = last[static_cast<std::size_t>(p.loss)]->pl;
+    bool per_rank = false;
+    for (int a = 0; a < c.axis_count(); ++a) per_rank |= od.placement[static_cast<std::size_t>(a)].is_v();
+    if (!per_rank) {
+      c.outputs.push_back(od);
+      if (c.has_spec) c.spec_outputs.push_back({p.loss, p.loss, p.loss_loc});
+    }
+  }
   for (const auto& g : grads) {
     OutputDecl od;
     od.name = g.name;

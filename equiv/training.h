@@ -6,7 +6,8 @@
 // gradient the plan writes is compared: `<param>.grad`, read by the placement it has when it reaches the
 // optimizer, against the spec's `<param>.grad`. The seed `<loss>.grad` is the same value on every rank (each rank
 // seeds its own backward, as PyTorch's loss.backward() does); the step's P(avg) relabels of a mean loss's
-// gradients move no data and are left out.
+// gradients move no data and are left out. Without a spec the model is the plan's own step run on one device. The
+// loss is compared too (by the placement of its last write) unless an output already names it.
 #pragma once
 #include <string>
 #include <utility>

@@ -262,11 +262,31 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
         outs[0] = std::move(v);
         break;
       }
+      // `split_sizes` (all_to_all_single's input_split_sizes): each sender's offsets of the pieces it sends, evaluated on
+      // the sender (they may use axis_index); without them the torch.chunk blocks. One device: the identity.
+      std::vector<std::vector<std::int64_t>> offsets;
+      if (at.shape != kNoIndex && n > 1) {
+        const auto& sizes = p_.shapes[at.shape];
+        if (sizes.size() != n)
+          throw InterpError("AllToAll lists " + std::to_string(sizes.size()) + " split sizes for a group of " + std::to_string(n) + " ranks");
+        for (std::size_t j = 0; j < n; ++j) {
+          failed_rank = members[j];
+          std::vector<std::int64_t> off{0};
+          for (ExprId e : sizes) off.push_back(off.back() + eval(e, "a split size of AllToAll"));
+          std::int64_t have = xs[j]->t.shape[static_cast<std::size_t>(sd)];
+          if (off.back() != have)
+            throw InterpError("AllToAll's split sizes add up to " + std::to_string(off.back()) + ", but dim " + std::to_string(sd) + " of rank " +
+                              coord_text(p_, coords(members[j])) + "'s piece has " + std::to_string(have));
+          offsets.push_back(std::move(off));
+        }
+        failed_rank = members[0];
+      }
       for (std::size_t k = 0; k < n; ++k) {
         std::vector<Tensor> parts;
         for (std::size_t j = 0; j < n; ++j) {
           std::int64_t lo, hi;
-          chunk_range(xs[j]->t.shape[static_cast<std::size_t>(sd)], static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), lo, hi);
+          if (offsets.empty()) chunk_range(xs[j]->t.shape[static_cast<std::size_t>(sd)], static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), lo, hi);
+          else lo = offsets[j][k], hi = offsets[j][k + 1];
           parts.push_back(slice(xs[j]->t, sd, lo, hi));
         }
         outs[k] = *xs[k], outs[k].t = concat(parts, cd);
@@ -353,6 +373,20 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::RoPE:
     case OpKind::IndexSelect:
     case OpKind::IndexAdd:
+    case OpKind::Sigmoid:
+    case OpKind::Eq:
+    case OpKind::Ne:
+    case OpKind::Lt:
+    case OpKind::Le:
+    case OpKind::Gt:
+    case OpKind::Ge:
+    case OpKind::And:
+    case OpKind::Or:
+    case OpKind::Not:
+    case OpKind::CumSum:
+    case OpKind::Detach:
+    case OpKind::OneHot:
+    case OpKind::Bincount:
     case OpKind::ExpertCompute:
     case OpKind::MoEGateGrad:
       throw std::logic_error("step_group: not a collective: " + std::string(op_name(op.kind)));

@@ -32,7 +32,7 @@ std::int64_t Runner::cp_ring(const Op& op, int& axis) const {
 }
 
 AttnShape attn_shape(AttnLayout layout, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, std::int64_t real_d) {
+                     const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, std::int64_t real_d, double scale) {
   AttnShape g;
   if (layout == AttnLayout::BSHD) g.s = 1, g.h = 2;
   if (layout == AttnLayout::SBHD) g.s = 0, g.b = 1, g.h = 2;
@@ -44,7 +44,7 @@ AttnShape attn_shape(AttnLayout layout, const std::string& nm, const Tensor& q, 
   if (static_cast<std::int64_t>(qpos.size()) != g.SQ || static_cast<std::int64_t>(kpos.size()) != g.SK)
     throw InterpError(nm + " positions do not fit the local q and k");
   std::int64_t D = real_d > 0 ? real_d : g.D;
-  g.scale = D ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
+  g.scale = scale > 0 ? scale : D ? 1.0 / std::sqrt(static_cast<double>(D)) : 1.0;
   return g;
 }
 
@@ -70,8 +70,9 @@ Num attn_row(const AttnShape& g, bool causal, const Tensor& q, const Tensor& k, 
 // output and, when asked, the log-sum-exp of the scaled scores per query row (-inf for a row with no key).
 // The max subtracted from the scores is a stabilizer (interp/num.h): shift 0 in the field lanes.
 void attend_kernel(AttnLayout layout, bool causal, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse, std::int64_t real_d) {
-  const AttnShape g = attn_shape(layout, nm, q, k, v, qpos, kpos, real_d);
+                   const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse, std::int64_t real_d,
+                   double scale) {
+  const AttnShape g = attn_shape(layout, nm, q, k, v, qpos, kpos, real_d, scale);
   Shape os = q.shape;
   os[static_cast<std::size_t>(g.dd)] = g.DV;
   out = Tensor(os);
@@ -131,9 +132,9 @@ void Runner::attend(const Op& op, const Tensor& q, const Tensor& k, const Tensor
   if (L(k, b) != B || L(v, b) != B || L(k, dd) != D || L(v, s) != SK || L(v, h) != HK || (HK == 0 ? HQ != 0 : HQ % HK != 0))
     throw InterpError(nm + " local shapes do not fit: q " + shape_text(q.shape) + ", k " + shape_text(k.shape) + ", v " + shape_text(v.shape));
   charge(B * HQ * SQ * SK * (D + DV));
-  // the head dim (whole on every rank) the scale uses: the real one under shape reduction
+  // the head dim (whole on every rank) the default scale uses: the real one under shape reduction
   std::int64_t real_d = real_global(static_cast<int>(&op - p_.ops.data()), 0, 3);
-  attend_kernel(op.attrs.layout, op.attrs.causal, nm, q, k, v, qpos, kpos, out, lse, real_d);
+  attend_kernel(op.attrs.layout, op.attrs.causal, nm, q, k, v, qpos, kpos, out, lse, real_d, op.attrs.has_number ? op.attrs.number : 0);
 }
 
 namespace {

@@ -1,7 +1,7 @@
 // interp/ops_elementwise.cpp - the numeric oracle: elementwise ops.
 //
-// Ops: SiLU/GELU/ReLU/Cast/LossScale/Neg/Exp/Log/Sqrt/Rsqrt, Add/Sub/Multiply/Div/Maximum/Minimum, Where,
-// Dropout (the FP8 ops are in ops_fp8.cpp).
+// Ops: SiLU/GELU/ReLU/Sigmoid/Cast/LossScale/Neg/Exp/Log/Sqrt/Rsqrt/Not, Add/Sub/Multiply/Div/Maximum/Minimum,
+// the comparisons Eq/Ne/Lt/Le/Gt/Ge and And/Or, Where, Dropout (the FP8 ops are in ops_fp8.cpp).
 #include "interp/runner.h"
 
 #include <algorithm>
@@ -26,7 +26,23 @@ std::string leaves_reals(bool global, const Tensor& out, std::initializer_list<c
   return std::string(1, kExcluded) + "its value leaves the reals (a division by zero, a log or rsqrt of zero) where its inputs did not";
 }
 
-// SiLU, GELU, ReLU, Cast, LossScale, Neg, Exp, Log, Sqrt, Rsqrt: a function of each element.
+// A mask's value (1 or 0) decided by the doubles: a choice by value unless every operand is an exact constant
+// (integer data, positions: degree 0 in the lanes), which equiv/ must know (Runner::inexact_choice).
+void Runner::chose(int oi, const Num& a, const Num* b) {
+  if (num::on() && inexact_choice < 0 && (a.deg > 0 || (b && b->deg > 0))) inexact_choice = oi;
+}
+Num Runner::decide(int oi, bool v, const Num& a, const Num* b) {
+  chose(oi, a, b);
+  return Num(v ? 1.0 : 0.0);
+}
+
+// The `scalar` of op `oi` on this rank: a number, or (local view) a size expression of axis_index.
+Num Runner::scalar_of(const Op& op) const {
+  ExprId e = p_.scalar_expr(op);
+  return e < 0 ? Num(op.attrs.number) : Num(static_cast<double>(eval(e, "the scalar of " + std::string(op_name(op.kind)))));
+}
+
+// SiLU, GELU, ReLU, Sigmoid, Cast, LossScale, Neg, Exp, Log, Sqrt, Rsqrt, Not: a function of each element.
 void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   const OpAttrs& at = op.attrs;
@@ -39,14 +55,23 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   if (k == OpKind::SiLU) map([](const Num& x) { return silu(x); });
   else if (k == OpKind::GELU) map([](const Num& x) { return gelu(x); });
   else if (k == OpKind::ReLU) map([](const Num& x) { return relu(x); });
-  else if (k == OpKind::Cast && at.has_dtype && is_int(dt))  // to an integer type: integer data, exact (decided by d)
-    map([dt](const Num& x) { return Num(dt == DType::Bool ? (x.d != 0 ? 1.0 : 0.0) : std::trunc(x.d)); });
+  else if (k == OpKind::Cast && at.has_dtype && is_int(dt))  // to an integer type: integer data, exact (decided by d: a choice on inexact data)
+    map([this, oi, dt](const Num& x) {
+      chose(oi, x, nullptr);
+      return Num(dt == DType::Bool ? (x.d != 0 ? 1.0 : 0.0) : std::trunc(x.d));
+    });
   else if (k == OpKind::LossScale) map([s = Num(at.number)](const Num& x) { return x * s; });
   else if (k == OpKind::Neg) map([](const Num& x) { return -x; });
   else if (k == OpKind::Exp) map([](const Num& x) { return exp(x); });
   else if (k == OpKind::Log) map([](const Num& x) { return log(x); });
   else if (k == OpKind::Sqrt) map([](const Num& x) { return sqrt(x); });
   else if (k == OpKind::Rsqrt) map([](const Num& x) { return rsqrt(x); });
+  else if (k == OpKind::Sigmoid)  // 1 / (1 + exp(-x)) with the lane exp (docs/equivalence.md)
+    map([](const Num& x) {
+      const Num one = 1.0;  // made here: a constant's lanes are set only while the lanes are on
+      return one / (one + exp(-x));
+    });
+  else if (k == OpKind::Not) map([this, oi](const Num& x) { return decide(oi, x.d == 0, x, nullptr); });
   else map([](const Num& x) { return x; });
   std::string t = was_finite ? leaves_reals(true, v.t, {}, taint) : taint;
   return set_out(oi, r, 0, std::move(v), t);
@@ -54,12 +79,13 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
 
 void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
-  // The dispatcher sends only Add, Sub, Multiply, Div, Maximum and Minimum here; picked once, not per element.
+  // The dispatcher sends only Add, Sub, Multiply, Div, Maximum, Minimum, the comparisons, And and Or here; picked
+  // once, not per element.
   const OpKind k = op.kind;
   auto apply = [&](auto f) {
     if (op.n_in == 1) {
       Val v = in(oi, r, 0);
-      const Num s = op.attrs.number;
+      const Num s = scalar_of(op);
       v.t = unary(v.t, [&](const Num& a) { return f(a, s); });
       return set_out(oi, r, 0, std::move(v), taint);
     }
@@ -74,7 +100,17 @@ void Runner::elementwise(int oi, std::int64_t r, const std::vector<std::int64_t>
     std::string t = leaves_reals(global_, o.t, {&xl, &yl}, taint);
     set_out(oi, r, 0, std::move(o), t);
   };
-  if (k == OpKind::Add) apply([](const Num& a, const Num& b) { return a + b; });
+  // The comparisons and And/Or: a bool mask decided by value (decide: integer data is exact).
+  auto mask = [this, oi](auto pred) { return [this, oi, pred](const Num& a, const Num& b) { return decide(oi, pred(a.d, b.d), a, &b); }; };
+  if (k == OpKind::Eq) apply(mask([](double a, double b) { return a == b; }));
+  else if (k == OpKind::Ne) apply(mask([](double a, double b) { return a != b; }));
+  else if (k == OpKind::Lt) apply(mask([](double a, double b) { return a < b; }));
+  else if (k == OpKind::Le) apply(mask([](double a, double b) { return a <= b; }));
+  else if (k == OpKind::Gt) apply(mask([](double a, double b) { return a > b; }));
+  else if (k == OpKind::Ge) apply(mask([](double a, double b) { return a >= b; }));
+  else if (k == OpKind::And) apply(mask([](double a, double b) { return a != 0 && b != 0; }));
+  else if (k == OpKind::Or) apply(mask([](double a, double b) { return a != 0 || b != 0; }));
+  else if (k == OpKind::Add) apply([](const Num& a, const Num& b) { return a + b; });
   else if (k == OpKind::Sub) apply([](const Num& a, const Num& b) { return a - b; });
   else if (k == OpKind::Div) apply([](const Num& a, const Num& b) { return a / b; });
   else if (k == OpKind::Maximum) apply([](const Num& a, const Num& b) { return max2(a, b); });

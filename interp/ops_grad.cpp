@@ -99,6 +99,12 @@ void Runner::pointwise_grad(int oi, std::int64_t r, const std::vector<std::int64
       Num s = one / (one + exp(-a));
       return g * (s + a * s * (one - s));
     });
+  else if (of == "Sigmoid")
+    apply([](const Num& g, const Num& a) {
+      const Num one = 1.0;
+      Num s = one / (one + exp(-a));
+      return g * (s * (one - s));  // exact: the derivative of the forward's lane formula
+    });
   else if (of == "GELU")
     apply([](const Num& g, const Num& a) {
       double cdf = 0.5 * (1 + std::erf(a.d / std::sqrt(2.0))), pdf = std::exp(-0.5 * a.d * a.d) / std::sqrt(2 * std::numbers::pi);
@@ -183,8 +189,9 @@ namespace {
 // dV = P^T dY, dP = dY V^T, D = rowsum(P * dP), dS = P * (dP - D), dQ = scale dS K, dK = scale dS^T Q;
 // the query heads of a kv head (GQA) add into its dK and dV.
 void attend_grad_kernel(AttnLayout layout, bool causal, const Tensor& dy, const Tensor& q, const Tensor& k, const Tensor& v,
-                        const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor* dq, Tensor* dk, Tensor* dv, std::int64_t real_d) {
-  const AttnShape g = attn_shape(layout, "AttentionGrad", q, k, v, qpos, kpos, real_d);
+                        const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor* dq, Tensor* dk, Tensor* dv, std::int64_t real_d,
+                        double scale) {
+  const AttnShape g = attn_shape(layout, "AttentionGrad", q, k, v, qpos, kpos, real_d, scale);
   Shape ys = q.shape;
   ys[static_cast<std::size_t>(g.dd)] = g.DV;
   if (dy.shape != ys) throw InterpError("AttentionGrad dy has local shape " + shape_text(dy.shape) + ", the attention output " + shape_text(ys));
@@ -250,7 +257,7 @@ void Runner::attention_grad(int oi, std::int64_t r, const std::vector<std::int64
   std::int64_t B = q.t.numel() / std::max<std::int64_t>(1, SQ * q.t.shape[static_cast<std::size_t>(dd)]);
   charge(B * SQ * SK * (q.t.shape[static_cast<std::size_t>(dd)] + v.t.shape[static_cast<std::size_t>(dd)]) * 2);
   attend_grad_kernel(op.attrs.layout, op.attrs.causal, dyl, q.t, k.t, v.t, qpos, kpos, wrt == 0 ? &o.t : nullptr, wrt == 1 ? &o.t : nullptr,
-                     wrt == 2 ? &o.t : nullptr, real_global(oi, 1, 3));
+                     wrt == 2 ? &o.t : nullptr, real_global(oi, 1, 3), op.attrs.has_number ? op.attrs.number : 0);
   set_out(oi, r, 0, std::move(o), taint);
 }
 

@@ -103,7 +103,7 @@ void Runner::topk(int oi, std::int64_t r, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   const Val& x = in(oi, r, 0);
   if (x.t.rank() < 1) throw InterpError("TopKGate needs an expert dim");
-  std::int64_t E = x.t.shape.back(), K = op.attrs.k;
+  std::int64_t E = x.t.shape.back(), K = size_of(op, "k", 1);
   if (K > E) throw InterpError("TopKGate k = " + std::to_string(K) + " exceeds the " + std::to_string(E) + " local experts");
   Val vals, idxs;
   vals.gshape = idxs.gshape = x.gshape;

@@ -367,7 +367,15 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::Multiply:
     case OpKind::Div:
     case OpKind::Maximum:
-    case OpKind::Minimum: return elementwise(oi, r, c, taint);
+    case OpKind::Minimum:
+    case OpKind::Eq:
+    case OpKind::Ne:
+    case OpKind::Lt:
+    case OpKind::Le:
+    case OpKind::Gt:
+    case OpKind::Ge:
+    case OpKind::And:
+    case OpKind::Or: return elementwise(oi, r, c, taint);
     case OpKind::Where: return where(oi, r, c, taint);
     case OpKind::ExpertCompute: return matmul(oi, r, c, taint);
     case OpKind::Neg:
@@ -375,6 +383,8 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::Log:
     case OpKind::Sqrt:
     case OpKind::Rsqrt:
+    case OpKind::Sigmoid:
+    case OpKind::Not:
     case OpKind::SiLU:
     case OpKind::GELU:
     case OpKind::ReLU:
@@ -419,6 +429,10 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::RoPE: return rope(oi, r, c, taint);
     case OpKind::IndexSelect: return index_select(oi, r, taint);
     case OpKind::IndexAdd: return index_add(oi, r, c, taint);
+    case OpKind::OneHot: return one_hot(oi, r, taint);
+    case OpKind::Bincount: return bincount(oi, r, taint);
+    case OpKind::CumSum: return cumsum(oi, r, taint);
+    case OpKind::Detach: return set_out(oi, r, 0, in(oi, r, 0), taint);  // the same value (only the backward differs)
     case OpKind::Send: return send(oi, r);
     case OpKind::Recv: return recv(oi, r, c);
     case OpKind::Wait:

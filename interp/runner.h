@@ -116,9 +116,10 @@ struct AttnShape {
     return static_cast<std::size_t>(off);
   }
 };
-// `real_d` (> 0): the head dim the score scale 1/sqrt(D) uses when the run is at reduced sizes (Runner::real_shapes).
+// `real_d` (> 0): the head dim the default score scale 1/sqrt(D) uses when the run is at reduced sizes
+// (Runner::real_shapes); `scale`: the softmax scale of the scores (an op's `scale:`), 0 for the default.
 AttnShape attn_shape(AttnLayout layout, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, std::int64_t real_d = 0);
+                     const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, std::int64_t real_d = 0, double scale = 0);
 // Query row i of head hi (batch bi): w[j] = exp(scaled score - m), 0 where the causal mask kpos[j] > qpos[i] hides
 // key j, m the stabilizer (interp/num.h); returns z = sum of w. The one definition of attention's probabilities
 // (w / z), shared by the forward and its gradient.
@@ -128,7 +129,8 @@ Num attn_row(const AttnShape& g, bool causal, const Tensor& q, const Tensor& k, 
 // Attention kernel (ops_cp.cpp): q over k, v in `layout`, causal mask kpos[j] > qpos[i]; the output and, when
 // asked, the log-sum-exp per query row. `nm` names the op in errors.
 void attend_kernel(AttnLayout layout, bool causal, const std::string& nm, const Tensor& q, const Tensor& k, const Tensor& v,
-                   const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse, std::int64_t real_d = 0);
+                   const std::vector<std::int64_t>& qpos, const std::vector<std::int64_t>& kpos, Tensor& out, Tensor* lse, std::int64_t real_d = 0,
+                   double scale = 0);
 // Ring attention's log-sum-exp merge of a step (o, l) into the accumulator (O, L), in place in (o, l).
 void lse_merge(const Tensor& O, const Tensor& L, Tensor& o, Tensor& l);
 
@@ -169,6 +171,9 @@ class Runner {
   // 1/sqrt(D), RoPE's D) reads it through real_count, so the reduced run computes each element by the formula the
   // real program uses, over fewer elements. Null: no reduction (the extents are the real ones).
   const std::vector<std::vector<Shape>>* real_shapes = nullptr;
+  // The first op that chose by comparing values that are not exact constants (a mask of float data, with the lanes
+  // on): the exact lanes only follow such a choice (equiv/ never proves a program that makes one). -1: none.
+  int inexact_choice = -1;
   // When set (a shape-only pre-run with all integer inputs 0), records the range integer inputs must take:
   // Embedding ids index the table's rows, labels the logits' vocab.
   std::vector<std::int64_t>* int_range = nullptr;
@@ -266,6 +271,13 @@ class Runner {
   void rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void index_select(int oi, std::int64_t r, const std::string& taint);
   void index_add(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  // ---- masks, counts, running sums (ops_mask.cpp; the comparisons are elementwise, ops_elementwise.cpp) ----
+  void chose(int oi, const Num& a, const Num* b);  // op oi chose by the values a (and b): records an inexact choice
+  Num decide(int oi, bool v, const Num& a, const Num* b);
+  Num scalar_of(const Op& op) const;
+  void one_hot(int oi, std::int64_t r, const std::string& taint);
+  void bincount(int oi, std::int64_t r, const std::string& taint);
+  void cumsum(int oi, std::int64_t r, const std::string& taint);
 
   // ---- collectives (and the vocab-parallel loss, whose max and sum all-reduce inside) ----------------
   std::vector<std::int64_t> group(const Op& op, std::int64_t r);

@@ -194,12 +194,12 @@ ExprId Loader::parse_expr(N n, const What& what, bool op_attr) {
     return p_.exprs.parse(text, [&](std::string_view name) -> std::optional<ExprId> {
       auto it = p_.sizes.find(std::string(name));
       if (it != p_.sizes.end()) return it->second;
-      if (local) {  // in a local-view op, a mesh axis name is its size (1 in the single-device run)
+      if (op_attr) {  // in an op's size attribute a mesh axis name is its size (local view: per rank, 1 in the single-device run)
         int ax = mesh_axis(name);
-        if (ax >= 0) return p_.exprs.axis_size(ax, std::string(name));
+        if (ax >= 0) return local ? p_.exprs.axis_size(ax, std::string(name)) : p_.mesh[static_cast<std::size_t>(ax)].size;
       }
       for (const auto& [k, v] : p_.sizes) known.push_back(k);
-      if (local) for (const auto& ax : p_.mesh) known.push_back(ax.name);
+      if (op_attr) for (const auto& ax : p_.mesh) known.push_back(ax.name);
       std::sort(known.begin(), known.end());
       fail(n, "unknown size '" + std::string(name) + "' in " + what.str() + suggestion(std::string(name), known) +
                   (known.empty() ? " (declare it under `sizes`)" : " (known sizes: " + join(known) + ")"));
@@ -378,13 +378,13 @@ void Loader::load_shard_order(N n, Placements& pl, const std::string& what) {
   }
 }
 
-std::vector<ExprId> Loader::load_shape(N n, const What& what, std::vector<Loc>* locs) {
+std::vector<ExprId> Loader::load_shape(N n, const What& what, std::vector<Loc>* locs, bool op_attr) {
   if (!n.IsSequence()) fail(n, "the shape of " + what.str() + " must be a list of sizes, e.g. [B, 128, H]");
   if (n.size() > static_cast<std::size_t>(kMaxRank)) fail(n, what.str() + " has rank " + std::to_string(n.size()) + "; the limit is 8");
   std::vector<ExprId> shape;
   std::int64_t elems = 1;
   for (const auto& d : n) {
-    ExprId e = parse_expr(d, What("a dim of ", what));
+    ExprId e = parse_expr(d, What("a dim of ", what), op_attr);
     if (p_.exprs.is_const(e)) {
       std::int64_t v = p_.exprs.value(e);
       if (v < 1) fail(d, "dims of " + what.str() + " must be positive, got " + std::to_string(v));

@@ -87,6 +87,21 @@ inline bool parse_bool(std::string_view s, bool& v) {
   return false;
 }
 
+// Range checks of the number and size attributes of issue 23's ops, shared by load_attr and the JSON path: what
+// is wrong with value `v` of attribute `name` of `kind`, or null when it is in range.
+inline const char* number_range_error(OpKind kind, std::string_view name, double v) {
+  bool attention = kind == OpKind::FlashAttention || kind == OpKind::AttentionGrad || kind == OpKind::RingAttention || kind == OpKind::RingAttentionStep;
+  if (attention && name == "scale" && !(v > 0)) return "must be positive (the softmax scale of the scores, default 1/sqrt(D))";
+  return nullptr;
+}
+inline const char* size_range_error(OpKind kind, std::string_view name, std::int64_t v) {
+  if (v >= 1) return nullptr;
+  if (kind == OpKind::TopKGate && name == "k") return "must be at least 1 (the experts each token picks)";
+  if (kind == OpKind::OneHot && name == "classes") return "must be at least 1 (the number of classes)";
+  if (kind == OpKind::Bincount && name == "length") return "must be at least 1 (the number of bins)";
+  return nullptr;
+}
+
 inline const std::vector<std::string> kTopKeys = {"name", "description", "mesh", "sizes", "tensors", "ops", "outputs",
                                                  "expect", "programs", "schedule", "train", "backward", "p2p_model",
                                                  "loss", "grad_sync", "modules", "include", "spec", "view"};
@@ -132,7 +147,8 @@ class Loader {
 
  private:
   // ---- sizes and expressions ----------------------------------------------------------------
-  // `op_attr`: an op's size attribute, where a local-view program may use axis_index(NAME) and axis names as sizes.
+  // `op_attr`: an op's size attribute, where a mesh axis name is that axis' size (`end: S/cp`) and a local-view
+  // program may use axis_index(NAME).
   ExprId parse_expr(N n, const What& what, bool op_attr = false);
   void load_view(N n);
   ExprId constant(std::int64_t v);  // p_.exprs.constant through a small cache
@@ -146,7 +162,8 @@ class Loader {
   Placement one_placement(N v);
   // A placement map {axis: P} or a list in mesh order. `rank` < 0: S(d) range checked later.
   Placements load_placements(N n, int rank, const What& what);
-  std::vector<ExprId> load_shape(N n, const What& what, std::vector<Loc>* locs);
+  // `op_attr`: an op's `shape` attribute (mesh axis names are sizes; axis_index in a local-view program).
+  std::vector<ExprId> load_shape(N n, const What& what, std::vector<Loc>* locs, bool op_attr = false);
   double scale_expr(N v, const std::string& what);
   // ---- tensors ------------------------------------------------------------------------------
   void load_tensors(N n);
@@ -167,6 +184,7 @@ class Loader {
   std::vector<std::pair<int, std::int64_t>> load_coords(N v, const std::string& what);
   void load_op(N item);
   std::int64_t attr_int(N v, const std::string& what, std::int64_t lo, std::int64_t hi);
+  void load_split_sizes(Op& op, N v, const std::string& what);
   void load_attr(Op& op, const AttrSpec& spec, N v, const std::string& where);
   // A tensor or handle name as written: renamed inside a module instance.
   NameId name_id(std::string_view written);

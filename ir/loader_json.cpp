@@ -259,7 +259,6 @@ bool Loader::load_op_json(RawJson& at) {
         if (v.list) return false;
         std::int64_t lo = -kMaxRank, hi = kMaxRank - 1;
         if (n == "src" || n == "dst") lo = 0, hi = 1 << 20;
-        else if (n == "k") lo = 1, hi = 1 << 20;
         else if (n == "step") lo = 0, hi = 1 << 20;
         else if (n == "margin") lo = 0, hi = 64;
         if (!int_in(v.text, lo, hi, a.ints[0])) return false;
@@ -287,6 +286,7 @@ bool Loader::load_op_json(RawJson& at) {
         if (n == "p" && (d < 0 || d >= 1)) return false;
         if (n == "scalar" && d == 0 && *kind == OpKind::Div) return false;
         if (n == "capacity_factor" && (d <= 0 || d > 1e6)) return false;
+        if (number_range_error(*kind, n, d)) return false;
         a.number = d;
         has_number = true;
         break;
@@ -319,7 +319,7 @@ bool Loader::load_op_json(RawJson& at) {
         break;
       }
       case AttrType::Shape:
-        if (!plain_shape(v, a.ints) || (n == "buffer" && v.n != 2)) return false;
+        if (n == "split_sizes" || !plain_shape(v, a.ints) || (n == "buffer" && v.n != 2)) return false;  // split sizes: the general path
         a.n = v.n;
         break;
       case AttrType::Name:
@@ -333,7 +333,7 @@ bool Loader::load_op_json(RawJson& at) {
         break;
       }
       case AttrType::Size:
-        if (v.list || !plain_size(v.text, a.ints[0]) || a.ints[0] > kMaxSize) return false;
+        if (v.list || !plain_size(v.text, a.ints[0]) || a.ints[0] > kMaxSize || size_range_error(*kind, n, a.ints[0])) return false;
         break;
       case AttrType::Placements:
       case AttrType::Names:
@@ -382,7 +382,7 @@ bool Loader::load_op_json(RawJson& at) {
       case AttrType::Axes: o.axes |= a.axes; break;
       case AttrType::Int:
         if (n == "src" || n == "dst") o.rank = static_cast<std::int32_t>(a.ints[0]);
-        else if (n == "k" || n == "step" || n == "margin") o.k = static_cast<std::int32_t>(a.ints[0]);
+        else if (n == "step" || n == "margin") o.k = static_cast<std::int32_t>(a.ints[0]);
         else if (n == "concat_dim") o.dim2 = static_cast<std::int16_t>(a.ints[0]);
         else o.dim = static_cast<std::int16_t>(a.ints[0]);
         break;
@@ -402,6 +402,7 @@ bool Loader::load_op_json(RawJson& at) {
         else if (n == "dropless") o.dropless = b;
         else if (n == "inverse") o.inverse = b;
         else if (n == "uneven") o.uneven = b;
+        else if (n == "reverse") o.reverse = b;
         break;
       }
       case AttrType::Placement:

@@ -11,7 +11,8 @@ namespace spmd::load_detail {
 namespace {
 
 // A scale constant written as an expression of sizes (`scalar: 1/dp`, `scale: 1/(dp*cp)`, `0.5*H`,
-// `1/sqrt(D)`): numbers, size names and mesh axis names (their sizes) with + - * / ( ) and sqrt( ).
+// `1/sqrt(D)`, MLA's `(0.1*log(40) + 1)*(0.1*log(40) + 1)/sqrt(D)`): numbers, size names and mesh axis names
+// (their sizes) with + - * / ( ), sqrt( ) and log( ) (natural).
 // Evaluated in double precision; every name must have a concrete value. Throws ExprError(offset, why).
 class ScaleParser {
  public:
@@ -80,12 +81,13 @@ class ScaleParser {
       std::size_t at = i_;
       while (i_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[i_])) || s_[i_] == '_')) ++i_;
       std::string_view name = s_.substr(at, i_ - at);
-      if (name == "sqrt") {
-        if (!eat('(')) throw ExprError(i_, "expected '(' after sqrt");
+      if (name == "sqrt" || name == "log") {
+        if (!eat('(')) throw ExprError(i_, "expected '(' after " + std::string(name));
         double v = sum();
         if (!eat(')')) throw ExprError(i_, "expected ')'");
-        if (v < 0) throw ExprError(at, "sqrt of a negative value");
-        return std::sqrt(v);
+        if (name == "sqrt" && v < 0) throw ExprError(at, "sqrt of a negative value");
+        if (name == "log" && !(v > 0)) throw ExprError(at, "log of a value that is not positive");
+        return name == "sqrt" ? std::sqrt(v) : std::log(v);
       }
       auto v = lookup_(name);
       if (!v) throw ExprError(at, "unknown size '" + std::string(name) + "'");
@@ -320,6 +322,19 @@ void Loader::load_op(N item) {
       fail(item, where + " needs attribute `" + a.name + "` (" + attr_type_name(a) + ")");
   if (op.kind == OpKind::MoEDispatch && op.attrs.dropless && op.attrs.has_number)
     fail(item["capacity_factor"], where + " is `dropless: true`, so it drops no token and takes no `capacity_factor`; remove one of them");
+  if (op.kind == OpKind::AllToAll && op.attrs.shape != kNoIndex) {  // one split size per rank of the group, when its size is known
+    std::int64_t group = 1;
+    bool known = op.attrs.bad_axis == kNoIndex;
+    for (std::size_t i = 0; i < p_.mesh.size() && known; ++i)
+      if (op.attrs.axes & (1u << i)) {
+        known = p_.exprs.is_const(p_.mesh[i].size);
+        if (known) group *= p_.exprs.value(p_.mesh[i].size);
+      }
+    std::size_t n = p_.shapes[op.attrs.shape].size();
+    if (known && static_cast<std::int64_t>(n) != group)
+      fail(item["split_sizes"], where + " lists " + std::to_string(n) + " split size" + (n == 1 ? "" : "s") + ", but its group has " + std::to_string(group) +
+                                    " ranks: give one per rank");
+  }
   std::vector<NameId>& ins = ins_;
   std::vector<NameId>& outs = outs_;
   load_names_into(item["in"], "`in` of ", where, ins);
@@ -338,6 +353,21 @@ void Loader::load_op(N item) {
     for (std::size_t j = 0; j < i; ++j)
       if (outs[i] == outs[j]) fail(item["out"], where + " writes '" + p_.name(outs[i]) + "' twice");
   p_.add_op(*target_, op, ins, outs);
+}
+
+// AllToAll's `split_sizes: [4, 4, 4, 0]`: one size expression per rank of the group (0 allowed), in Program::shapes.
+void Loader::load_split_sizes(Op& op, N v, const std::string& what) {
+  if (!v.IsSequence() || v.size() == 0) fail(v, what + " must be a non-empty list of sizes, one per rank of the group, e.g. [3, 3, 3, 3]");
+  if (v.size() > 4096) fail(v, what + " lists " + std::to_string(v.size()) + " sizes; the limit is 4096");
+  std::vector<ExprId> sizes;
+  for (const auto& x : v) {
+    ExprId e = parse_expr(x, what, true);
+    if (p_.exprs.is_const(e) && p_.exprs.value(e) < 0) fail(x, what + " must not be negative, got " + std::to_string(p_.exprs.value(e)));
+    if (p_.exprs.is_const(e) && p_.exprs.value(e) > kMaxSize) fail(x, what + " is too large (the limit is 2^40)");
+    sizes.push_back(e);
+  }
+  op.attrs.shape = static_cast<std::uint32_t>(p_.shapes.size());
+  p_.shapes.push_back(std::move(sizes));
 }
 
 std::int64_t Loader::attr_int(N v, const std::string& what, std::int64_t lo, std::int64_t hi) {
@@ -376,7 +406,6 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
     }
     case AttrType::Int:
       if (n == "src" || n == "dst") a.rank = static_cast<std::int32_t>(attr_int(v, what, 0, 1 << 20));
-      else if (n == "k") a.k = static_cast<std::int32_t>(attr_int(v, what, 1, 1 << 20));
       else if (n == "step") a.k = static_cast<std::int32_t>(attr_int(v, what, 0, 1 << 20));
       else if (n == "margin") a.k = static_cast<std::int32_t>(attr_int(v, what, 0, 64));  // FP8Scale: scale / 2^margin
       else if (n == "concat_dim") a.dim2 = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
@@ -398,6 +427,20 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       char* end = nullptr;
       double d = std::strtod(s.c_str(), &end);
       if (s.empty()) fail(v, what + " must be a finite number, got " + kind_of(v));
+      if (s.find("axis_index") != std::string::npos) {  // a per-rank scalar (local view): a size expression
+        if (n != "scalar")
+          fail(v, what + " cannot use axis_index: only `scalar` and the size attributes of ops may depend on the rank's coordinate");
+        if (!p_.local_view)
+          fail(v, what + " uses axis_index, which needs a local-view program: add `view: local` at the top level (in the global view a scalar is the "
+                         "same on every rank)");
+        ExprId e = parse_expr(v, what, true);
+        a.number = 0;
+        a.has_number = true;
+        a.scalar_expr = true;
+        a.sizes = static_cast<std::uint32_t>(p_.shapes.size());
+        p_.shapes.push_back({e});
+        return;
+      }
       bool expr = s.find_first_of("/*()+") != std::string::npos || std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_';
       if (end != s.c_str() + s.size() && expr) d = scale_expr(v, what);  // an expression of sizes: 1/dp, 1/(dp*cp)
       else if (end != s.c_str() + s.size()) fail(v, what + " must be a finite number, got " + kind_of(v));
@@ -405,6 +448,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       if (n == "p" && (d < 0 || d >= 1)) fail(v, what + " must be in [0, 1)");
       if (n == "scalar" && d == 0 && op.kind == OpKind::Div) fail(v, what + " must not be 0 (Div divides by it)");
       if (n == "capacity_factor" && (d <= 0 || d > 1e6)) fail(v, what + " must be in (0, 1e6], got " + s);
+      if (const char* why = number_range_error(op.kind, n, d)) fail(v, what + " " + why + ", got " + s);
       a.number = d;
       a.has_number = true;
       return;
@@ -417,6 +461,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       else if (n == "dropless") a.dropless = b;
       else if (n == "inverse") a.inverse = b;
       else if (n == "uneven") a.uneven = b;
+      else if (n == "reverse") a.reverse = b;
       return;
     }
     case AttrType::Placement: {
@@ -442,8 +487,9 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
         fail(v, what + " must be an fp8 dtype (fp8_e4m3 or fp8_e5m2), got " + v.Scalar());
       return;
     case AttrType::Shape:
+      if (n == "split_sizes") return load_split_sizes(op, v, what);
       a.shape = static_cast<std::uint32_t>(p_.shapes.size());
-      p_.shapes.push_back(load_shape(v, "`" + n + "` of " + where, nullptr));
+      p_.shapes.push_back(load_shape(v, "`" + n + "` of " + where, nullptr, true));
       if (n == "buffer" && p_.shapes.back().size() != 2) fail(v, what + " must list two sizes, [experts, capacity], got " + std::to_string(p_.shapes.back().size()));
       return;
     case AttrType::Name:
@@ -464,6 +510,8 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       ExprId e = parse_expr(v, what, true);
       if (p_.exprs.is_const(e) && p_.exprs.value(e) < 0) fail(v, what + " must not be negative, got " + std::to_string(p_.exprs.value(e)));
       if (p_.exprs.is_const(e) && p_.exprs.value(e) > kMaxSize) fail(v, what + " is too large (the limit is 2^40)");
+      if (p_.exprs.is_const(e))
+        if (const char* why = size_range_error(op.kind, n, p_.exprs.value(e))) fail(v, what + " " + why + ", got " + std::to_string(p_.exprs.value(e)));
       p_.set_size_attr(op, n, e);
       return;
     }

@@ -151,7 +151,7 @@ void Loader::load_spec(N root) {
     if (std::none_of(p_.spec_outputs.begin(), p_.spec_outputs.end(), [&](const Program::SpecLink& l) { return l.plan == o.name; }))
       fail(outs, "plan output '" + p_.name(o.name) + "' (line " + std::to_string(o.loc.line) +
                      ") is not compared with the spec: name it in `outputs` of `spec` (or map it to a spec tensor), or remove it from `outputs:`");
-  if (p_.spec_outputs.empty())
+  if (p_.spec_outputs.empty() && !(p_.loss >= 0 && (p_.train || p_.has_backward)))  // a training step compares its loss and gradients
     fail(outs.IsDefined() ? outs : key,
          "`spec` compares nothing: declare the plan's results under `outputs:` (with their placements) and name "
          "them in `outputs` of `spec`");

@@ -54,7 +54,6 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     }
     case AttrType::Int:
       if (n == "src" || n == "dst") return a.rank >= 0 ? std::optional(std::to_string(a.rank)) : std::nullopt;
-      if (n == "k") return a.k > 0 ? std::optional(std::to_string(a.k)) : std::nullopt;
       if (n == "step") return std::to_string(a.k);
       if (n == "concat_dim") return a.dim2 != kUnset ? std::optional(std::to_string(a.dim2)) : std::nullopt;
       return a.dim != kUnset ? std::optional(std::to_string(a.dim)) : std::nullopt;
@@ -64,9 +63,11 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
       for (int d : p.int_lists[a.dims]) s += (s.empty() ? "" : ", ") + std::to_string(d);
       return "[" + s + "]";
     }
-    case AttrType::Number: return a.has_number ? std::optional(number(a.number)) : std::nullopt;
+    case AttrType::Number:
+      if (a.scalar_expr) return p.expr_str(p.scalar_expr(op));
+      return a.has_number ? std::optional(number(a.number)) : std::nullopt;
     case AttrType::Bool: {
-      bool v = n == "keepdim" ? a.keepdim : n == "causal" ? a.causal : n == "dropless" ? a.dropless : n == "inverse" ? a.inverse : n == "uneven" ? a.uneven : a.vocab_parallel;
+      bool v = n == "keepdim" ? a.keepdim : n == "causal" ? a.causal : n == "dropless" ? a.dropless : n == "inverse" ? a.inverse : n == "uneven" ? a.uneven : n == "reverse" ? a.reverse : a.vocab_parallel;
       return v ? std::optional<std::string>("true") : std::nullopt;
     }
     case AttrType::Placement:

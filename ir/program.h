@@ -154,6 +154,8 @@ struct OpAttrs {
   bool dst_invariant : 1 = false;     // AllReduce/AllGather `dst: I`
   bool inverse : 1 = false;           // RoPE `inverse: true` (rotate by -angle: its VJP)
   bool uneven : 1 = false;            // a shard-creating op's `uneven: true`: torch.chunk layout, need not divide
+  bool scalar_expr : 1 = false;       // `scalar` is a per-rank size expression (local view, axis_index): Program::scalar_expr
+  bool reverse : 1 = false;           // CumSum `reverse: true`
   std::uint8_t choice = kNoChoice;    // any other enum attribute (`of`, `wrt`): index into its choices
   std::uint8_t order = 0;             // `order` of the context-parallel attention: 0 contiguous, 1 zigzag
 };
@@ -282,6 +284,8 @@ struct Program {
   ExprId size_attr(const Op& op, std::string_view attr) const;
   // The slot of size attribute `attr` among the size attributes of `kind` (-1: the op has none by that name), and their count.
   static int size_slot(OpKind kind, std::string_view attr, int* count = nullptr);
+  // The expression of a per-rank `scalar` (OpAttrs::scalar_expr, written with axis_index in the local view), or -1.
+  ExprId scalar_expr(const Op& op) const { return op.attrs.scalar_expr ? shapes[op.attrs.sizes][0] : -1; }
   // Sets size attribute `attr` of `op` to `e` (creating the op's slots on first use).
   void set_size_attr(Op& op, std::string_view attr, ExprId e);
 };

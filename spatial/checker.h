@@ -184,6 +184,7 @@ class Checker {
   void linear();
   void loss_scale();
   void dropout();
+  Value* broadcast_pair(bool number_ok);
   void add_like(bool multiply);
   bool combine_layout(Value& o, int a, int i, Placement x, int j, Placement y, int ro);
   void math_unary();
@@ -200,6 +201,14 @@ class Checker {
   void embedding();
   void cross_entropy();
   void topk();
+  // ---- masks, counts, running sums (rules_mask.cpp) --------------------------------------------
+  PointwiseMap mask_map(int i) const;
+  void mask_op();
+  void one_hot();
+  void bincount();
+  void cumsum();
+  void detach();
+  bool split_sizes_ok(int s);
 
   // ---- collectives --------------------------------------------------------------------------
   std::vector<int> coll_axes(bool innermost_first) const;

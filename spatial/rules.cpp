@@ -594,7 +594,7 @@ namespace {
 bool strided_ok(OpKind k) {
   static constexpr OpKind ok[] = {OpKind::AllGather, OpKind::ZeROGatherParam, OpKind::AllReduce, OpKind::SPMDGuard, OpKind::Cast, OpKind::LossScale,
                                   OpKind::SiLU,      OpKind::GELU,            OpKind::ReLU,      OpKind::Neg,       OpKind::Exp,  OpKind::Log,
-                                  OpKind::Sqrt,      OpKind::Rsqrt,           OpKind::FP8Quantize, OpKind::FP8Dequantize};
+                                  OpKind::Sqrt,      OpKind::Rsqrt,           OpKind::FP8Quantize, OpKind::FP8Dequantize, OpKind::Sigmoid, OpKind::Detach};
   return std::find(std::begin(ok), std::end(ok), k) != std::end(ok);
 }
 }  // namespace
@@ -639,11 +639,25 @@ void Checker::apply() {
     case OpKind::Maximum:
     case OpKind::Minimum: return div_minmax();
     case OpKind::Where: return where();
+    case OpKind::Eq:
+    case OpKind::Ne:
+    case OpKind::Lt:
+    case OpKind::Le:
+    case OpKind::Gt:
+    case OpKind::Ge:
+    case OpKind::And:
+    case OpKind::Or:
+    case OpKind::Not: return mask_op();
+    case OpKind::OneHot: return one_hot();
+    case OpKind::Bincount: return bincount();
+    case OpKind::CumSum: return cumsum();
+    case OpKind::Detach: return detach();
     case OpKind::Neg:
     case OpKind::Exp:
     case OpKind::Log:
     case OpKind::Sqrt:
-    case OpKind::Rsqrt: return math_unary();
+    case OpKind::Rsqrt:
+    case OpKind::Sigmoid: return math_unary();
     case OpKind::SiLU:
     case OpKind::GELU:
     case OpKind::ReLU: return nonlinear();

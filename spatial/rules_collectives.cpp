@@ -267,6 +267,7 @@ void Checker::all_to_all() {
   if (s < 0) return;
   int c = norm_dim(at().dim2, in(0).rank, "concat_dim", iname(0));
   if (c < 0) return;
+  if (at().shape != kNoIndex && !split_sizes_ok(s)) return;  // rules_mask.cpp
   // A list of axes is one group whose ranks are in mesh order (section 4): the shard of every listed axis
   // leaves concat_dim (they must be its innermost axes), then joins split_dim (inner to every axis already there).
   std::vector<int> moved;

@@ -133,13 +133,9 @@ void Checker::add_like(bool multiply) {
     return (void)map_partials(o, 0, PointwiseMap::offset(+1), fmt::format("adding {}", at().number));
   }
   // (NormGrad's number is its norm's eps, not a scalar operand)
-  if (at().has_number && op_->kind != OpKind::NormGrad)
-    return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
-  if (!invariant_ok({0, 1})) return;
-  Value& o = out();
-  if (!broadcast_shape(in(0), in(1), o) || !broadcast_shards_ok(o) || !orders_ok(o)) return;
-  o.dtype = in(0).dtype;
-  o.uneven = in(0).uneven || in(1).uneven;
+  Value* po = broadcast_pair(op_->kind == OpKind::NormGrad);
+  if (!po) return;
+  Value& o = *po;
   int ro = o.rank;
   for (int a = 0; a < axes(); ++a) {
     Placement x = shift(pin(0, a), in(0).rank, ro), y = shift(pin(1, a), in(1).rank, ro);
@@ -212,6 +208,21 @@ void Checker::add_like(bool multiply) {
     }
     if (!combine_layout(o, a, 0, x, 1, y, ro)) return;
   }
+}
+
+// The start of an elementwise op of two operands (broadcast): no `scalar:` beside them (unless `number_ok`), I only
+// with I, the broadcast shape. The output (the first operand's dtype, uneven when either is), or null after a report.
+Value* Checker::broadcast_pair(bool number_ok) {
+  if (at().has_number && !number_ok) {
+    report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", opname()), iname(0));
+    return nullptr;
+  }
+  if (!invariant_ok({0, 1})) return nullptr;
+  Value& o = out();
+  if (!broadcast_shape(in(0), in(1), o) || !broadcast_shards_ok(o) || !orders_ok(o)) return nullptr;
+  o.dtype = in(0).dtype;
+  o.uneven = in(0).uneven || in(1).uneven;
+  return &o;
 }
 
 // The layout on axis a of an elementwise combination of inputs i and j when neither is P there (x, y:

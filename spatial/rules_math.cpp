@@ -1,19 +1,19 @@
 // spatial/rules_math.cpp - placement and shape rules of the value ops of issue 10
 //
-// Ops: Neg/Exp/Log/Sqrt/Rsqrt, Div/Maximum/Minimum, Where. Which pending reductions pass each map is
+// Ops: Neg/Exp/Log/Sqrt/Rsqrt/Sigmoid, Div/Maximum/Minimum, Where. Which pending reductions pass each map is
 // decided by reduce_through (ir/placement.h); docs/semantics.md, section 1, says why. Dispatched from
 // Checker::apply() in rules.cpp.
 #include "spatial/checker.h"
 
 namespace spmd::detail {
 
-// Neg is linear (x -> -x: sum and avg stay, max and min swap); Exp, Log and Sqrt are monotone increasing
+// Neg is linear (x -> -x: sum and avg stay, max and min swap); Exp, Log, Sqrt and Sigmoid are monotone increasing
 // on their domain (max and min stay), Rsqrt decreasing (they swap); none of the four is additive.
 void Checker::math_unary() {
   Value& o = out() = in(0);
   PointwiseMap f = op_->kind == OpKind::Neg     ? PointwiseMap::scale(-1)
                    : op_->kind == OpKind::Rsqrt ? PointwiseMap::monotone_down()
-                                                : PointwiseMap::monotone_up();  // Exp, Log, Sqrt
+                                                : PointwiseMap::monotone_up();  // Exp, Log, Sqrt, Sigmoid
   map_partials(o, 0, f, opname());
 }
 
@@ -29,12 +29,9 @@ void Checker::div_minmax() {
     if (div) return (void)map_partials(o, 0, PointwiseMap::scale(1 / at().number), fmt::format("dividing by {}", at().number));
     return (void)map_partials(o, 0, PointwiseMap::monotone_up(), fmt::format("{} with {}", op, at().number));
   }
-  if (at().has_number) return report(CheckId::ShapeMismatch, fmt::format("{} takes either two inputs or one input and `scalar:`", op), iname(0));
-  if (!invariant_ok({0, 1})) return;
-  Value& o = out();
-  if (!broadcast_shape(in(0), in(1), o) || !broadcast_shards_ok(o) || !orders_ok(o)) return;
-  o.dtype = in(0).dtype;
-  o.uneven = in(0).uneven || in(1).uneven;
+  Value* po = broadcast_pair(false);
+  if (!po) return;
+  Value& o = *po;
   int ro = o.rank;
   for (int a = 0; a < axes(); ++a) {
     Placement x = shift(pin(0, a), in(0).rank, ro), y = shift(pin(1, a), in(1).rank, ro);

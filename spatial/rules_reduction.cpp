@@ -275,9 +275,10 @@ void Checker::topk() {
   const Value& x = in(0);
   if (x.rank < 1) return report(CheckId::ShapeMismatch, fmt::format("TopKGate input {} must have an expert dim", iname(0)), iname(0));
   int e = x.rank - 1;
-  auto experts = obl_.concrete(x.shape[static_cast<std::size_t>(e)]);
-  if (experts && at().k > *experts)
-    return report(CheckId::ShapeMismatch, fmt::format("TopKGate k = {} exceeds the {} experts of {}", at().k, *experts, iname(0)), iname(0));
+  ExprId k = size_arg("k", pool_.constant(1));  // a size expression: `k: K` with K symbolic is an obligation
+  if (!at_most(k, x.shape[static_cast<std::size_t>(e)], fmt::format("TopKGate picks k of the experts (the last dim) of {}, so k must not exceed them", iname(0)),
+               iname(0)))
+    return;
   for (int a = 0; a < axes(); ++a) {
     Placement p = pin(0, a);
     if (p.is_p()) return partial_misuse(0, a, "top-k of a pending sum is not the top-k of its parts");
@@ -285,7 +286,7 @@ void Checker::topk() {
   }
   for (int i = 0; i < 2; ++i) {
     Value& o = out(i) = x;
-    o.shape[static_cast<std::size_t>(e)] = pool_.constant(at().k);
+    o.shape[static_cast<std::size_t>(e)] = k;
     o.dtype = i == 0 ? x.dtype : DType::I64;
   }
   if (op_->n_out == 2) topk_experts_[p_.outs(*op_)[1]] = x.shape[static_cast<std::size_t>(e)];

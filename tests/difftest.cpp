@@ -293,7 +293,7 @@ class Gen {
   void add_op() {
     static const std::vector<std::pair<int, int>> weights = {{0, 10}, {1, 14}, {2, 14}, {3, 8}, {4, 4}, {5, 7}, {6, 4}, {7, 8},
                                                              {8, 22}, {9, 5}, {10, 1}, {11, 3}, {12, 3}, {13, 3}, {14, 2}, {15, 2}, {16, 10}, {17, 4}, {18, 5},
-                                                             {19, 12}};
+                                                             {19, 12}, {20, 9}};
     int total = 0;
     for (auto [k, w] : weights) total += w;
     int r = rng_.below(total), kind = 0;
@@ -325,6 +325,7 @@ class Gen {
       case 17: return moe_op();
       case 18: return fp8_op();
       case 19: return tensor_op();
+      case 20: return mask_op();
       default: return amax_op();
     }
   }
@@ -727,7 +728,8 @@ class Gen {
           if (rng_.chance(0.3)) std::reverse(sh.begin(), sh.end());
           ax = "axis: " + axes_text(sh);
         }
-        return emit("AllToAll", {xv.name}, {o}, ax + fmt::format(", split_dim: {}, concat_dim: {}", s, q->dim) + unev());
+        std::string u = unev();
+        return emit("AllToAll", {xv.name}, {o}, ax + fmt::format(", split_dim: {}, concat_dim: {}", s, q->dim) + u + split_sizes(xv, s, ax, !u.empty()));
       }
       return emit("Gather", {xv.name}, {o}, ax + fmt::format(", dim: {}, dst: 0", q->dim));
     }
@@ -765,6 +767,93 @@ class Gen {
         if (r >= 2) return emit("AllToAll", {xv.name}, {o}, ax + fmt::format(", split_dim: 0, concat_dim: {}", r - 1));
         return emit("Scatter", {xv.name}, {o}, ax + ", dim: 0");
       default: return emit("Scatter", {xv.name}, {o}, ax + fmt::format(", dim: {}", rng_.below(r)));
+    }
+  }
+
+  // AllToAll's explicit `split_sizes` now and then (only for a one-axis group): the blocks of the output's
+  // S(split_dim) (even, or torch.chunk's with `uneven`) of each rank's piece of the dim, or a skewed list
+  // (DeepSpeed#8316's [4, 4, 4, 0]) that adds up to it, or one that does not.
+  std::string split_sizes(const GVal& x, int s, const std::string& ax, bool uneven) {
+    std::size_t a = 0;
+    while (a < mesh_.size() && "axis: " + mesh_[a].first != ax) ++a;
+    if (a == mesh_.size() || !rng_.chance(0.3)) return "";
+    std::int64_t n = x.shape[static_cast<std::size_t>(s)], g = mesh_[a].second;
+    for (std::size_t b : shard_axes(x, s)) {  // the sizes split each rank's piece of the dim (all_to_all_single's local tensor)
+      if (n % mesh_[b].second) return "";
+      n /= mesh_[b].second;
+    }
+    std::int64_t step = (n + g - 1) / g;
+    std::vector<std::int64_t> sizes;
+    for (std::int64_t i = 0; i < g; ++i) sizes.push_back(uneven || n % g ? std::max<std::int64_t>(0, std::min(n, (i + 1) * step) - std::min(n, i * step)) : n / g);
+    double c = rng_.unit();
+    if (c < 0.25 && g > 1 && sizes[0] > 0) sizes[0] -= 1, sizes[static_cast<std::size_t>(g - 1)] += 1;  // skewed: adds up, wrong blocks
+    else if (c < 0.35) sizes[0] += 1;                                                                  // does not add up
+    std::string t;
+    for (auto v : sizes) t += (t.empty() ? "" : ", ") + std::to_string(v);
+    return ", split_sizes: [" + t + "]";
+  }
+
+  // Masks, counts, running sums and gates (issues 21 and 23): Sigmoid, comparisons (with a scalar or a tensor,
+  // float or integer data), And/Or/Not of masks, OneHot and Bincount of ids (replicated or sharded), CumSum along
+  // a random dim (sharded now and then), Detach.
+  void mask_op() {
+    switch (rng_.below(7)) {
+      case 0: {
+        const GVal* x = pick_value([](const GVal&) { return true; });
+        if (!x) return;
+        GVal xv = *x;
+        return emit(rng_.chance(0.8) ? "Sigmoid" : "Detach", {xv.name}, {GVal{fresh("sg"), xv.shape}});
+      }
+      case 1: {
+        const GVal* x = pick_value([](const GVal&) { return true; });
+        if (!x) return;
+        GVal xv = *x;
+        const char* op = rng_.pick(std::vector<const char*>{"Eq", "Ne", "Lt", "Le", "Gt", "Ge"});
+        GVal o{fresh("mk"), xv.shape};
+        if (rng_.chance(0.5)) return emit(op, {xv.name}, {o}, rng_.pick(std::vector<std::string>{"scalar: 0", "scalar: 0.5", "scalar: -1"}));
+        std::string y = new_input(xv.shape, false, &xv);
+        return rng_.chance(0.5) ? emit(op, {xv.name, y}, {o}) : emit(op, {y, xv.name}, {o});
+      }
+      case 2: {  // comparisons of integer ids, combined into a range mask
+        std::int64_t k = random_dim();
+        std::string ids = new_input({k, random_dim()}, true);
+        Dims s = vals_.back().shape;
+        GVal lo{fresh("mk"), s}, hi{fresh("mk"), s}, m{fresh("mk"), s};
+        emit("Ge", {ids}, {lo}, "scalar: 1");
+        emit("Lt", {ids}, {hi}, "scalar: 3");
+        emit(rng_.chance(0.7) ? "And" : "Or", {lo.name, hi.name}, {m});
+        if (rng_.chance(0.3)) emit("Not", {m.name}, {GVal{fresh("mk"), s}});
+        return;
+      }
+      case 3: {  // And/Or/Not of masks made from float data (bool, possibly pending a max after a monotone comparison)
+        const GVal* x = pick_value([](const GVal&) { return true; });
+        if (!x) return;
+        GVal xv = *x;
+        GVal a{fresh("mk"), xv.shape}, b{fresh("mk"), xv.shape};
+        emit("Gt", {xv.name}, {a}, "scalar: 0");
+        std::string y = new_input(xv.shape, false, &xv);
+        emit("Le", {y}, {b}, "scalar: 0.5");
+        if (rng_.chance(0.3)) return emit("Not", {a.name}, {GVal{fresh("mk"), xv.shape}});
+        return emit(rng_.chance(0.5) ? "And" : "Or", {a.name, b.name}, {GVal{fresh("mk"), xv.shape}});
+      }
+      case 4: {
+        std::int64_t c = rng_.pick(std::vector<std::int64_t>{3, 4, 8});
+        std::string ids = new_input({random_dim(), random_dim()}, true);
+        Dims s = vals_.back().shape;
+        return emit("OneHot", {ids}, {GVal{fresh("oh"), {s[0], s[1], c}}}, fmt::format("classes: {}{}", c, rng_.chance(0.5) ? ", dtype: f32" : ""));
+      }
+      case 5: {
+        std::int64_t c = rng_.pick(std::vector<std::int64_t>{3, 4, 8});
+        std::string ids = new_input({random_dim(), random_dim()}, true);
+        return emit("Bincount", {ids}, {GVal{fresh("bc"), {c}}}, fmt::format("length: {}", c));
+      }
+      default: {
+        const GVal* x = pick_value([](const GVal& v) { return !v.shape.empty(); });
+        if (!x) return;
+        GVal xv = *x;
+        int d = rng_.below(static_cast<int>(xv.shape.size()));
+        return emit("CumSum", {xv.name}, {GVal{fresh("cs"), xv.shape}}, fmt::format("dim: {}{}", d, rng_.chance(0.3) ? ", reverse: true" : ""));
+      }
     }
   }
 
@@ -845,7 +934,9 @@ class Gen {
       }
     }
     std::string q = new_input(shape, false, nullptr, p[0]), k = new_input(shape, false, nullptr, p[1]), v = new_input(shape, false, nullptr, p[2]);
-    emit("FlashAttention", {q, k, v}, {GVal{fresh("att"), shape}}, rng_.chance(0.3) ? "causal: true" : "");
+    std::string attrs = rng_.chance(0.3) ? "causal: true" : "";
+    if (rng_.chance(0.25)) attrs += std::string(attrs.empty() ? "" : ", ") + rng_.pick(std::vector<std::string>{"scale: 0.3", "scale: 1.5", "scale: 1/sqrt(8)"});
+    emit("FlashAttention", {q, k, v}, {GVal{fresh("att"), shape}}, attrs);
   }
 
   // Context parallelism over one axis: all-gather-KV attention with `cp`, RingAttention, a hand-rolled ring of

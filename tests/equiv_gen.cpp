@@ -233,8 +233,46 @@ struct Gen {
     sv = s, pv = p, shape[0] *= 2, shape[1] = lc;
   }
 
+  // A position mask along dim d: x * (position >= t), the spec's positions 0..n-1 and the plan's global ones (its
+  // block, from axis_index(a)*n/a, when the dim is sharded over a). The mistake: every rank's positions from 0.
+  void position_mask() {
+    int d = pick(2), a = sharder(d), len = shape[d];
+    if (len < 2) return;
+    int t = 1 + pick(len - 1);
+    auto shp = [&](const std::string& n) { return d == 0 ? fmt::format("[{}, 1]", n) : fmt::format("[1, {}]", n); };
+    std::string s1 = fresh("s"), s2 = fresh("s"), s3 = fresh("s"), s4 = fresh("s"), s5 = fresh("s");
+    spec += fmt::format("    - {{op: Arange, out: {}, end: {}}}\n", s1, len);
+    spec += fmt::format("    - {{op: Reshape, in: [{}], out: {}, shape: {}}}\n", s1, s2, shp(std::to_string(len)));
+    spec += fmt::format("    - {{op: Ge, in: [{}], out: {}, scalar: {}}}\n", s2, s3, t);
+    spec += fmt::format("    - {{op: Cast, in: [{}], out: {}, dtype: f32}}\n", s3, s4);
+    spec += fmt::format("    - {{op: Multiply, in: [{}, {}], out: {}}}\n", sv, s4, s5);
+    std::string blk = std::to_string(len), start = "0", end = blk;
+    if (a >= 0) {
+      const std::string& ax = axes[static_cast<std::size_t>(a)];
+      blk = fmt::format("{}/{}", len, ax);
+      start = fmt::format("axis_index({})*{}", ax, blk), end = fmt::format("(axis_index({}) + 1)*{}", ax, blk);
+      if (inject("positions of a sharded dim from 0 on every rank")) start = "0", end = blk;
+    }
+    std::string p1 = fresh("p"), p2 = fresh("p"), p3 = fresh("p"), p4 = fresh("p"), p5 = fresh("p");
+    plan += fmt::format("  - {{op: Arange, out: {}, start: {}, end: {}}}\n", p1, start, end);
+    plan += fmt::format("  - {{op: Reshape, in: [{}], out: {}, shape: {}}}\n", p1, p2, shp(blk));
+    plan += fmt::format("  - {{op: Ge, in: [{}], out: {}, scalar: {}}}\n", p2, p3, t);
+    plan += fmt::format("  - {{op: Cast, in: [{}], out: {}, dtype: f32}}\n", p3, p4);
+    plan += fmt::format("  - {{op: Multiply, in: [{}, {}], out: {}}}\n", pv, p4, p5);
+    sv = s5, pv = p5;
+  }
+
+  // A running sum along a whole dim (the mistake: along a sharded one, each rank summing only its block).
+  void cumsum() {
+    int d = pick(2);
+    if (sharder(d) >= 0 && !inject("CumSum along a sharded dim (no prefix carried in)")) return;
+    both("CumSum", fmt::format(", dim: {}{}", d, coin(0.3) ? ", reverse: true" : ""));
+  }
+
   void step() {
-    switch (pick(11)) {
+    switch (pick(13)) {
+      case 11: position_mask(); break;
+      case 12: cumsum(); break;
       case 0:
       case 1: matmul(); break;
       case 2: add(); break;
@@ -248,7 +286,7 @@ struct Gen {
             }
         }
         else if (sharder(0) < 0 && sharder(1) < 0) take_block();
-        else both(pick(2) ? "GELU" : "SiLU", "");
+        else both(pick(3) == 0 ? "Sigmoid" : pick(2) ? "GELU" : "SiLU", "");
         break;
       case 5:
         if (any_p() && inject("nonlinear op on a partial sum (reduced after it)")) both(pick(2) ? "GELU" : "SiLU", "");

@@ -199,11 +199,12 @@ struct Gen {
     spec_op("Concat", cur.sv + ", " + st, s, ", dim: 1");
     cur.pv = p, cur.sv = s, cur.f *= 2;
   }
-  // A pointwise op whose backward is a PointwiseGrad: Exp on a scaled-down input, SiLU, GELU, and Sqrt, Rsqrt,
-  // Log on a positive input (x*x + 1).
+  // A pointwise op whose backward is a PointwiseGrad: Exp on a scaled-down input, SiLU, GELU, Sigmoid, and Sqrt,
+  // Rsqrt, Log on a positive input (x*x + 1).
   int exps = 0;
   void pointwise(bool force) {
-    int k = force ? 0 : pick(6);
+    int k = force ? 0 : pick(7);
+    if (k == 6) return both("Sigmoid", "", "");
     if (k == 0) {
       if (exps >= 1 && !force) return;
       ++exps;

@@ -1,7 +1,9 @@
 // tests/mutation.cpp - mutation testing of the value-level check (ctest `mutation`; docs/reliability.md).
 //
-// From each fixed example (a plan equal to its spec) it makes every mutant of seven kinds: one constant changed
-// (a `scalar`/`number` attribute doubled, or 0 made 1), one Slice / Arange / Pad offset shifted by one, two Concat blocks swapped,
+// From each fixed example (a plan equal to its spec) it makes every mutant of these kinds: one constant changed
+// (a `scalar`/`number` attribute doubled, or 0 made 1; a per-rank `scalar` of axis_index plus one), one comparison's
+// strictness flipped (Ge <-> Gt, Le <-> Lt), one AllToAll's split sizes skewed by one piece, one Slice / Arange / Pad
+// offset shifted by one, two Concat blocks swapped,
 // one collective dropped (its output renamed to its input downstream), one collective's axis swapped for another, one
 // AllReduce / ReduceScatter's reduce op swapped (sum <-> avg), one RingRotate's or LoadBalance's direction flipped. The ops of a training program's hand-written `backward:`
 // and of its `grad_sync:` are mutated as the forward's are (a dropped gradient AllReduce, its axis or reduce op, a
@@ -69,10 +71,28 @@ std::vector<Mutant> mutants_of(const Program& base) {
     for (std::size_t oi = 0; oi < ops.size(); ++oi) {
       const Op& op = ops[oi];
       auto mop = [&](Mutant& m) -> Op& { return (m.p.*kLists[li])[oi]; };
-      if (op.attrs.has_number) {
+      if (op.attrs.has_number && op.attrs.scalar_expr) {  // a per-rank scalar (axis_index): one more
+        Mutant m{"per-rank scalar of " + where(op, li) + " plus one", base};
+        ExprId& e = m.p.shapes[op.attrs.sizes][0];
+        e = m.p.exprs.add(e, m.p.exprs.constant(1));
+        out.push_back(std::move(m));
+      } else if (op.attrs.has_number) {
         Mutant m{"constant of " + where(op, li), base};
         double& x = mop(m).attrs.number;
         x = x == 0 ? 1 : 2 * x;
+        out.push_back(std::move(m));
+      }
+      if (op.kind == OpKind::Ge || op.kind == OpKind::Gt || op.kind == OpKind::Le || op.kind == OpKind::Lt) {  // a bound off by one
+        Mutant m{"strictness of " + where(op, li) + " flipped", base};
+        OpKind& k = mop(m).kind;
+        k = k == OpKind::Ge ? OpKind::Gt : k == OpKind::Gt ? OpKind::Ge : k == OpKind::Le ? OpKind::Lt : OpKind::Le;
+        out.push_back(std::move(m));
+      }
+      if (op.kind == OpKind::AllToAll && op.attrs.shape != kNoIndex && base.shapes[op.attrs.shape].size() >= 2) {  // one piece moved
+        Mutant m{"split sizes of " + where(op, li) + " skewed by one", base};
+        auto& sizes = m.p.shapes[op.attrs.shape];
+        sizes[0] = m.p.exprs.add(sizes[0], m.p.exprs.constant(1));
+        sizes[1] = m.p.exprs.sub(sizes[1], m.p.exprs.constant(1));
         out.push_back(std::move(m));
       }
       if (op.kind == OpKind::Slice || op.kind == OpKind::Arange) {  // the window (or the positions) moves by one

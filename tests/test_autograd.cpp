@@ -316,6 +316,50 @@ loss: loss
                {{"b.grad", "P(sum)"}, {"x.grad", "S(0)"}});
 }
 
+TEST_CASE("VJP Sigmoid, CumSum, Detach, the masks and counts, and FlashAttention's scale") {
+  // Sigmoid -> PointwiseGrad of Sigmoid; CumSum -> CumSum the other way; the Detach branch and the mask and count
+  // branches give no gradient (the loss still reaches x through the first branch)
+  expect_grads(std::string(kMesh) + R"(tensors:
+  x: {shape: [4, 8], placement: {a: S(0)}, param: true}
+  ids: {shape: [4], dtype: i64, placement: {a: S(0)}}
+ops:
+  - {op: Sigmoid, in: [x], out: s}
+  - {op: CumSum, in: [s], out: c, dim: 1}
+  - {op: Detach, in: [x], out: d}
+  - {op: Gt, in: [x], out: m, scalar: 0}
+  - {op: Cast, in: [m], out: mf, dtype: f32}
+  - {op: Multiply, in: [c, d], out: cd}
+  - {op: Multiply, in: [cd, mf], out: y}
+  - {op: OneHot, in: [ids], out: oh, classes: 8, dtype: f32}
+  - {op: Multiply, in: [y, oh], out: yo}
+  - {op: Sum, in: [yo], out: loss, dims: [0, 1]}
+loss: loss
+)",
+               {{"x.grad", "S(0)"}}, {{"PointwiseGrad", 1}, {"CumSum", 1}});
+  // the attention scale reaches every AttentionGrad
+  Program p = load_program_string(std::string(kMesh) + R"(tensors:
+  q: {shape: [1, 2, 4, 8], placement: {a: S(1)}, param: true}
+  k: {shape: [1, 2, 4, 8], placement: {a: S(1)}, param: true}
+  v: {shape: [1, 2, 4, 8], placement: {a: S(1)}, param: true}
+ops:
+  - {op: FlashAttention, in: [q, k, v], out: o, scale: 0.25}
+  - {op: Sum, in: [o], out: loss, dims: [0, 1, 2, 3]}
+loss: loss
+)",
+                                  "t.yaml");
+  TrainingCheck r = check_training(p);
+  REQUIRE(r.built);
+  int grads = 0;
+  for (std::size_t i = r.first_backward; i < r.program.ops.size(); ++i) {
+    const Op& op = r.program.ops[i];
+    if (op.kind != OpKind::AttentionGrad) continue;
+    ++grads;
+    CHECK(op.attrs.has_number);
+    CHECK(op.attrs.number == 0.25);
+  }
+  CHECK(grads == 3);
+}
+
 TEST_CASE("VJP FP8 with scales: straight-through to the data, nothing to the scale or the amax") {
   // A per-rank scale (the amax of the a-shard, not reduced) on data that stays local: the gradient passes
   // through both ops; AmaxUpdate, FP8Scale and the scale get no gradient.

@@ -192,13 +192,31 @@ TEST_CASE("equiv: the spec may name its loss otherwise when spec.outputs maps th
   CHECK(r.verdict == EquivVerdict::Equivalent);
 }
 
-TEST_CASE("equiv: a training program without a spec compares its forward only, and says so") {
+TEST_CASE("equiv: a training program without a spec compares its loss and gradients with its own step on one device") {
   Program p = load_program_string(train_text(""), "train.yaml");
   EquivResult r = check_equivalence(p);
-  CHECK(r.verdict == EquivVerdict::Unknown);
-  CHECK(r.message.find("gradients are not compared") != std::string::npos);
-  REQUIRE(r.diags.size() == 1);
-  CHECK(r.diags[0].id == CheckId::ValueUnproved);
+  CHECK(r.verdict == EquivVerdict::Equivalent);
+  CHECK(r.message.find("3 outputs") != std::string::npos);  // the loss, w1.grad, w2.grad
+  CHECK(r.diags.empty());
+  // a gradient scaled twice after its sync is found, at the op that scales it
+  std::string bug = train_text("");
+  bug.replace(bug.find("outputs:"), 0, "  - {op: Multiply, in: [w2.grad], out: w2.grad, scalar: 2}\n");
+  EquivResult b = check_equivalence(load_program_string(bug, "train.yaml"));
+  CHECK(b.verdict == EquivVerdict::Mismatch);
+  REQUIRE(!b.diags.empty());
+  CHECK(b.diags[0].message.find("w2.grad") != std::string::npos);
+  // without `outputs:` the loss is compared too (by the placement of its last write), and a spec needs no outputs
+  std::string no_out = train_text("");
+  no_out.erase(no_out.find("outputs:"));
+  EquivResult n = check_equivalence(load_program_string(no_out, "train.yaml"));
+  CHECK(n.verdict == EquivVerdict::Equivalent);
+  CHECK(n.message.find("3 outputs") != std::string::npos);
+  EquivResult s = check_equivalence(load_program_string(no_out + "spec:\n  ops:\n    - {op: MatMul, in: [x, w1], out: h}\n    - {op: Multiply, in: [h, h], out: a}\n"
+                                                                  "    - {op: MatMul, in: [a, w2], out: y}\n    - {op: Multiply, in: [y, y], out: sq}\n"
+                                                                  "    - {op: Mean, in: [sq], out: loss, dims: [0, 1]}\n",
+                                                         "train.yaml"));
+  CHECK(s.verdict == EquivVerdict::Equivalent);
+  CHECK(s.message.find("3 outputs") != std::string::npos);
 }
 
 TEST_CASE("equiv: a training step with type errors leaves the gradients uncompared, never a pass") {

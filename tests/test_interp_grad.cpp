@@ -493,3 +493,140 @@ TEST_CASE("gradient lanes: PointwiseGrad equals the composition of its derivativ
                     "  - {op: NormGrad, in: [dy, y], out: g, of: Softmax}\n  - {op: Multiply, in: [dy, y], out: ref}\n");
   CHECK(!same_lanes(lanes_value(sm, "g", 7), lanes_value(sm, "ref", 7)));
 }
+
+// ---- Sigmoid, CumSum, the attention scale, masks and counts (issues 21 and 23) ---------------------------------
+
+TEST_CASE("gradient kernels: PointwiseGrad of Sigmoid, CumSum's reverse sum and AttentionGrad with `scale` against central differences") {
+  Program sig = load("mesh: {dp: 1}\ntensors:\n  x: {shape: [3, 4]}\n  c: {shape: [3, 4]}\nops:\n  - {op: Sigmoid, in: [x], out: y}\n"
+                     "  - {op: PointwiseGrad, in: [c, x], out: gx, of: Sigmoid}\n");
+  check_fd(sig, {1}, nullptr, "x", dot("y", "c"), "gx");
+  for (const char* dim : {"0", "1", "-1"})
+    for (bool rev : {false, true}) {
+      INFO("CumSum dim " << dim << (rev ? " reverse" : ""));
+      std::string r = rev ? "true" : "false", back = rev ? "false" : "true";
+      Program p = load(std::string("mesh: {dp: 1}\ntensors:\n  x: {shape: [3, 4]}\n  c: {shape: [3, 4]}\nops:\n  - {op: CumSum, in: [x], out: y, dim: ") + dim +
+                       ", reverse: " + r + "}\n  - {op: CumSum, in: [c], out: gx, dim: " + dim + ", reverse: " + back + "}\n");
+      check_fd(p, {1}, nullptr, "x", dot("y", "c"), "gx");
+    }
+  for (bool causal : {false, true}) {
+    INFO("scale 0.37" << (causal ? " causal" : ""));
+    Program p = load(attention_yaml("bshd", causal, {1, 3, 4, 2}, {1, 3, 2, 2}, ", scale: 0.37"));
+    for (const char* w : {"q", "k", "v"}) check_fd(p, {1}, nullptr, w, dot("y", "c"), std::string("g") + w);
+  }
+  // the scale is the kernel's: 0.37 and the default 1/sqrt(2) give different outputs
+  Program a = load(attention_yaml("bhsd", false, {1, 2, 3, 2}, {1, 2, 3, 2}, ", scale: 0.37"));
+  Program b = load(attention_yaml("bhsd", false, {1, 2, 3, 2}, {1, 2, 3, 2}));
+  Sim sa(a, {1}), sb(b, {1});
+  sa.go();
+  sb.go();
+  CHECK(std::abs(sa.t("y").data[0].d - sb.t("y").data[0].d) > 1e-6);
+}
+
+TEST_CASE("gradient lanes: the derived backward of 1 / (1 + exp(-x)) equals PointwiseGrad(Sigmoid) in every lane") {
+  Program prim = step_of(std::string(kHead) + R"(ops:
+  - {op: Neg, in: [x], out: nx}
+  - {op: Exp, in: [nx], out: e}
+  - {op: Add, in: [e], out: d, scalar: 1}
+  - {op: Multiply, in: [x], out: z, scalar: 0}
+  - {op: Add, in: [z], out: one, scalar: 1}
+  - {op: Div, in: [one, d], out: y}
+)" + kLoss);
+  Program fused = step_of(std::string(kHead) + "ops:\n  - {op: Sigmoid, in: [x], out: y}\n" + kLoss);
+  for (std::uint64_t seed : {21, 22}) {
+    CHECK(same_lanes(lanes_value(prim, "y", seed), lanes_value(fused, "y", seed)));
+    CHECK(same_lanes(lanes_value(prim, "x.grad", seed), lanes_value(fused, "x.grad", seed)));
+  }
+  // SiLU's gradient is not Sigmoid's
+  Program silu = step_of(std::string(kHead) + "ops:\n  - {op: SiLU, in: [x], out: y}\n" + kLoss);
+  CHECK(!same_lanes(lanes_value(silu, "x.grad", 21), lanes_value(fused, "x.grad", 21)));
+}
+
+TEST_CASE("mask kernels: per-rank masks, one-hots and counts assemble to the single-device values; a choice on float data is recorded") {
+  const char* yaml = R"(
+mesh: {dp: 2}
+tensors:
+  ids: {shape: [6, 2], dtype: i64, placement: {dp: S(0)}}
+  lo: {shape: [6, 2], dtype: i64, placement: {dp: S(0)}}
+  x: {shape: [6, 2], placement: {dp: S(0)}}
+ops:
+  - {op: Ge, in: [ids, lo], out: ge}
+  - {op: Ne, in: [ids], out: ne, scalar: 2}
+  - {op: And, in: [ge, ne], out: m}
+  - {op: Not, in: [m], out: nm}
+  - {op: Or, in: [nm, ge], out: o}
+  - {op: OneHot, in: [ids], out: oh, classes: 5}
+  - {op: Bincount, in: [ids], out: cnt, length: 5}
+  - {op: CumSum, in: [ids], out: cs, dim: 1}
+outputs:
+  o: {placement: {dp: S(0)}}
+  oh: {placement: {dp: S(0)}}
+  cnt: {placement: {dp: P}}
+  cs: {placement: {dp: S(0)}}
+)";
+  Program p = load(yaml);
+  OracleResult res = run_oracle(p);
+  INFO(res.message);
+  CHECK(res.verdict == OracleVerdict::Agree);
+  CHECK(res.compared == 4);
+  // the values: ids drawn below 5; the counts over both ranks add up to the 12 ids, each row of oh has one 1
+  Sim one(p, {2}, true, 5), dist(p, {2}, false, 5);
+  one.go();
+  dist.go();
+  double total = 0;
+  for (std::int64_t r = 0; r < 2; ++r)
+    for (const auto& e : dist.t("cnt", r).data) total += e.d;
+  CHECK(total == 12);
+  const Tensor& oh = one.t("oh");
+  const Tensor& ids = one.t("ids");
+  for (std::size_t i = 0; i < ids.data.size(); ++i)
+    for (std::size_t j = 0; j < 5; ++j) CHECK(oh.data[i * 5 + j].d == (static_cast<double>(j) == ids.data[i].d ? 1.0 : 0.0));
+  // with the lanes on, masks of integer data are exact (no choice recorded); a comparison of float data is a choice
+  {
+    num::Lanes guard({31});
+    Sim s(p, {2});
+    s.go();
+    CHECK(s.run->inexact_choice == -1);
+    std::string with_float = yaml;
+    with_float.insert(with_float.find("outputs:"), "  - {op: Gt, in: [x], out: fx, scalar: 0}\n");
+    Program f = load(with_float);
+    Sim sf(f, {2});
+    sf.go();
+    CHECK(sf.run->inexact_choice == static_cast<int>(f.ops.size()) - 1);
+  }
+  // an id outside [0, classes) fails the run with the reason
+  Program bad = load("mesh: {dp: 1}\ntensors:\n  ids: {shape: [4], dtype: i64}\nops:\n  - {op: OneHot, in: [ids], out: oh, classes: 2}\n");
+  Sim sb(bad, {1}, false, 5);
+  for (auto& e : sb.t("ids").data) e = Num(4.0);
+  CHECK_THROWS_WITH_AS(sb.go(), doctest::Contains("OneHot id value 4"), InterpError);
+}
+
+TEST_CASE("local view: AllToAll with explicit split sizes and a per-rank scalar") {
+  const char* yaml = R"(
+view: local
+mesh: {sp: 2}
+tensors:
+  x: {shape: [4, 4], placement: {sp: S(0)}}
+  ids: {shape: [4], dtype: i64}
+ops:
+  - {op: AllToAll, in: [x], out: y, axis: sp, split_dim: 1, concat_dim: 0, split_sizes: [3, 1]}
+  - {op: Sub, in: [ids], out: shifted, scalar: axis_index(sp)*10}
+outputs:
+  y: {placement: {sp: S(1)}}
+)";
+  Program p = load(yaml);
+  Sim s(p, {2});
+  s.go();
+  CHECK(s.t("y", 0).shape == Shape{4, 3});  // 3 columns from each rank's 2 rows
+  CHECK(s.t("y", 1).shape == Shape{4, 1});
+  // rank 0's y: rows 0-1 are x's rows 0-1 (its own), columns 0-2; rows 2-3 rank 1's rows, columns 0-2
+  const Tensor& y0 = s.t("y", 0);
+  const Tensor& x0 = s.t("x", 0);
+  const Tensor& x1 = s.t("x", 1);
+  CHECK(y0.data[0].d == x0.data[0].d);
+  CHECK(y0.data[2].d == x0.data[2].d);
+  CHECK(y0.data[6].d == x1.data[0].d);
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(s.t("shifted", 0).data[i].d == s.t("ids", 0).data[i].d);
+    CHECK(s.t("shifted", 1).data[i].d == s.t("ids", 1).data[i].d - 10);
+  }
+}

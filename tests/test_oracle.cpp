@@ -302,3 +302,26 @@ ops:
   CHECK(run_oracle(js).verdict == OracleVerdict::Agree);
   CHECK_THROWS_AS(load_program_string(R"J({"mesh": {"tp": 2}, "tensors": {"x": {"shape": [2, 8]}}, "ops": [{"op": "Slice", "in": ["x"], "out": "y", "dim": 1, "start": "axis_index(tp)*4", "end": 8}]})J", "g.json"), LoadError);
 }
+
+TEST_CASE("differential: the generator covers masks, counts, running sums, the attention scale and split sizes") {
+  const std::vector<std::string> keys = {"op: Sigmoid", "op: Detach", "op: Eq", "op: Lt", "op: Ge", "op: And", "op: Or", "op: Not", "op: OneHot",
+                                         "op: Bincount", "op: CumSum", "FlashAttention scale", "split_sizes: "};
+  std::map<std::string, int> seen;
+  for (std::uint64_t s = 0; s < 3000; ++s) {
+    std::istringstream t(test::generate_program(20240601 + s));
+    std::set<std::string> here;
+    for (std::string line; std::getline(t, line);) {
+      for (const auto& k : keys)
+        if (line.find(k) != std::string::npos) here.insert(k);
+      if (line.find("op: FlashAttention") != std::string::npos && line.find("scale: ") != std::string::npos) here.insert("FlashAttention scale");
+    }
+    for (const auto& k : here) ++seen[k];
+  }
+  std::string counts;
+  for (const auto& k : keys) {
+    INFO(k);
+    CHECK(seen[k] >= 5);
+    counts += (counts.empty() ? "" : ", ") + k + " " + std::to_string(seen[k]);
+  }
+  MESSAGE("in 3000 generated programs: " << counts);
+}
