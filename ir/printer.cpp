@@ -193,7 +193,12 @@ std::string print_program(const Program& p) {
       o << "  " << p.name(od.name) << ": {";
       std::string sep;
       if (od.has_placement) o << "placement: " << placements_map(p, od.placement), sep = ", ";
-      if (od.has_shape) o << sep << "shape: " << p.shape_str(od.shape);
+      if (od.has_shape) o << sep << "shape: " << p.shape_str(od.shape), sep = ", ";
+      if (!od.ranks.empty()) {
+        o << sep << "ranks: {";
+        for (std::size_t i = 0; i < od.ranks.size(); ++i) o << (i ? ", " : "") << p.mesh[static_cast<std::size_t>(od.ranks[i].first)].name << ": " << od.ranks[i].second;
+        o << "}";
+      }
       o << "}\n";
     }
   }

@@ -667,11 +667,21 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   } catch (const std::runtime_error& e) {
     return tr.failed = true, tr.differs = true, tr.what = std::string("the plan's step fails: ") + e.what(), tr;
   }
+  auto plan_value = [&](NameId n, const Placements& pl, std::string& prob) { return global_of(t, dist, n, pl, oo, prob); };
+  return compare_with_spec(p, t, inst, inputs, plan_value, max_elements);
+}
+
+Truth compare_with_spec(const Program& p, const Program& t, const interp::Instantiation& inst, const std::vector<std::pair<NameId, Tensor>>& inputs,
+                        const std::function<Tensor(NameId, const Placements&, std::string&)>& plan_value, std::size_t max_elements) {
+  Truth tr;
+  OracleOptions oo;
+  oo.seed = 5;
   // The spec's forward on one device.
   Program s = p;
   s.ops = p.spec_ops;
   s.spec_ops.clear();
   s.has_spec = s.train = s.has_backward = s.has_grad_sync = false;
+  s.per_rank = false, s.programs.clear(), s.schedule = ScheduleSpec{};
   s.grad_sync.clear();
   s.outputs.clear();
   s.spec_outputs.clear();
@@ -699,7 +709,7 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   for (const auto& od : p.outputs)
     if (od.name == p.loss) {
       std::string prob;
-      Tensor pl = global_of(t, dist, od.name, od.has_placement ? od.placement : Placements{}, oo, prob);
+      Tensor pl = plan_value(od.name, od.has_placement ? od.placement : Placements{}, prob);
       if (!prob.empty()) return tr.differs = true, tr.what = "the plan's loss: " + prob, tr;
       double x = pl.data.at(0).d;
       if (std::abs(x - l0) > 1e-11 * std::max(1.0, std::abs(l0)))  // doubles in another order: about 1e-15
@@ -710,7 +720,7 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
     auto it = t.name_ids.find(p.name(d.name) + ".grad");
     if (it == t.name_ids.end()) continue;
     std::string prob;
-    Tensor g = global_of(t, dist, it->second, d.placement, oo, prob);
+    Tensor g = plan_value(it->second, d.placement, prob);
     if (!prob.empty()) return tr.differs = true, tr.what = fmt::format("{}.grad: {}", p.name(d.name), prob), tr;
     std::size_t nel = g.data.size();
     // The elements compared: all, or `max_elements` spread evenly (a large program's finite differences cost a
