@@ -282,22 +282,20 @@ int main(int argc, char** argv) {
       continue;
     }
     int n = 0, c = 0;
-    for (auto& m : mutants_of(base)) {
+    // One mutant judged: `types` says whether the checks before the value check report it (called only when needed).
+    auto judge = [&](const std::string& what, bool ch, bool rep, auto&& types) {
       ++total, ++n;
-      bool ch = changes_values(m.p), rep = reported(m.p);
-      if (!ch) {
-        ++equal;
-        continue;
-      }
+      if (!ch) return void(++equal);
       ++changing;
       if (rep) {
         ++caught, ++c;
-        if (!types_report(m.p)) ++caught_by_values;
+        if (!types()) ++caught_by_values;
       } else {
         ++missed;
-        std::cout << f.string() << ": missed mutant: " << m.what << "\n";
+        std::cout << f.string() << ": missed mutant: " << what << "\n";
       }
-    }
+    };
+    for (auto& m : mutants_of(base)) judge(m.what, changes_values(m.p), reported(m.p), [&] { return types_report(m.p); });
     // A pipeline: mutants of the lowered per-rank programs, checked as the value check and the temporal checks see them.
     if (base.schedule.present && !base.schedule.stages.empty()) {
       equiv_detail::TrainingPair tp = equiv_detail::pipeline_pair(base);
@@ -307,7 +305,6 @@ int main(int argc, char** argv) {
         continue;
       }
       for (auto& m : lowered_mutants(tp)) {
-        ++total, ++n;
         bool ch = false;
         for (std::uint64_t seed : {101, 202, 303}) {
           EquivOptions o;
@@ -315,19 +312,7 @@ int main(int argc, char** argv) {
           ch |= check_built_pair(m.tp, o).verdict == EquivVerdict::Mismatch;
         }
         bool temporal = has_error(check_temporal(m.tp.program));
-        bool rep = temporal || check_built_pair(m.tp).verdict == EquivVerdict::Mismatch;
-        if (!ch) {
-          ++equal;
-          continue;
-        }
-        ++changing;
-        if (rep) {
-          ++caught, ++c;
-          if (!temporal) ++caught_by_values;
-        } else {
-          ++missed;
-          std::cout << f.string() << ": missed mutant: " << m.what << "\n";
-        }
+        judge(m.what, ch, temporal || check_built_pair(m.tp).verdict == EquivVerdict::Mismatch, [&] { return temporal; });
       }
     }
     std::cout << f.filename().string() << ": " << n << " mutants, " << c << " value-changing reported\n";
