@@ -34,15 +34,24 @@ void Loader::load_stages(N n) {
   auto produced_by = [&](NameId id) { return static_cast<std::size_t>(id) < producer.size() ? producer[static_cast<std::size_t>(id)] : -1; };
   for (N item : stages) {
     std::size_t k = sp.stages.size();
-    if (!item.IsMap() || item.key_node("op").IsDefined() || !(item.key_node("use").IsDefined() || item.key_node("repeat").IsDefined()))
-      fail(item, stage_text(k) + " must be a module instance like {use: block, in: [x, w0], out: [h]} (write the stage's layers once, as a module)");
+    bool inline_ops = item.IsMap() && item.key_node("ops").IsDefined() && !item.key_node("use").IsDefined();
+    if (!item.IsMap() || item.key_node("op").IsDefined() || !(inline_ops || item.key_node("use").IsDefined() || item.key_node("repeat").IsDefined()))
+      fail(item, stage_text(k) + " must be a module instance like {use: block, in: [x, w0], out: [h]} (write the stage's layers once, as a module), "
+                                  "or its ops written out: {in: [...], out: [...], ops: [...]}");
     sp.stages.emplace_back();
     sp.stages.back().loc = item.loc();
+    if (inline_ops) for_each_key(item, {"in", "out", "ops"}, stage_text(k), [](N, N) {});
     auto ins = load_names(item["in"], "`in` of " + stage_text(k), true);
     auto outs = load_names(item["out"], "`out` of " + stage_text(k), true);
     if (outs.empty()) fail(item.key_node("out").IsDefined() ? item["out"] : item, stage_text(k) + " needs `out`: what it sends to the next stage (the last stage: its loss)");
     target_ = &sp.stages.back().ops;
-    load_instance(item);
+    if (inline_ops) {  // the names as written (what `spmdcheck` prints for an expanded stage)
+      N ops = item["ops"];
+      if (!ops.IsSequence()) fail(ops, "`ops` of " + stage_text(k) + " must be a list of ops");
+      for (N op : ops) load_item(op);
+    } else {
+      load_instance(item);
+    }
     target_ = &p_.ops;
     // Declarations an instance adds (module `tensors:`) are the stage's own weights.
     declared.resize(p_.names.size(), 0);

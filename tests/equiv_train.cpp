@@ -733,17 +733,22 @@ Truth compare_with_spec(const Program& p, const Program& t, const interp::Instan
     // loss per 1e-3 step, taken as 1e-9): relative to the loss alone, a small gradient (a saturated softmax, a
     // norm's eps) would hide a mistake that scales it.
     double scale = 0;
-    for (std::size_t k : ks) {
-      double h = 1e-3;  // (1e-2 is too coarse once attention and norms make the loss far from polynomial)
+    auto richardson = [&](std::size_t k, double h) {
       double d1 = (loss_at(d.name, k, h) - loss_at(d.name, k, -h)) / (2 * h);
       double d2 = (loss_at(d.name, k, h / 2) - loss_at(d.name, k, -h / 2)) / h;
-      fd[k] = (4 * d2 - d1) / 3;
+      return (4 * d2 - d1) / 3;
+    };
+    for (std::size_t k : ks) {
+      fd[k] = richardson(k, 1e-3);  // (1e-2 is too coarse once attention and norms make the loss far from polynomial)
       scale = std::max({scale, std::abs(fd[k]), std::abs(g.data[k].d)});
     }
     double tol = 1e-5 * scale + 1e-9 * std::max(1.0, std::abs(l0));
     for (std::size_t k : ks) {
       ++tr.compared;
-      if (std::abs(g.data[k].d - fd[k]) > tol)
+      // A deep stack (a pipeline of residual layers) can leave the step's truncation error above the tolerance: an
+      // element that differs is differentiated again with a step 10 times smaller, and differs only if that does too
+      // (the smaller step is closer to the derivative; its rounding, about 1e-12 of the loss, is far below the tolerance).
+      if (std::abs(g.data[k].d - fd[k]) > tol && std::abs(g.data[k].d - (fd[k] = richardson(k, 1e-4))) > tol)
         return tr.differs = true,
                tr.what = fmt::format("{}.grad[{}] is {} in the plan, {} by finite differences", p.name(d.name), k, g.data[k].d, fd[k]), tr;
     }
