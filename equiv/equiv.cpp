@@ -462,15 +462,19 @@ struct Culprit {
 };
 
 // Of the ops of several per-rank programs that compute one value (`op` and its peers), the one whose ranks hold pieces
-// that differ from the spec's value `want` under the reading most ranks agree with; `op` when no reading tells.
-int odd_program(const Setup& s, const Run& run, int op, const std::vector<int>& peers, const std::vector<Val>& merged, const Tensor& want) {
+// that differ from a spec value of `wants` under the reading most ranks agree with; `op` when none tells.
+int odd_program(const Setup& s, const Run& run, int op, const std::vector<int>& peers, const std::vector<Val>& merged,
+                const std::vector<const Tensor*>& wants) {
   const Val* v0 = nullptr;
   for (const auto& v : merged)
     if (v.defined && !v0) v0 = &v;
   if (!v0 || std::any_of(merged.begin(), merged.end(), [](const Val& v) { return !v.defined; })) return op;
   const auto& mesh = s.inst.mesh;
   int best = 0, best_bad = -1;
-  for (const Placements& pl : readings(s.p, *v0, false)) {
+  for (const Tensor* wp : wants)
+    for (const Placements& pl : readings(s.p, *v0, false)) {
+    const Tensor& want = *wp;
+    if (want.rank() != v0->t.rank()) continue;
     int good = 0, bad = -1;
     for (std::size_t r = 0; r < merged.size(); ++r) {
       // Rank r's piece of `want` under `pl`: each dim cut by its S axes, outer major.
@@ -493,7 +497,7 @@ int odd_program(const Setup& s, const Run& run, int op, const std::vector<int>& 
     }
     if (bad < 0) return op;  // every piece is the spec's under this reading: no program is odd
     if (good > best) best = good, best_bad = bad;
-  }
+    }
   if (best_bad < 0) return op;
   for (int q : peers)
     if (!run.plan_vals[static_cast<std::size_t>(q)].empty() && run.plan_vals[static_cast<std::size_t>(q)][0][static_cast<std::size_t>(best_bad)].defined) return q;
@@ -605,18 +609,23 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   }
   int first = frontier >= 0 ? frontier : fallback;
   c.op = named >= 0 ? named : first >= 0 ? first : last;
-  // A pipeline's values are per microbatch and read as families: there the frontier, when it comes first, is the op.
-  if (!family.empty() && frontier >= 0 && named >= 0 && position[static_cast<std::size_t>(frontier)] < position[static_cast<std::size_t>(named)])
+  // A pipeline's values are per microbatch and read as families, a per-rank plan's names are its programs' own (an
+  // imported graph's): there the frontier, when it comes first, is the op.
+  if ((!family.empty() || p.per_rank) && frontier >= 0 && named >= 0 && position[static_cast<std::size_t>(frontier)] < position[static_cast<std::size_t>(named)])
     c.op = frontier, c.named = -1;
   if (first >= 0 && position[static_cast<std::size_t>(first)] < position[static_cast<std::size_t>(c.op)]) c.frontier = first;
-  // Per-rank programs computing one value under one name: the program whose ranks' pieces differ from the spec's value.
-  if (!peers[static_cast<std::size_t>(c.op)].empty() && p.ops[static_cast<std::size_t>(c.op)].n_out) {
-    NameId want = counterpart[static_cast<std::size_t>(p.outs(p.ops[static_cast<std::size_t>(c.op)])[0])];
-    const Tensor* v = nullptr;
+  // Per-rank programs computing one value under one name: the program whose ranks' pieces differ from the spec's value
+  // (its counterpart, else the spec value most ranks' pieces are blocks of).
+  auto refine = [&](int op) {
+    if (op < 0 || peers[static_cast<std::size_t>(op)].empty() || !p.ops[static_cast<std::size_t>(op)].n_out) return op;
+    NameId want = counterpart[static_cast<std::size_t>(p.outs(p.ops[static_cast<std::size_t>(op)])[0])];
+    std::vector<const Tensor*> cands;
     for (const auto& sv : table)
-      if (want >= 0 && sv.name == want && (sv.op < 0 || sv.op == s.model_last[static_cast<std::size_t>(want)])) v = sv.t;
-    if (v) c.op = odd_program(s, run, c.op, peers[static_cast<std::size_t>(c.op)], values_of(c.op), *v);
-  }
+      if (want < 0 || (sv.name == want && (sv.op < 0 || sv.op == s.model_last[static_cast<std::size_t>(want)]))) cands.push_back(sv.t);
+    return odd_program(s, run, op, peers[static_cast<std::size_t>(op)], values_of(op), cands);
+  };
+  c.op = refine(c.op);
+  c.frontier = refine(c.frontier);
   const Op& op = p.ops[static_cast<std::size_t>(c.op)];
   // The model op it should have matched: one writing the same name (or linked by lineage), else one of the same
   // kind reading what this op's inputs matched, else the one writing the compared output.

@@ -211,6 +211,15 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
     for (NameId n : T.outs(T.ops[j])) last_writer[static_cast<std::size_t>(n)] = static_cast<int>(j);
 
   // ---- the lowered program ------------------------------------------------------------------------------------
+  // Every microbatch runs every stage's forward and backward once (and each rank its program once per step): the size
+  // is known before anything is built.
+  {
+    double n_ops = static_cast<double>(fr - 0) * static_cast<double>(N) + static_cast<double>(T.ops.size() - fs) + 8.0 * static_cast<double>(N) * S;
+    if (n_ops > static_cast<double>(kMaxOps))
+      throw LoadError(sp.loc, fmt::format("the schedule's per-rank programs would have about {:.0f} ops ({} microbatches x the {} ops of one microbatch's step); "
+                                          "the limit is {}",
+                                          n_ops, N, fr, kMaxOps));
+  }
   Program L = T;
   L.ops.clear();
   L.programs.clear();

@@ -30,6 +30,8 @@
 #include <map>
 #include <string>
 
+#include <unistd.h>
+
 #include "cli/check_file.h"
 #include "tests/equiv_pipeline.h"
 
@@ -300,7 +302,7 @@ struct PipelineTally {
 
 void run_pipeline(PipelineTally& t, std::uint64_t seed, int count, bool verbose) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / fmt::format("spmd_pipeline_difftest_{}", seed);
+  fs::path dir = fs::temp_directory_path() / fmt::format("spmd_pipeline_difftest_{}_{}", seed, ::getpid());  // runs in parallel do not share it
   fs::create_directories(dir);
   for (int i = 0; i < count; ++i) {
     std::uint64_t sd = seed + static_cast<std::uint64_t>(i);
