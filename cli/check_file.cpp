@@ -63,13 +63,16 @@ void check_stages(FileResult& r, const Options& opt, const std::string& path) {
     r.load_message = render_load_error(display_name(path), e);
     return;
   }
-  for (auto& d : pl.diags) r.diags.push_back(std::move(d));
+  // Their op indices are the step's or the lowered programs', not the file's (which has no ops): located by line only.
+  auto add = [&](std::vector<Diagnostic> ds) {
+    for (auto& d : ds) d.op = -1, r.diags.push_back(std::move(d));
+  };
+  add(std::move(pl.diags));
   if (!pl.built || has_errors(r.diags)) return;
   TemporalOptions to;
   to.p2p_model = model_option(opt).value_or(r.program.has_p2p_model ? r.program.p2p_model : P2PModel::Eager);
-  for (auto& d : check_temporal(pl.program, to)) r.diags.push_back(std::move(d));
-  if (r.program.has_spec && !has_errors(r.diags))
-    for (auto& d : check_equivalence(r.program).diags) r.diags.push_back(std::move(d));
+  add(check_temporal(pl.program, to));
+  if (r.program.has_spec && !has_errors(r.diags)) add(check_equivalence(r.program).diags);
 }
 
 }  // namespace

@@ -341,7 +341,8 @@ OracleResult run_oracle(const Program& p, const OracleOptions& o) {
   // What the oracle cannot run is skipped with the reason (never counted as agreement): a schedule's opaque
   // steps, and ops with no numeric kernel.
   if (p.schedule.present) {
-    res.message = "a pipeline schedule has opaque steps and no single-device meaning";
+    res.message = p.schedule.stages.empty() ? "a pipeline schedule has opaque steps and no single-device meaning"
+                                            : "a schedule with stages is run against its spec by `spmdcheck equiv` (docs/equivalence.md, \"Pipelines\")";
     return res;
   }
   for (const auto& op : p.ops)
