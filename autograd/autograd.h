@@ -48,6 +48,7 @@ struct TrainingCheck {
   // Ops in [first_relabel, first_sync) relabel a mean loss's parameter gradients P -> P(avg) (Reinterpret, no data
   // moves); grad_sync's ops start at first_sync.
   std::size_t first_relabel = 0, first_sync = 0;
+  std::vector<std::int32_t> forward_op;  // a derived backward: per op in [first_backward, first_relabel), the forward op it is a VJP of
   std::vector<Diagnostic> diags;   // findings in the backward and grad_sync, gradient-duality, unsynced-gradient
 };
 

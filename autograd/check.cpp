@@ -133,6 +133,7 @@ class TrainingChecker {
     sort_and_cap(r.diags, r.diags.size());
     r.first_relabel = first_relabel_;
     r.first_sync = first_sync_;
+    if (!hand_) r.forward_op = forward_op_;
     if (o_.step_types) *o_.step_types = std::move(tt_);
     return r;
   }

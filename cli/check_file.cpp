@@ -2,6 +2,7 @@
 #include "cli/check_file.h"
 
 #include "equiv/equiv.h"
+#include "equiv/pipeline.h"
 
 #include <fmt/format.h>
 
@@ -48,6 +49,32 @@ void check_schedule(FileResult& r, const Options& opt, std::ostream* dot) {
   }
 }
 
+// A schedule whose stages run real ops (docs/schedules.md, "Stages"): the stages' one-microbatch training step is
+// checked (spatial, backward, unsynced-gradient), the per-rank programs it lowers to get the temporal checks, and the
+// value check compares them with the spec.
+void check_stages(FileResult& r, const Options& opt, const std::string& path) {
+  if (std::any_of(r.diags.begin(), r.diags.end(), [](const Diagnostic& d) { return d.id == CheckId::ScheduleInvalid; })) return;
+  PipelineLowering pl;
+  try {
+    pl = lower_pipeline(r.program, *r.schedule);
+  } catch (const LoadError& e) {
+    r.load_failed = true;
+    r.load_error = e;
+    r.load_message = render_load_error(display_name(path), e);
+    return;
+  }
+  // Their op indices are the step's or the lowered programs', not the file's (which has no ops): located by line only.
+  auto add = [&](std::vector<Diagnostic> ds) {
+    for (auto& d : ds) d.op = -1, r.diags.push_back(std::move(d));
+  };
+  add(std::move(pl.diags));
+  if (!pl.built || has_errors(r.diags)) return;
+  TemporalOptions to;
+  to.p2p_model = model_option(opt).value_or(r.program.has_p2p_model ? r.program.p2p_model : P2PModel::Eager);
+  add(check_temporal(pl.program, to));
+  if (r.program.has_spec && !has_errors(r.diags)) add(check_equivalence(r.program).diags);
+}
+
 }  // namespace
 
 std::optional<BlockedRank> blocked_rank(const Note& n) {
@@ -82,25 +109,7 @@ bool has_errors(const std::vector<Diagnostic>& d) {
 // The schedule a file describes: a CSV file, or a program's `schedule:` (generated or a CSV next to it).
 Schedule schedule_of(const std::string& path, const Program& p) {
   if (is_csv(path)) return load_schedule_csv(path);
-  const ScheduleSpec& sp = p.schedule;
-  if (!sp.kind.empty()) {
-    try {
-      return generate_schedule(sp.kind, static_cast<int>(sp.ranks), static_cast<int>(sp.microbatches), static_cast<int>(sp.virtual_stages));
-    } catch (const std::invalid_argument& e) {
-      throw LoadError(sp.kind_loc, e.what());
-    }
-  }
-  fs::path csv = fs::path(path).parent_path() / sp.csv;
-  Schedule s;
-  try {
-    s = load_schedule_csv(csv.string());
-  } catch (const LoadError& e) {
-    throw LoadError(sp.csv_loc, e.loc.line ? fmt::format("in {}:{}:{}: {}", csv.string(), e.loc.line, e.loc.col, e.what()) : e.what());
-  }
-  if (static_cast<std::int64_t>(s.rows.size()) != sp.ranks)
-    throw LoadError(sp.csv_loc, fmt::format("{} has {} rows (pipeline ranks), but mesh axis {} has size {}", sp.csv, s.rows.size(),
-                                            p.mesh[static_cast<std::size_t>(sp.axis)].name, sp.ranks));
-  return s;
+  return program_schedule(p, path);
 }
 
 // Loads and checks one file; `dot`, when set, receives the happens-before graph.
@@ -128,6 +137,8 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
         for (auto& n : d.notes) n.loc = at;
       }
     }
+    if (!r.program.schedule.stages.empty()) check_stages(r, opt, path);
+    if (r.load_failed) return r;
     r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
     return r;
   }

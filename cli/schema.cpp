@@ -160,7 +160,7 @@ json program_schema() {
   json output = {{"anyOf", json::array({{{"type", "null"}},
                                         {{"type", "object"},
                                          {"additionalProperties", false},
-                                         {"properties", {{"placement", placements_schema()}, {"shape", shape_schema()}}}}})}};
+                                         {"properties", {{"placement", placements_schema()}, {"shape", shape_schema()}, {"ranks", coords_schema()}}}}})}};
   json schedule = {{"type", "object"},
                    {"additionalProperties", false},
                    {"properties",
@@ -168,7 +168,26 @@ json program_schema() {
                      {"csv", {{"type", "string"}}},
                      {"axis", {{"type", "string"}}},
                      {"microbatches", {{"type", "integer"}, {"minimum", 1}}},
-                     {"virtual_stages", {{"type", "integer"}, {"minimum", 1}}}}}};
+                     {"virtual_stages", {{"type", "integer"}, {"minimum", 1}}},
+                     // stages that run real ops (docs/schedules.md, "Stages")
+                     {"stages", {{"type", "array"},
+                                 {"minItems", 1},
+                                 {"items", {{"anyOf", json::array({{{"$ref", "#/definitions/use"}},
+                                                                   {{"type", "object"},
+                                                                    {"additionalProperties", false},
+                                                                    {"required", json::array({"out", "ops"})},
+                                                                    {"properties", {{"in", names_schema()}, {"out", names_schema()}, {"ops", op_list_schema()}}}}})}}}}},
+                     {"batch", {{"type", "object"},
+                                {"additionalProperties",
+                                 {{"anyOf", json::array({{{"type", "integer"}},
+                                                         {{"type", "object"},
+                                                          {"additionalProperties", false},
+                                                          {"required", json::array({"dim"})},
+                                                          {"properties", {{"dim", {{"type", "integer"}}},
+                                                                          {"order", {{"type", "array"}, {"items", {{"type", "integer"}, {"minimum", 0}}}}}}}}})}}}}},
+                     {"merge", {{"type", "object"}, {"additionalProperties", {{"anyOf", json::array({{{"enum", json::array({"sum", "mean"})}}, {{"type", "integer"}}})}}}}},
+                     {"steps", {{"type", "integer"}, {"minimum", 1}}},
+                     {"scale_grads", bool_schema()}}}};
   json rank_program = {{"type", "object"},
                        {"additionalProperties", false},
                        {"required", json::array({"ranks", "ops"})},

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <sstream>
 #include <utility>
 
@@ -24,6 +25,8 @@
 #include "interp/num.h"
 #include "interp/runner.h"
 #include "equiv/reduce.h"
+#include "equiv/per_rank.h"
+#include "equiv/pipeline.h"
 #include "equiv/training.h"
 #include "ir/loader.h"
 #include "spatial/spatial.h"
@@ -96,34 +99,6 @@ std::string values_text(const Tensor& t, std::size_t cap = 16) {
   return s;
 }
 
-// The model: the same declarations, the spec's ops (or the plan's own), run on one device.
-Program model_of(const Program& p) {
-  Program m = p;
-  m.local_view = false;
-  m.per_rank = false;
-  m.programs.clear();
-  m.train = false;
-  m.has_backward = false;
-  m.backward.clear();
-  m.has_grad_sync = false;
-  m.grad_sync.clear();
-  m.has_spec = false;
-  m.spec_ops.clear();
-  if (p.has_spec) {
-    // The spec is single-device code: its inputs are whole tensors (their values are the plan's, assembled).
-    for (auto& t : m.tensors) t.placement = Placements{}, t.uneven = false;
-    m.ops = p.spec_ops;
-    m.outputs.clear();
-    for (const auto& l : p.spec_outputs) {
-      OutputDecl od;
-      od.name = l.spec;
-      od.loc = l.loc;
-      m.outputs.push_back(od);
-    }
-  }
-  return m;
-}
-
 // The cuts made of one point on the ranks so far, a few distinct values (a value replicated over an axis is cut on
 // every rank that holds it, bit for bit the same).
 struct CutMemo {
@@ -140,8 +115,10 @@ struct Run {
   // Recorded when asked: every op output, model: [op][k] global; plan: [op][k][rank] local.
   std::vector<std::vector<Tensor>> model_vals;
   std::vector<std::vector<std::vector<Val>>> plan_vals;
+  std::vector<int> plan_order;  // recorded: plan ops in the order they first ran (a topological order across ranks)
   // Stage cuts (staged verification): each cut point's value before the cut, model global, plan per rank, kept until
-  // every rank has written the point; then it is checked (cut_ok) and dropped.
+  // every rank has written the point; then it is checked (cut_ok) and dropped. A point only some ranks write (per-rank
+  // programs) is checked after the run (cuts_hold).
   std::vector<Tensor> model_cut;
   std::vector<std::vector<Val>> plan_cut;
   std::vector<std::int64_t> cut_left;  // ranks yet to write each point
@@ -160,6 +137,7 @@ struct Setup {
   // NameId -> cut index or -1, for the plan's names and the model's.
   std::vector<int> plan_cut, model_cut;
   std::vector<int> plan_last, model_last;  // NameId -> the last op writing it (-1: none)
+  std::vector<char> plan_final;            // per operand slot of a plan op's output: its program's last write of the name
   // Training pairs: the ops [first, last) of each program that are a derived backward (for messages).
   std::pair<std::size_t, std::size_t> plan_bwd{0, 0}, model_bwd{0, 0};
   int n_cuts = 0;
@@ -169,6 +147,7 @@ struct Setup {
   // NameId -> 1 for the values read after a run (the compared outputs): a run without records frees the others
   // once dead (Runner::free_dead).
   std::vector<char> plan_keep, model_keep;
+  const equiv_detail::TrainingPair* pair = nullptr;  // a training pair: microbatch inputs and op families of a pipeline
 };
 
 bool cut_holds(const Setup& s, const std::vector<Val>& ranks, const Tensor& want);
@@ -238,6 +217,14 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       if (small_ints)
         for (std::int64_t r = 0; r < dist.ranks(); ++r) round_to_small_ints(dist.at(r, t.name), t.dtype);
     }
+    // A pipeline's microbatch inputs: part k of each rank's block of the batch input (the microbatch split is lineage).
+    if (s.pair)
+      for (const auto& mb : s.pair->microbatches)
+        for (std::int64_t r = 0; r < dist.ranks(); ++r) {
+          const Tensor& src = dist.at(r, mb.source).t;
+          std::int64_t n = src.shape[static_cast<std::size_t>(mb.dim)];
+          dist.at(r, mb.name).t = slice(src, mb.dim, n * mb.part / mb.parts, n * (mb.part + 1) / mb.parts);
+        }
     for (const auto& t : p.tensors) {
       Assembled a = assemble(p, dist, t.name, t.placement, s.oo);
       if (a.ok) one.at(0, t.name).t = std::move(a.t);
@@ -280,13 +267,14 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       const Op& op = p.ops[static_cast<std::size_t>(oi)];
       if (record) {
         auto& slot = r->plan_vals[static_cast<std::size_t>(oi)];
-        if (slot.empty()) slot.assign(op.n_out, std::vector<Val>(static_cast<std::size_t>(dist.ranks())));
+        if (slot.empty()) slot.assign(op.n_out, std::vector<Val>(static_cast<std::size_t>(dist.ranks()))), r->plan_order.push_back(oi);
         int k = 0;
         for (NameId n : p.outs(op)) slot[static_cast<std::size_t>(k++)][static_cast<std::size_t>(rank)] = dist.at(rank, n);
       }
-      if (cut)
-        for (NameId n : p.outs(op))
-          if (int c = s.plan_cut[static_cast<std::size_t>(n)]; c >= 0 && s.plan_last[static_cast<std::size_t>(n)] == oi) {
+      if (cut && op.kind != OpKind::Recv)  // a received value is its Send's, already cut on the sender (per-rank programs)
+        for (std::size_t k = 0; k < op.n_out; ++k)
+          if (NameId n = p.outs(op)[k]; s.plan_cut[static_cast<std::size_t>(n)] >= 0 && s.plan_final[op.first + op.n_in + k]) {
+            int c = s.plan_cut[static_cast<std::size_t>(n)];
             auto cu = static_cast<std::size_t>(c);
             r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
             cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
@@ -333,6 +321,7 @@ struct Link {
   NameId plan, spec;
   Loc loc;
   Placements pl{};
+  std::vector<std::pair<int, std::int64_t>> held{};  // an output's `ranks:` (per-rank plans): read from those ranks only
 };
 
 // Compares every link; `degree` receives the largest degree bound of the compared elements (plan + spec).
@@ -342,12 +331,13 @@ std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& l
     const Link& l = links[k];
     const std::string& name = s.p.name(l.plan);
     const Val& g = run.model->at(0, l.spec);
-    const Assembled a = assemble(s.p, *run.plan, l.plan, l.pl, s.oo);  // (const: reading a shared buffer never copies it)
+    const Assembled a = assemble(s.p, *run.plan, l.plan, l.pl, s.oo, l.held);  // (const: reading a shared buffer never copies it)
     Difference d;
     d.link = k;
     if (!g.defined) return d.what = "the spec never computes " + s.p.name(l.spec), d;
     if (!a.ok) {
       if (a.undefined) continue;
+      d.kind = a.disagree ? DiffKind::Real : DiffKind::Form;  // ranks holding different values: a counterexample, located
       return d.what = "the plan's " + name + " cannot be assembled by its placement: " + a.problem, d;
     }
     std::int64_t e = first_difference(a.t, g.t);
@@ -376,10 +366,9 @@ struct SpecValue {
 
 // Placements to read a plan value by: a dim the runner tracks as sharded by an axis is S(dim) there; any other axis
 // may be R or a pending sum (global view); in local view any axis may also be S(d) of any dim.
-std::vector<Placements> readings(const Program& p, const std::vector<Val>& ranks, bool pending = true) {
+std::vector<Placements> readings(const Program& p, const Val& v0, bool pending = true) {
   std::size_t n_axes = p.mesh.size();
   std::vector<std::vector<Placement>> per_axis(n_axes);
-  const Val& v0 = ranks[0];
   int rank = v0.t.rank();
   for (std::size_t a = 0; a < n_axes; ++a) {
     int sd = -1;
@@ -410,12 +399,15 @@ std::vector<Placements> readings(const Program& p, const std::vector<Val>& ranks
 }
 
 // Assembles the per-rank `ranks` by every reading (with or without pending sums) until `found` accepts one.
+// Per-rank plans: only the ranks that hold the value (the ranks of the programs that compute it) are read.
 template <class Found>
 bool any_reading(const Setup& s, const std::vector<Val>& ranks, bool pending, const OracleOptions& o, Found&& found) {
-  for (const Placements& pl : readings(s.p, ranks, pending)) {
-    std::vector<Tensor> pieces;
-    for (const auto& v : ranks) pieces.push_back(v.t);
-    Assembled a = assemble_pieces(s.p, s.inst.mesh, std::move(pieces), pl, o);
+  std::vector<Tensor> held;
+  std::vector<std::int64_t> sizes;
+  const Val* first = nullptr;
+  if (!equiv_detail::held_pieces(s.inst.mesh, ranks, held, sizes, &first)) return false;
+  for (const Placements& pl : readings(s.p, *first, pending)) {
+    Assembled a = assemble_pieces(s.p, sizes, held, pl, o);
     if (a.ok && found(a.t)) return true;
   }
   return false;
@@ -471,7 +463,7 @@ int layout_equal(const Setup& s, bool zigzag, const Tensor& t, const Tensor& wan
 
 // The model value `v` equals under some reading (and layout, layout_equal), if any.
 const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks, bool zigzag = false) {
-  if (ranks.empty() || !ranks[0].defined) return nullptr;
+  if (ranks.empty()) return nullptr;  // (per-rank plans: only the ranks that hold the value are read)
   OracleOptions quiet = s.oo;
   quiet.rtol = kRtol, quiet.atol = kAtol;
   const SpecValue* hit = nullptr;
@@ -487,7 +479,7 @@ const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, cons
 // plan and the spec share is a lineage point only then (a padded, per-block or otherwise other-shaped value of
 // the same name is another value).
 bool comparable(const Setup& s, const std::vector<Val>& ranks, const Tensor& want, bool zigzag) {
-  if (ranks.empty() || !ranks[0].defined) return false;
+  if (ranks.empty()) return false;
   OracleOptions quiet = s.oo;
   quiet.rtol = kRtol, quiet.atol = kAtol;
   return any_reading(s, ranks, true, quiet, [&](const Tensor& t) { return layout_equal(s, zigzag, t, want) >= 0; });
@@ -495,18 +487,103 @@ bool comparable(const Setup& s, const std::vector<Val>& ranks, const Tensor& wan
 
 // A stage cut holds: the plan's value before the cut, read by some placement with no pending sum (a cut of per-rank
 // summands would not be a cut of their sum), equals the model's in doubles and in every lane. Each point is checked
-// as soon as every rank of the plan has written it (run_once); cuts_hold says whether all of a run's points held.
+// as soon as every rank of the plan has written it (run_once); one only some ranks write (the ranks whose program
+// writes it) after the run. Per-rank plans: the ranks that hold the value are read (any_reading).
 bool cut_holds(const Setup& s, const std::vector<Val>& ranks, const Tensor& want) {
-  if (ranks.empty() || std::any_of(ranks.begin(), ranks.end(), [](const Val& v) { return !v.defined; })) return false;
+  if (ranks.empty()) return false;
   return any_reading(s, ranks, false, s.oo, [&](const Tensor& t) { return t.shape == want.shape && same_value(t, want); });
 }
 
-bool cuts_hold(const Run& run) {
-  return std::all_of(run.cut_ok.begin(), run.cut_ok.end(), [](char ok) { return ok != 0; });
+bool cuts_hold(const Setup& s, const Run& run) {
+  for (std::size_t c = 0; c < run.cut_ok.size(); ++c) {
+    if (run.cut_ok[c]) continue;
+    if (run.cut_left[c] == 0 || !cut_holds(s, run.plan_cut[c], run.model_cut[c])) return false;  // (checked when the last rank wrote it)
+  }
+  return true;
 }
 
 // Kinds whose outputs are partial by design (a ring attention step without its accumulator): never blamed first.
 bool partial_by_design(const Op& op) { return op.kind == OpKind::RingAttentionStep && op.n_in < 5; }
+// And ops a pipeline's lowering made (gradient accumulation, merges over microbatches): correct by construction.
+bool generated_op(const Setup& s, int oi) { return s.pair && static_cast<std::size_t>(oi) < s.pair->generated.size() && s.pair->generated[static_cast<std::size_t>(oi)]; }
+
+// A pipelined plan: the instances of one op of the one-microbatch step (one per microbatch) are read together, as the
+// spec sees them: concatenated along a dim (the microbatch split), summed or averaged (a loss or a gradient per
+// microbatch), or one of them when all agree; then by placement over the mesh. Other ops: their value alone.
+const SpecValue* match_op(const Setup& s, const std::vector<SpecValue>& table, const Run& run, int oi, const std::vector<int>& instances,
+                          const std::vector<Val>& merged, bool zigzag = false) {
+  const auto& own = run.plan_vals[static_cast<std::size_t>(oi)];
+  if (instances.size() < 2) return match(s, table, merged, zigzag);
+  std::size_t ranks = own[0].size();
+  int rank = -1;
+  for (const Val& v : own[0])
+    if (v.defined && rank < 0) rank = v.t.rank();
+  // Instances of one microbatch on other ranks (a value and its copy received by the next stage) are one value.
+  std::vector<std::vector<int>> by_mb;
+  for (std::size_t k = 0; k < instances.size(); ++k) {
+    int mb = s.pair->mb[static_cast<std::size_t>(instances[k])];
+    if (k == 0 || mb != s.pair->mb[static_cast<std::size_t>(instances[k - 1])]) by_mb.emplace_back();
+    by_mb.back().push_back(instances[k]);
+  }
+  if (by_mb.size() < 2) return match(s, table, merged, zigzag);
+  // A scalar of the backward (the gradient of a microbatch's loss) is read as the same value in every microbatch (the
+  // dual of a loss read as their sum): summed, the gradients of wrongly scaled losses could add up to the right one.
+  bool same_only = rank == 0 && static_cast<std::size_t>(oi) < s.pair->derived.size() && s.pair->derived[static_cast<std::size_t>(oi)];
+  auto combined = [&](auto&& combine) -> std::vector<Val> {
+    std::vector<Val> out(ranks);
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::vector<const Tensor*> parts;
+      const Val* first = nullptr;
+      for (const auto& group : by_mb)
+        for (int i : group) {
+          const Val& v = run.plan_vals[static_cast<std::size_t>(i)][0][r];
+          if (!v.defined) continue;
+          if (!first) first = &v;
+          parts.push_back(&v.t);
+          break;
+        }
+      if (!first) continue;
+      if (parts.size() != by_mb.size()) return {};
+      out[r] = *first;
+      if (!combine(parts, out[r].t)) return {};
+    }
+    return out;
+  };
+  auto try_reading = [&](const std::vector<Val>& vals) { return vals.empty() ? nullptr : match(s, table, vals, zigzag); };
+  auto add = [&](const std::vector<const Tensor*>& parts, Tensor& t, bool mean) {
+    for (std::size_t k = 1; k < parts.size(); ++k) {
+      if (parts[k]->shape != t.shape) return false;
+      for (std::size_t e = 0; e < t.data.size(); ++e) t.data[e] = t.data[e] + parts[k]->data[e];
+    }
+    if (mean) {
+      const Num n = static_cast<double>(parts.size());
+      for (auto& e : t.data) e = e / n;
+    }
+    return true;
+  };
+  if (!same_only) {
+    if (auto* m = try_reading(combined([&](const auto& parts, Tensor& t) { return add(parts, t, false); }))) return m;
+    if (auto* m = try_reading(combined([&](const auto& parts, Tensor& t) { return add(parts, t, true); }))) return m;
+  }
+  for (int d = 0; d < rank; ++d) {
+    auto cat = combined([&](const auto& parts, Tensor& t) {
+      if (d >= t.rank()) return false;
+      std::vector<Tensor> ts;
+      for (const Tensor* x : parts) ts.push_back(*x);
+      try {
+        t = concat(ts, d);
+      } catch (const std::runtime_error&) {
+        return false;
+      }
+      return true;
+    });
+    if (auto* m = try_reading(cat)) return m;
+  }
+  auto same = combined([&](const auto& parts, Tensor&) {
+    return std::all_of(parts.begin(), parts.end(), [&](const Tensor* x) { return x->shape == parts[0]->shape && same_value(*x, *parts[0]); });
+  });
+  return try_reading(same);
+}
 
 struct Culprit {
   int op = -1;         // plan op
@@ -514,6 +591,49 @@ struct Culprit {
   int frontier = -1;   // the first op on the way whose value matches no model value, when it is not `op`
   NameId named = -1;   // when `op` is a lineage point: the model's name it differs from
 };
+
+// Of the ops of several per-rank programs that compute one value (`op` and its peers), the one whose ranks hold pieces
+// that differ from a spec value of `wants` under the reading most ranks agree with; `op` when none tells.
+int odd_program(const Setup& s, const Run& run, int op, const std::vector<int>& peers, const std::vector<Val>& merged,
+                const std::vector<const Tensor*>& wants) {
+  const Val* v0 = nullptr;
+  for (const auto& v : merged)
+    if (v.defined && !v0) v0 = &v;
+  if (!v0 || std::any_of(merged.begin(), merged.end(), [](const Val& v) { return !v.defined; })) return op;
+  const auto& mesh = s.inst.mesh;
+  int best = 0, best_bad = -1;
+  for (const Tensor* wp : wants)
+    for (const Placements& pl : readings(s.p, *v0, false)) {
+    const Tensor& want = *wp;
+    if (want.rank() != v0->t.rank()) continue;
+    int good = 0, bad = -1;
+    for (std::size_t r = 0; r < merged.size(); ++r) {
+      // Rank r's piece of `want` under `pl`: each dim cut by its S axes, outer major.
+      std::vector<std::int64_t> c(mesh.size());
+      for (std::int64_t x = static_cast<std::int64_t>(r), a = static_cast<std::int64_t>(mesh.size()) - 1; a >= 0; --a)
+        c[static_cast<std::size_t>(a)] = x % mesh[static_cast<std::size_t>(a)], x /= mesh[static_cast<std::size_t>(a)];
+      Tensor piece = want;
+      bool ok = true;
+      for (int d = 0; d < piece.rank() && ok; ++d) {
+        std::int64_t n = 1, idx = 0;
+        for (std::size_t a = 0; a < mesh.size(); ++a)
+          if (pl[a].is_s(d)) n *= mesh[a], idx = idx * mesh[a] + c[a];
+        if (n == 1) continue;
+        std::int64_t lo, hi;
+        chunk_range(piece.shape[static_cast<std::size_t>(d)], n, idx, lo, hi);
+        piece = slice(piece, d, lo, hi);
+      }
+      if (ok && piece.shape == merged[r].t.shape && same_value(piece, merged[r].t)) ++good;
+      else if (bad < 0) bad = static_cast<int>(r);
+    }
+    if (bad < 0) return op;  // every piece is the spec's under this reading: no program is odd
+    if (good > best) best = good, best_bad = bad;
+    }
+  if (best_bad < 0) return op;
+  for (int q : peers)
+    if (!run.plan_vals[static_cast<std::size_t>(q)].empty() && run.plan_vals[static_cast<std::size_t>(q)][0][static_cast<std::size_t>(best_bad)].defined) return q;
+  return op;
+}
 
 Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<NameId, NameId>>& links) {
   const Program& p = s.p;
@@ -527,14 +647,10 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
     for (std::size_t k = 0; k < run.model_vals[oi].size() && k < outs.size(); ++k)
       table.push_back({&run.model_vals[oi][k], static_cast<int>(oi), outs[k]});
   }
-  // Producers: the last writer of each name before each op.
-  std::vector<std::vector<int>> producers(p.ops.size());
-  std::vector<int> writer(p.names.size(), -1);
-  for (std::size_t oi = 0; oi < p.ops.size(); ++oi) {
-    for (NameId n : p.ins(p.ops[oi])) producers[oi].push_back(writer[static_cast<std::size_t>(n)]);
-    for (NameId n : p.outs(p.ops[oi])) writer[static_cast<std::size_t>(n)] = static_cast<int>(oi);
-  }
-  int last = writer[static_cast<std::size_t>(output)];
+  // Producers: the last writer of each name before each op in its program (and across programs: a Recv's Send, a
+  // collective's partners). Ops are walked in the order they ran, a topological order across ranks.
+  std::vector<std::vector<int>> producers = equiv_detail::plan_producers(p);
+  int last = s.plan_last[static_cast<std::size_t>(output)];
   Culprit c;
   if (last < 0) return c;
   std::vector<char> in_cone(p.ops.size(), 0);
@@ -550,16 +666,49 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   bool zigzag = p.local_view || std::any_of(p.ops.begin(), p.ops.end(), [](const Op& op) { return op.kind == OpKind::LoadBalance; });
   std::vector<const SpecValue*> matched(p.ops.size(), nullptr);
   std::vector<char> good(p.ops.size(), 0);
+  std::vector<int> position(p.ops.size(), -1);
+  for (std::size_t k = 0; k < run.plan_order.size(); ++k) position[static_cast<std::size_t>(run.plan_order[k])] = static_cast<int>(k);
+  // A pipelined plan: an op of the one-microbatch step has an instance per microbatch, matched together (match_op).
+  std::unordered_map<int, std::vector<int>> family;
+  auto family_of = [&](int oi) {
+    return s.pair && static_cast<std::size_t>(oi) < s.pair->family.size() && s.pair->mb[static_cast<std::size_t>(oi)] >= 0 ? s.pair->family[static_cast<std::size_t>(oi)] : -1;
+  };
+  for (int oi : run.plan_order)
+    if (int f = family_of(oi); f >= 0) family[f].push_back(oi);
+  for (auto& [f, v] : family)
+    std::stable_sort(v.begin(), v.end(), [&](int a, int b) { return s.pair->mb[static_cast<std::size_t>(a)] < s.pair->mb[static_cast<std::size_t>(b)]; });
+  static const std::vector<int> alone;
+  auto instances = [&](int oi) -> const std::vector<int>& {
+    int f = family_of(oi);
+    return f >= 0 ? family[f] : alone;
+  };
+  // Per-rank programs: the same value written by other programs (the same name, the same write) is read with it.
+  std::vector<std::vector<int>> peers = equiv_detail::name_peers(p);
+  auto values_of = [&](int oi) {
+    std::vector<Val> v = run.plan_vals[static_cast<std::size_t>(oi)][0];
+    for (int q : peers[static_cast<std::size_t>(oi)])
+      if (!run.plan_vals[static_cast<std::size_t>(q)].empty())
+        for (std::size_t r = 0; r < v.size(); ++r)
+          if (!v[r].defined && run.plan_vals[static_cast<std::size_t>(q)][0][r].defined) v[r] = run.plan_vals[static_cast<std::size_t>(q)][0][r];
+    return v;
+  };
+  std::unordered_map<int, const SpecValue*> family_match;
+  for (int oi : run.plan_order) {
+    auto o = static_cast<std::size_t>(oi);
+    if (!in_cone[o] || run.plan_vals[o].empty()) continue;
+    int f = family_of(oi);
+    if (auto it = family_match.find(f); f >= 0 && it != family_match.end()) matched[o] = it->second;
+    else matched[o] = match_op(s, table, run, oi, instances(oi), values_of(oi), zigzag);
+    if (f >= 0) family_match[f] = matched[o];
+    good[o] = matched[o] != nullptr;
+  }
   int frontier = -1, fallback = -1;
-  for (std::size_t oi = 0; oi < p.ops.size(); ++oi) {
-    if (!in_cone[oi] || run.plan_vals[oi].empty()) continue;
-    const SpecValue* m = match(s, table, run.plan_vals[oi][0], zigzag);
-    matched[oi] = m;
-    good[oi] = m != nullptr;
-    if (good[oi] || partial_by_design(p.ops[oi])) continue;
-    bool inputs_good = std::all_of(producers[oi].begin(), producers[oi].end(), [&](int q) { return q < 0 || good[static_cast<std::size_t>(q)]; });
-    if (inputs_good && frontier < 0) frontier = static_cast<int>(oi);
-    if (fallback < 0) fallback = static_cast<int>(oi);
+  for (int oi : run.plan_order) {
+    auto o = static_cast<std::size_t>(oi);
+    if (!in_cone[o] || run.plan_vals[o].empty() || good[o] || partial_by_design(p.ops[o]) || generated_op(s, oi)) continue;
+    bool inputs_good = std::all_of(producers[o].begin(), producers[o].end(), [&](int q) { return q < 0 || good[static_cast<std::size_t>(q)]; });
+    if (inputs_good && frontier < 0) frontier = oi;
+    if (fallback < 0) fallback = oi;
   }
   // A value the plan and the model both name (the same name, a lineage: pair, a compared output) is a lineage
   // point the user declared: the first one that does not equal its own counterpart is where the plan goes wrong.
@@ -569,22 +718,51 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   for (const auto& l : p.lineage) counterpart[static_cast<std::size_t>(l.plan)] = l.spec;
   for (const auto& [pl, sp] : links) counterpart[static_cast<std::size_t>(pl)] = sp;
   int named = -1;
-  for (std::size_t oi = 0; oi < p.ops.size() && named < 0; ++oi) {
-    if (!in_cone[oi] || run.plan_vals[oi].empty() || p.ops[oi].n_out == 0) continue;
-    NameId out = p.outs(p.ops[oi])[0];
+  for (int oi : run.plan_order) {
+    auto o = static_cast<std::size_t>(oi);
+    const Op& po = p.ops[o];
+    if (named >= 0) break;
+    if (!in_cone[o] || run.plan_vals[o].empty() || po.n_out == 0 || generated_op(s, oi)) continue;
+    NameId out = p.outs(po)[0];
+    // An instance for one microbatch (`h@mb3`) stands for the step's value of its base name (`h`).
+    if (family_of(oi) >= 0) {
+      const std::string& nm = p.name(out);
+      auto at = nm.rfind("@mb");
+      auto it = at == std::string::npos ? p.name_ids.end() : p.name_ids.find(nm.substr(0, at));
+      if (it == p.name_ids.end() || instances(oi).empty() || instances(oi)[0] != oi) continue;
+      out = it->second;
+    }
     NameId want = counterpart[static_cast<std::size_t>(out)];
     // a name's final values are compared (a gradient accumulated in place is partial before its last write)
-    if (want < 0 || s.plan_last[static_cast<std::size_t>(out)] != static_cast<int>(oi)) continue;
+    if (want < 0 || !s.plan_final[po.first + po.n_in]) continue;
     std::vector<SpecValue> own;
     for (const auto& sv : table)
       if (sv.name == want && (sv.op < 0 || sv.op == s.model_last[static_cast<std::size_t>(want)])) own.push_back(sv);
     // a name the spec shares but with another layout (a padded gather, a per-block mask) is not a lineage point
-    if (own.empty() || !comparable(s, run.plan_vals[oi][0], *own[0].t, zigzag)) continue;
-    if (!match(s, own, run.plan_vals[oi][0], zigzag)) named = static_cast<int>(oi), c.named = want;
+    if (own.empty()) continue;
+    std::vector<Val> vals = values_of(oi);
+    if (instances(oi).size() < 2 && !comparable(s, vals, *own[0].t, zigzag)) continue;
+    if (!match_op(s, own, run, oi, instances(oi), vals, zigzag)) named = oi, c.named = want;
   }
   int first = frontier >= 0 ? frontier : fallback;
   c.op = named >= 0 ? named : first >= 0 ? first : last;
-  if (first >= 0 && first < c.op) c.frontier = first;
+  // A pipeline's values are per microbatch and read as families, a per-rank plan's names are its programs' own (an
+  // imported graph's): there the frontier, when it comes first, is the op.
+  if ((!family.empty() || p.per_rank) && frontier >= 0 && named >= 0 && position[static_cast<std::size_t>(frontier)] < position[static_cast<std::size_t>(named)])
+    c.op = frontier, c.named = -1;
+  if (first >= 0 && position[static_cast<std::size_t>(first)] < position[static_cast<std::size_t>(c.op)]) c.frontier = first;
+  // Per-rank programs computing one value under one name: the program whose ranks' pieces differ from the spec's value
+  // (its counterpart, else the spec value most ranks' pieces are blocks of).
+  auto refine = [&](int op) {
+    if (op < 0 || peers[static_cast<std::size_t>(op)].empty() || !p.ops[static_cast<std::size_t>(op)].n_out) return op;
+    NameId want = counterpart[static_cast<std::size_t>(p.outs(p.ops[static_cast<std::size_t>(op)])[0])];
+    std::vector<const Tensor*> cands;
+    for (const auto& sv : table)
+      if (want < 0 || (sv.name == want && (sv.op < 0 || sv.op == s.model_last[static_cast<std::size_t>(want)]))) cands.push_back(sv.t);
+    return odd_program(s, run, op, peers[static_cast<std::size_t>(op)], values_of(op), cands);
+  };
+  c.op = refine(c.op);
+  c.frontier = refine(c.frontier);
   const Op& op = p.ops[static_cast<std::size_t>(c.op)];
   // The model op it should have matched: one writing the same name (or linked by lineage), else one of the same
   // kind reading what this op's inputs matched, else the one writing the compared output.
@@ -622,11 +800,13 @@ std::string op_text(const Setup& s, bool model, const Op& op) {
   std::string t = op_text(p, op);
   auto i = static_cast<std::size_t>(&op - p.ops.data());
   auto [from, to] = model ? s.model_bwd : s.plan_bwd;
-  if (i < p.ops.size() && i >= from && i < to) t += " (in the derived backward of the op on this line)";
+  bool derived = !model && s.pair && i < s.pair->derived.size() && s.pair->derived[i];  // a pipeline's stage backward
+  if (i < p.ops.size() && ((i >= from && i < to) || derived)) t += " (in the derived backward of the op on this line)";
   return t;
 }
 
 constexpr int kMaxAttempts = 8;
+constexpr int kMinIntTrials = 3;
 constexpr double kLog2Target = -40;
 
 // log2 of one trial's false-agreement probability: per lane eps = (sum over stage tags of U_t(U_t-1)/2 + 1) D / p
@@ -642,8 +822,8 @@ double trial_log2_bound(std::uint64_t degree) {
 std::string scope_text(const Program& p) {
   std::vector<std::string> parts;
   std::string ints;
-  for (const auto& t : p.tensors)
-    if (is_int(t.dtype)) ints += (ints.empty() ? "" : ", ") + p.name(t.name);
+  for (const auto& t : p.tensors)  // (a pipeline's microbatch inputs, `ids@mb3`, are parts of the ones named)
+    if (is_int(t.dtype) && p.name(t.name).find("@mb") == std::string::npos) ints += (ints.empty() ? "" : ", ") + p.name(t.name);
   if (!ints.empty()) parts.push_back("the drawn integer inputs (" + ints + ")");
   // Value-dependent choices never reach `equivalent` (value_choice); what is left is Dropout's seeded masks.
   bool dropout = false;
@@ -756,6 +936,7 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   std::string cex;
   if (rec)
     for (const auto& t : p.tensors) {
+      if (s.pair && std::any_of(s.pair->microbatches.begin(), s.pair->microbatches.end(), [&](const auto& m) { return m.name == t.name; })) continue;
       const Val& v = rec->model->at(0, t.name);
       cex += fmt::format("{}{} = {}", cex.empty() ? "" : "; ", p.name(t.name), values_text(v.t));
     }
@@ -803,6 +984,22 @@ const char* equiv_verdict_name(EquivVerdict v) {
 
 namespace {
 
+// Not checked, and why; a program with a spec, which claims a comparison, gets a value-unproved warning at its spec.
+EquivResult not_checked(const Program& p, const std::string& why) {
+  EquivResult res;
+  res.verdict = EquivVerdict::Skipped;
+  res.message = "equivalence not checked: " + why;
+  if (p.has_spec) {
+    Diagnostic d;
+    d.id = CheckId::ValueUnproved;
+    d.severity = Severity::Warning;
+    d.loc = p.spec_loc;
+    d.message = res.message;
+    res.diags.push_back(std::move(d));
+  }
+  return res;
+}
+
 // The check of a plan/spec pair: a forward program, or (with `pending`) the training steps of equiv/training.h, whose
 // `pending` names (a pending sum at their last write) are never stage cuts.
 // A run at reduced sizes (equiv/reduce.h): the sizes, the real shapes the value-using kernels read, and what the verdict covers.
@@ -815,20 +1012,14 @@ struct Reduced {
 EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_detail::TrainingPair* pending, const Reduced* red) {
   EquivResult res;
   auto skip = [&](std::string why, Loc at = {}) {
-    res.verdict = EquivVerdict::Skipped;
-    res.message = "equivalence not checked: " + why;
-    if (p.has_spec) {
-      Diagnostic d;
-      d.id = CheckId::ValueUnproved;
-      d.severity = Severity::Warning;
-      d.loc = at.line ? at : p.spec_loc;
-      d.message = res.message;
-      res.diags.push_back(std::move(d));
-    }
-    return res;
+    EquivResult r = not_checked(p, why);
+    r.sizes = res.sizes;
+    if (at.line)
+      for (auto& d : r.diags) d.loc = at;
+    return r;
   };
   if (p.schedule.present) return skip("a pipeline schedule has no single-device meaning here");
-  if (p.per_rank) return skip("per-rank `programs:` are not run by the equivalence check yet");
+  if (p.per_rank && !p.has_spec) return skip("per-rank `programs:` need a `spec:` to be compared with (they have no single-device run of their own)");
   if (p.local_view && !p.has_spec) return skip("a local-view plan needs a `spec:` to be compared with");
   for (const auto* list : {&p.ops, &p.spec_ops})
     for (const auto& op : *list)
@@ -841,8 +1032,8 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   for (const auto& op : p.ops)
     if (op.kind == OpKind::Reinterpret)
       return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
-  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, 0, {}, {}};
-  if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd;
+  Setup s{p, model_of(p)};
+  if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd, s.pair = pending;
   s.oo.seed = opt.seed;
   if (opt.max_bytes > 0) s.oo.max_bytes = opt.max_bytes;
   std::string covers;  // with a reduction: what the verdict covers
@@ -905,11 +1096,12 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       if (const OutputDecl* od = decl_of(l.plan)) {
         if (od->has_placement) k.pl = od->placement;
         k.loc = od->loc;
+        k.held = od->ranks;
       }
       links.push_back(k);
     }
   } else {
-    for (const auto& od : p.outputs) links.push_back({od.name, od.name, od.loc, od.has_placement ? od.placement : Placements{}});
+    for (const auto& od : p.outputs) links.push_back({od.name, od.name, od.loc, od.has_placement ? od.placement : Placements{}, od.ranks});
   }
   if (links.empty()) return skip("nothing to compare (no outputs)");
   s.plan_keep.assign(p.names.size(), 0);
@@ -923,6 +1115,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     s.model_last.assign(p.names.size(), -1);
     for (std::size_t oi = 0; oi < p.ops.size(); ++oi)
       for (NameId n : p.outs(p.ops[oi])) s.plan_last[static_cast<std::size_t>(n)] = static_cast<int>(oi);
+    s.plan_final = equiv_detail::final_writes(p);
     for (std::size_t oi = 0; oi < s.model.ops.size(); ++oi)
       for (NameId n : s.model.outs(s.model.ops[oi])) s.model_last[static_cast<std::size_t>(n)] = static_cast<int>(oi);
     s.plan_cut.assign(p.names.size(), -1);
@@ -1015,7 +1208,14 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   std::uint64_t max_degree = 0, max_uf = 0;
   const Op* choice = value_choice(p);  // a choice by value: static (routing, max/min), or met by a mask of float data in a run
   bool choices = choice != nullptr;
-  for (int attempt = 0; attempt < kMaxAttempts && (log2_bound > kLog2Target || choices); ++attempt) {
+  // A pipeline's integer inputs cut into microbatches (labels, ids): the verdict holds for the drawn values, and a
+  // shuffled or dropped microbatch of few small labels can leave one draw unchanged; three draws at least.
+  int min_trials = 1;
+  if (s.pair)
+    for (const auto& mb : s.pair->microbatches)
+      for (const auto& t : p.tensors)
+        if (t.name == mb.name && is_int(t.dtype)) min_trials = kMinIntTrials;
+  for (int attempt = 0; attempt < kMaxAttempts && (log2_bound > kLog2Target || choices || trials < min_trials); ++attempt) {
     std::uint64_t ts = attempt == 0 ? opt.seed : mix(opt.seed ^ (0x7e57ULL + static_cast<std::uint64_t>(attempt)));
     num::Lanes guard({ts});
     std::unique_ptr<Run> run;
@@ -1024,7 +1224,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     try {
       // With stage cuts first; a cut that does not hold (or a difference in the lanes) is decided without them.
       run = run_once(s, ts, false, false, work, true);
-      if (run->failure.empty() && !num::trial_failed() && cuts_hold(*run)) {
+      if (run->failure.empty() && !num::trial_failed() && cuts_hold(s, *run)) {
         diff = compare(s, *run, links, degree);
         if (!diff || diff->kind != DiffKind::Lanes) staged = staged || s.n_cuts > 0;
         else run.reset();
@@ -1199,11 +1399,15 @@ bool prepare_reduction(const Program& g, const std::vector<std::int64_t>& base, 
 
 }  // namespace
 
+EquivResult check_built_pair(const equiv_detail::TrainingPair& tp, const EquivOptions& opt) { return check_pair(tp.program, opt, &tp, nullptr); }
+
 EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
+  bool pipelined = p.schedule.present && !p.schedule.stages.empty();
   bool training = p.loss >= 0 && (p.train || p.has_backward);
-  // Shape reduction: the program with its sizes as variables, run at the smallest sizes with its partition structure.
+  // Shape reduction: the program with its sizes as variables, run at the smallest sizes with its partition structure
+  // (not yet for per-rank programs and pipelines: those run at their declared sizes).
   std::vector<std::int64_t> base;
-  std::optional<Program> g = opt.reduce ? generalized(p, opt, base) : std::nullopt;
+  std::optional<Program> g = opt.reduce && !pipelined && !p.per_rank ? generalized(p, opt, base) : std::nullopt;
   Reduced red;
   equiv_detail::TrainingPair tp;
   bool reduced = false;
@@ -1216,13 +1420,17 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   }
   const Program& q = reduced ? *g : p;
   const Reduced* rp = reduced ? &red : nullptr;
-  if (!training) {
+  if (!pipelined && !training) {
     EquivResult res = check_pair(q, opt, nullptr, rp);
     if (!red.run_failed) return res;
     return check_pair(p, opt, nullptr, nullptr);  // the reduced sizes do not fit: as declared (within the interpreter's limits)
   }
-  // A training program: the plan's training step against the spec's (its gradients compared too).
-  if (!reduced) tp = equiv_detail::training_pair(p);
+  // A training program: the plan's training step against the spec's (its gradients compared too). A pipelined
+  // schedule: its per-rank programs with each stage's forward and backward per microbatch (equiv/pipeline.h).
+  if (pipelined) tp = equiv_detail::pipeline_pair(p);
+  else if (p.per_rank) tp.why = "the backward of per-rank `programs:` is not derived (a pipeline's is: write it as a `schedule:` with stages)";
+  else if (!reduced) tp = equiv_detail::training_pair(p);
+  if (pipelined && !tp.ok) return not_checked(p, tp.why);
   if (tp.ok) {
     EquivResult res = check_pair(tp.program, opt, &tp, rp);
     if (red.run_failed) {  // the reduced sizes do not fit: as declared (within the interpreter's limits)

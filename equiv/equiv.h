@@ -41,4 +41,11 @@ const char* equiv_verdict_name(EquivVerdict v);
 
 EquivResult check_equivalence(const Program& p, const EquivOptions& o = {});
 
+namespace equiv_detail {
+struct TrainingPair;
+}
+// The value check of a training pair already built (equiv/training.h, equiv/pipeline.h); the mutation tests change
+// its plan (a pipeline's lowered per-rank programs) and check it again.
+EquivResult check_built_pair(const equiv_detail::TrainingPair& tp, const EquivOptions& o = {});
+
 }  // namespace spmd

@@ -28,6 +28,97 @@ std::string first_error(const std::vector<Diagnostic>& diags) {
 
 }  // namespace
 
+std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_ops, NameId plan_seed, const std::vector<PairGrad>& grads, double n_copies,
+                      TrainingPair& r, Program& c) {
+  // The spec's step: its forward on the same declarations, whole (R everywhere), its backward derived. Built on a
+  // copy of the plan's step so that every side table the plan's ops use stays valid in the pair. Without a spec,
+  // the model is the plan's own forward on one device: its step derived on a mesh of ones (collectives and
+  // conversions the identity, a Mean's count the whole dim), the real mesh put back afterwards.
+  NameId spec_loss = p.loss;
+  for (const auto& l : p.spec_outputs)
+    if (l.plan == p.loss) spec_loss = l.spec;
+  bool writes = false;
+  for (const auto& op : p.has_spec ? p.spec_ops : p.ops)
+    for (NameId n : p.outs(op)) writes |= n == spec_loss;
+  if (!writes) return fmt::format("the spec does not compute the loss {} (name it alike, or list it under the spec's outputs)", p.name(p.loss));
+  Program s = t;
+  s.ops = p.has_spec ? p.spec_ops : p.ops;
+  s.per_rank = false, s.programs.clear(), s.schedule = ScheduleSpec{};  // the spec is one program on one device
+  s.tensors.assign(p.tensors.begin(), p.tensors.end());
+  if (p.has_spec)
+    for (auto& d : s.tensors) d.placement = Placements{}, d.uneven = false;
+  else
+    for (auto& m : s.mesh) m.size = s.exprs.constant(1);
+  s.loss = spec_loss;
+  s.train = true;
+  s.has_backward = s.has_grad_sync = s.has_spec = s.has_expect = s.local_view = false;
+  s.backward.clear(), s.grad_sync.clear(), s.spec_ops.clear(), s.outputs.clear(), s.expect.clear(), s.spec_outputs.clear(), s.lineage.clear();
+  ForwardUndo undo;
+  TrainingCheck sc;
+  TrainingOptions so;
+  so.step_types = &r.spec_types;
+  try {
+    sc = check_training_in_place(s, undo, so);
+  } catch (const LoadError& e) {
+    return fmt::format("{} backward cannot be derived (line {}: {})", p.has_spec ? "the spec's" : "the single-device step's", e.loc.line, e.what());
+  }
+  if (!sc.built) return fmt::format("{} forward does not check as a single-device program", p.has_spec ? "the spec's" : "the plan's");
+  s.mesh = t.mesh;
+  r.spec_typed = s.ops;
+  // The spec's seed is the plan's input, times N: the plan's backward computes the gradients of N copies of the
+  // loss (every intermediate gradient is N times the spec's), and the P(avg) relabel with grad_sync's average
+  // divides by N at the end; the spec mirrors both, so intermediate gradients are comparable stage by stage.
+  NameId spec_seed = s.tensors.back().name;
+  std::vector<Op> spec_ops = without_relabels(s.ops, sc.first_relabel, sc.first_sync);
+  NameId seed_in = plan_seed;
+  std::vector<Op> prologue;
+  if (n_copies != 1) {
+    seed_in = s.intern(s.name(plan_seed) + ".copies");
+    Op m;
+    m.kind = OpKind::Multiply;
+    m.loc = p.loss_loc;
+    m.attrs.number = n_copies;
+    m.attrs.has_number = true;
+    s.add_op(prologue, m, std::span<const NameId>(&plan_seed, 1), std::span<const NameId>(&seed_in, 1));
+  }
+  if (spec_seed != seed_in)
+    for (const auto& op : spec_ops)
+      for (std::uint32_t j = op.first; j < op.first + op.n_in + op.n_out; ++j)
+        if (s.operands[j] == spec_seed) s.operands[j] = seed_in;
+  spec_ops.insert(spec_ops.begin(), prologue.begin(), prologue.end());
+  if (n_copies != 1)
+    for (const auto& g : grads) {
+      Op m;
+      m.kind = OpKind::Multiply;
+      m.loc = p.loss_loc;
+      m.attrs.number = 1.0 / n_copies;
+      m.attrs.has_number = true;
+      s.add_op(spec_ops, m, std::span<const NameId>(&g.name, 1), std::span<const NameId>(&g.name, 1));
+    }
+  // A parameter the spec's loss depends on but no plan gradient reaches: the plan would never update it.
+  for (const auto& d : p.tensors) {
+    if (!d.param) continue;
+    auto it = s.name_ids.find(s.name(d.name) + ".grad");
+    if (it == s.name_ids.end() || std::any_of(grads.begin(), grads.end(), [&](const PairGrad& g) { return g.name == it->second; })) continue;
+    bool spec_writes = false;
+    for (const auto& op : spec_ops)
+      for (NameId n : s.outs(op)) spec_writes |= n == it->second;
+    if (spec_writes) r.missing.push_back({d.name, d.loc});
+  }
+  std::size_t shift = prologue.size();
+  r.spec_bwd = {sc.first_backward + shift, sc.first_relabel + shift};
+  c = std::move(s);
+  c.ops = std::move(plan_ops);
+  c.spec_ops = std::move(spec_ops);
+  c.has_spec = true;
+  c.spec_loc = p.has_spec ? p.spec_loc : p.loss_loc;
+  c.spec_outputs = p.spec_outputs;
+  if (!p.has_spec)  // each plan output against the same name in its own single-device step
+    for (const auto& od : p.outputs) c.spec_outputs.push_back({od.name, od.name, od.loc});
+  c.lineage = p.lineage;
+  return "";
+}
+
 TrainingPair training_pair(const Program& p) {
   TrainingPair r;
   if (p.loss < 0) return r.why = "a training program needs `loss:`", r;
@@ -59,12 +150,7 @@ TrainingPair training_pair(const Program& p) {
     for (std::size_t k = 0; k < outs.size(); ++k) last[static_cast<std::size_t>(outs[k])] = &st.out(i, static_cast<int>(k));
   }
   // The compared gradients: each parameter's, by the placement it has at its last write.
-  struct Grad {
-    NameId name;
-    Placements pl;
-    Loc loc;
-  };
-  std::vector<Grad> grads;
+  std::vector<PairGrad> grads;
   for (const auto& d : p.tensors) {
     if (!d.param) continue;
     auto it = t.name_ids.find(t.name(d.name) + ".grad");
@@ -96,93 +182,7 @@ TrainingPair training_pair(const Program& p) {
   if (!p.has_backward) r.plan_bwd = {tc.first_backward, tc.first_relabel};
   NameId plan_seed = seed.name;
   Program c;
-  {
-    // The spec's step: its forward on the same declarations, whole (R everywhere), its backward derived. Built on a
-    // copy of the plan's step so that every side table the plan's ops use stays valid in the pair. Without a spec,
-    // the model is the plan's own forward on one device: its step derived on a mesh of ones (collectives and
-    // conversions the identity, a Mean's count the whole dim), the real mesh put back afterwards.
-    NameId spec_loss = p.loss;
-    for (const auto& l : p.spec_outputs)
-      if (l.plan == p.loss) spec_loss = l.spec;
-    bool writes = false;
-    for (const auto& op : p.has_spec ? p.spec_ops : p.ops)
-      for (NameId n : p.outs(op)) writes |= n == spec_loss;
-    if (!writes) return r.why = fmt::format("the spec does not compute the loss {} (name it alike, or list it under the spec's outputs)", p.name(p.loss)), r;
-    Program s = t;
-    s.ops = p.has_spec ? p.spec_ops : p.ops;
-    s.tensors.assign(p.tensors.begin(), p.tensors.end());
-    if (p.has_spec)
-      for (auto& d : s.tensors) d.placement = Placements{}, d.uneven = false;
-    else
-      for (auto& m : s.mesh) m.size = s.exprs.constant(1);
-    s.loss = spec_loss;
-    s.train = true;
-    s.has_backward = s.has_grad_sync = s.has_spec = s.has_expect = s.local_view = false;
-    s.backward.clear(), s.grad_sync.clear(), s.spec_ops.clear(), s.outputs.clear(), s.expect.clear(), s.spec_outputs.clear(), s.lineage.clear();
-    ForwardUndo undo;
-    TrainingCheck sc;
-    TrainingOptions so;
-    so.step_types = &r.spec_types;
-    try {
-      sc = check_training_in_place(s, undo, so);
-    } catch (const LoadError& e) {
-      return r.why = fmt::format("{} backward cannot be derived (line {}: {})", p.has_spec ? "the spec's" : "the single-device step's", e.loc.line, e.what()), r;
-    }
-    if (!sc.built) return r.why = fmt::format("{} forward does not check as a single-device program", p.has_spec ? "the spec's" : "the plan's"), r;
-    s.mesh = t.mesh;
-    // The spec's seed is the plan's input, times N: the plan's backward computes the gradients of N copies of the
-    // loss (every intermediate gradient is N times the spec's), and the P(avg) relabel with grad_sync's average
-    // divides by N at the end; the spec mirrors both, so intermediate gradients are comparable stage by stage.
-    r.spec_typed = s.ops;
-    NameId spec_seed = s.tensors.back().name;
-    std::vector<Op> spec_ops = without_relabels(s.ops, sc.first_relabel, sc.first_sync);
-    NameId seed_in = plan_seed;
-    std::vector<Op> prologue;
-    if (n_copies != 1) {
-      seed_in = s.intern(s.name(plan_seed) + ".copies");
-      Op m;
-      m.kind = OpKind::Multiply;
-      m.loc = p.loss_loc;
-      m.attrs.number = n_copies;
-      m.attrs.has_number = true;
-      s.add_op(prologue, m, std::span<const NameId>(&plan_seed, 1), std::span<const NameId>(&seed_in, 1));
-    }
-    if (spec_seed != seed_in)
-      for (const auto& op : spec_ops)
-        for (std::uint32_t j = op.first; j < op.first + op.n_in + op.n_out; ++j)
-          if (s.operands[j] == spec_seed) s.operands[j] = seed_in;
-    spec_ops.insert(spec_ops.begin(), prologue.begin(), prologue.end());
-    if (n_copies != 1)
-      for (const auto& g : grads) {
-        Op m;
-        m.kind = OpKind::Multiply;
-        m.loc = p.loss_loc;
-        m.attrs.number = 1.0 / n_copies;
-        m.attrs.has_number = true;
-        s.add_op(spec_ops, m, std::span<const NameId>(&g.name, 1), std::span<const NameId>(&g.name, 1));
-      }
-    // A parameter the spec's loss depends on but no plan gradient reaches: the plan would never update it.
-    for (const auto& d : p.tensors) {
-      if (!d.param) continue;
-      auto it = s.name_ids.find(s.name(d.name) + ".grad");
-      if (it == s.name_ids.end() || std::any_of(grads.begin(), grads.end(), [&](const Grad& g) { return g.name == it->second; })) continue;
-      bool spec_writes = false;
-      for (const auto& op : spec_ops)
-        for (NameId n : s.outs(op)) spec_writes |= n == it->second;
-      if (spec_writes) r.missing.push_back({d.name, d.loc});
-    }
-    std::size_t shift = prologue.size();
-    r.spec_bwd = {sc.first_backward + shift, sc.first_relabel + shift};
-    c = std::move(s);
-    c.ops = std::move(plan_ops);
-    c.spec_ops = std::move(spec_ops);
-    c.has_spec = true;
-    c.spec_loc = p.has_spec ? p.spec_loc : p.loss_loc;
-    c.spec_outputs = p.spec_outputs;
-    if (!p.has_spec)  // each plan output against the same name in its own single-device step
-      for (const auto& od : p.outputs) c.spec_outputs.push_back({od.name, od.name, od.loc});
-    c.lineage = p.lineage;
-  }
+  if (std::string why = spec_pair(p, t, std::move(plan_ops), plan_seed, grads, n_copies, r, c); !why.empty()) return r.why = why, r;
   c.tensors.assign(p.tensors.begin(), p.tensors.end());
   c.tensors.push_back(seed);
   c.outputs = p.outputs;

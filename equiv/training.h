@@ -33,7 +33,32 @@ struct TrainingPair {
   // `program`) and types, for shape reduction's real extents (equiv/reduce.h).
   std::vector<Op> plan_typed, spec_typed;
   SpatialTypes plan_types, spec_types;
+  // A pipelined plan (equiv/pipeline.h): what the value check needs to run and localize it.
+  struct MicrobatchInput {
+    NameId name = -1, source = -1;  // the plan input `name` is part `part` of `parts` of each rank's block of `source`
+    int dim = 0;
+    std::int64_t part = 0, parts = 1;
+  };
+  std::vector<MicrobatchInput> microbatches;
+  std::vector<int> family;      // per plan op: the op of the one-microbatch step it is an instance of (-1: none)
+  std::vector<int> mb;          // per plan op: the microbatch it runs for (-1: none)
+  std::vector<char> generated;  // per plan op: made by the lowering (gradient accumulation, merges): never blamed first
+  std::vector<char> derived;    // per plan op: part of a derived backward (messages say so)
 };
+
+// A parameter gradient a training pair compares: read by the placement `pl` it has when it reaches the optimizer.
+struct PairGrad {
+  NameId name;
+  Placements pl;
+  Loc loc;
+};
+
+// The spec's side of a training pair: the spec's forward on the declarations (whole tensors), its backward derived on
+// one device, seeded with the plan's seed `plan_seed` times `n_copies` (the copies of the loss the plan's ranks
+// differentiate) and its parameter gradients divided by it. `t` is the plan's step, whose side tables the pair keeps;
+// on success `c` is the pair with `plan_ops` as its ops and "" is returned, else why the spec's step cannot be built.
+std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_ops, NameId plan_seed, const std::vector<PairGrad>& grads, double n_copies,
+                      TrainingPair& r, Program& c);
 
 // `p` has `loss:` and `train: true` (or a hand-written `backward:`). Throws nothing: a backward that cannot be
 // derived is a reason (`why`).

@@ -29,12 +29,19 @@ struct Assembled {
   bool ok = false;         // a value was assembled
   bool undefined = false;  // V somewhere: no assembled value
   std::string problem;     // ranks disagree on R/I, or the pieces do not fit
+  bool disagree = false;   // the problem is that ranks hold different values of an R/I value
   Tensor t;
 };
 
 // The global value of `name` on `run`'s ranks read by placement `pl` (S: concatenate, P: reduce, R/I: every rank
-// must hold the same value within the options' tolerance, V: undefined).
-Assembled assemble(const Program& p, Runner& run, NameId name, const Placements& pl, const OracleOptions& o);
+// must hold the same value within the options' tolerance, V: undefined). With `held` (an output's `ranks:`), only the
+// ranks with those coordinates are read: the selected axes count as size 1.
+Assembled assemble(const Program& p, Runner& run, NameId name, const Placements& pl, const OracleOptions& o,
+                   const std::vector<std::pair<int, std::int64_t>>& held = {});
+
+// The model a plan is compared with: the spec (its ops over the declared tensors, whole; its outputs the spec tensors
+// of `spec.outputs`), or without a spec the plan's own op list on one device.
+Program model_of(const Program& p);
 
 // The same from one piece per rank (ranks in row-major mesh order, `sizes` the mesh).
 Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& sizes, std::vector<Tensor> pieces, const Placements& pl,

@@ -126,9 +126,14 @@ double max_abs(const Tensor& t) {
   return m;
 }
 
-Assembled assemble(const Program& p, Runner& run, NameId name, const Placements& pl, const OracleOptions& o) {
+Assembled assemble(const Program& p, Runner& run, NameId name, const Placements& pl, const OracleOptions& o,
+                   const std::vector<std::pair<int, std::int64_t>>& held) {
   std::vector<Tensor> pieces;
+  std::vector<std::int64_t> sizes = run.sizes();
+  for (auto [a, c] : held) sizes[static_cast<std::size_t>(a)] = 1;
   for (std::int64_t r = 0; r < run.ranks(); ++r) {
+    auto coords = run.coords(r);
+    if (!std::all_of(held.begin(), held.end(), [&](const auto& h) { return coords[static_cast<std::size_t>(h.first)] == h.second; })) continue;
     const Val& v = run.at(r, name);
     if (!v.defined) {
       Assembled res;
@@ -137,7 +142,34 @@ Assembled assemble(const Program& p, Runner& run, NameId name, const Placements&
     }
     pieces.push_back(v.t);
   }
-  return assemble_pieces(p, run.sizes(), std::move(pieces), pl, o);
+  return assemble_pieces(p, sizes, std::move(pieces), pl, o);
+}
+
+Program model_of(const Program& p) {
+  Program m = p;
+  m.local_view = false;
+  m.per_rank = false;
+  m.programs.clear();
+  m.train = false;
+  m.has_backward = false;
+  m.backward.clear();
+  m.has_grad_sync = false;
+  m.grad_sync.clear();
+  m.has_spec = false;
+  m.spec_ops.clear();
+  if (p.has_spec) {
+    // The spec is single-device code: its inputs are whole tensors (their values are the plan's, assembled).
+    for (auto& t : m.tensors) t.placement = Placements{}, t.uneven = false;
+    m.ops = p.spec_ops;
+    m.outputs.clear();
+    for (const auto& l : p.spec_outputs) {
+      OutputDecl od;
+      od.name = l.spec;
+      od.loc = l.loc;
+      m.outputs.push_back(od);
+    }
+  }
+  return m;
 }
 
 Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& sizes, std::vector<Tensor> cur, const Placements& pl, const OracleOptions& o) {
@@ -201,6 +233,7 @@ Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& siz
           for (std::size_t e = 0; e < x.data.size(); ++e)
             if (!close(x.data[e].d, members[0].data[e].d, tol)) {
               std::ostringstream s;
+              res.disagree = true;
               s << "ranks " << where(0) << " and " << where(m) << " disagree on a value that is " << to_string(pa) << " over " << an << ": element " << e
                 << " is " << members[0].data[e].d << " vs " << x.data[e].d;
               return res.problem = s.str(), res;
@@ -315,10 +348,11 @@ namespace {
 // run_oracle without the catch of the interpreter's limits.
 OracleResult run_oracle_unbounded(const Program& p, const OracleOptions& o) {
   OracleResult res;
-  // What the oracle cannot run is skipped with the reason (never counted as agreement): per-rank
-  // programs and schedules (one program per set of ranks), and ops with no numeric kernel.
-  if (p.per_rank || p.schedule.present) {
-    res.message = p.schedule.present ? "a pipeline schedule has opaque steps and no single-device meaning" : "per-rank programs are not interpreted yet";
+  // What the oracle cannot run is skipped with the reason (never counted as agreement): a schedule's opaque
+  // steps, and ops with no numeric kernel.
+  if (p.schedule.present) {
+    res.message = p.schedule.stages.empty() ? "a pipeline schedule has opaque steps and no single-device meaning"
+                                            : "a schedule with stages is run against its spec by `spmdcheck equiv` (docs/equivalence.md, \"Pipelines\")";
     return res;
   }
   for (const auto& op : p.ops)
@@ -337,13 +371,24 @@ OracleResult run_oracle_unbounded(const Program& p, const OracleOptions& o) {
   const Instantiation& inst = insts[o.seed % insts.size()];
   for (std::size_t k = 0; k < p.vars.size(); ++k) res.sizes += (k ? ", " : "") + p.vars[k].name + " = " + std::to_string(inst.vars[k]);
   std::int64_t work = 0;
+  // Per-rank programs have no single-device run of their own: their model is the spec when there is one (its outputs
+  // the spec tensors `spec.outputs` names); without one, outputs are only checked for agreement across ranks.
+  const bool spec_model = p.per_rank && p.has_spec;
+  const Program model = spec_model ? model_of(p) : Program{};
+  const Program& mp = spec_model ? model : p;
+  auto model_name = [&](NameId n) {
+    if (spec_model)
+      for (const auto& l : p.spec_outputs)
+        if (l.plan == n) return l.spec;
+    return n;
+  };
   Runner dist(p, inst.vars, inst.mesh, false, o, work);
-  Runner one(p, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, work, inst.mesh);
+  Runner one(mp, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, work, inst.mesh);
   // A shape-only pre-run (integer inputs all 0) learns the ranges integer inputs must take.
   std::vector<std::int64_t> ranges(p.names.size(), -1);
   {
     std::int64_t w0 = 0;
-    Runner pre(p, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, w0, inst.mesh);
+    Runner pre(mp, inst.vars, std::vector<std::int64_t>(inst.mesh.size(), 1), true, o, w0, inst.mesh);
     pre.int_range = &ranges;
     pre.free_dead({});
     try {
@@ -355,8 +400,9 @@ OracleResult run_oracle_unbounded(const Program& p, const OracleOptions& o) {
   }
   // The single-device run first: if the program itself fails there, per-rank numbers mean nothing.
   try {
-    for (const auto& t : p.tensors) {
-      one.declare(t, ranges[static_cast<std::size_t>(t.name)], o.seed);
+    for (std::size_t i = 0; i < p.tensors.size(); ++i) {
+      const TensorDecl& t = p.tensors[i];
+      one.declare(mp.tensors[i], ranges[static_cast<std::size_t>(t.name)], o.seed);
       dist.declare(t, ranges[static_cast<std::size_t>(t.name)], o.seed);
     }
   } catch (const BudgetError& e) {
@@ -381,13 +427,13 @@ OracleResult run_oracle_unbounded(const Program& p, const OracleOptions& o) {
   dist.free_dead(keep);
   std::string one_failed;  // local view: the single-device run failed (no single-device meaning, not an error)
   try {
-    one.run(o.seed);
+    if (!p.per_rank || spec_model) one.run(o.seed);
   } catch (const BudgetError& e) {
     res.message = e.what();
     return res;
   } catch (const InterpError& e) {
     res.verdict = OracleVerdict::GlobalError;
-    res.message = "the single-device run fails at " + op_where(p, one.failed_op) + ": " + e.what();
+    res.message = "the single-device run fails at " + (spec_model ? "spec op " + std::to_string(one.failed_op) : op_where(p, one.failed_op)) + ": " + e.what();
     if (!p.local_view) return res;
     res.verdict = OracleVerdict::Skipped;
     one_failed = res.message;
@@ -416,12 +462,14 @@ OracleResult run_oracle_unbounded(const Program& p, const OracleOptions& o) {
     Placements pl{};
     if (k < o.assemble.size() && o.assemble[k]) pl = *o.assemble[k];
     else if (od.has_placement) pl = od.placement;
-    const Val& g = one.at(0, od.name);
+    Val none;
+    if (p.per_rank && !spec_model) none.defined = false;
+    const Val& g = p.per_rank && !spec_model ? none : one.at(0, model_name(od.name));
     if (g.defined && !g.taint.empty() && g.taint[0] == kExcluded) {
       res.notes.push_back("output " + name + " is not compared: " + g.taint.substr(1));
       continue;
     }
-    const Assembled a = assemble(p, dist, od.name, pl, o);  // (const: reading a shared buffer never copies it)
+    const Assembled a = assemble(p, dist, od.name, pl, o, od.ranks);  // (const: reading a shared buffer never copies it)
     if (!a.ok) {
       if (a.undefined) {
         res.notes.push_back("output " + name + " is not compared: " + a.problem);
@@ -434,7 +482,7 @@ OracleResult run_oracle_unbounded(const Program& p, const OracleOptions& o) {
     if (!g.defined || !g.taint.empty()) {
       ++res.rank_checked;
       res.notes.push_back("output " + name + " is compared across ranks only: its single-device value is undefined (" +
-                          (g.defined ? g.taint : std::string("never computed")) + ")");
+                          (g.defined ? g.taint : p.per_rank && !spec_model ? std::string("per-rank programs without a `spec:`") : std::string("never computed")) + ")");
       continue;
     }
     if (p.local_view && a.t.shape != g.t.shape) {

@@ -18,6 +18,12 @@ void Runner::send(int oi, std::int64_t r) {
 void Runner::recv(int oi, std::int64_t r, const std::vector<std::int64_t>& c) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   const OpAttrs& at = op.attrs;
+  if (!global_ && at.shape == kNoIndex) {  // per-rank programs: the Recv takes the value its Send sent, with its layout
+    auto& q = queue(op, r, true);
+    Val got = std::move(q.front());
+    q.pop_front();
+    return set_out(oi, r, 0, std::move(got), "");
+  }
   Shape g;
   if (at.shape == kNoIndex) throw InterpError("Recv needs `shape:`");
   for (ExprId e : p_.shapes[at.shape]) g.push_back(eval(e, "a dim of a Recv"));
@@ -164,7 +170,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
   const OpAttrs& at = op.attrs;
   std::size_t n = members.size();
   std::vector<const Val*> xs;
-  for (auto m : members) xs.push_back(&in(oi, m, 0));
+  for (std::size_t k = 0; k < members.size(); ++k) xs.push_back(&in(member_op(oi, k), members[k], 0));
   std::string taint = global_ ? taint_of(oi, members[0]) : "";
   std::vector<Val> outs(n);
   std::uint32_t axes = at.axes;
@@ -395,7 +401,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
   if (global_ && !(op.kind == OpKind::AllToAll && (xs[0]->mask[static_cast<std::size_t>(dim_of(at.dim2, *xs[0]))] & axes) != axes)) vlabel_in_ &= ~axes;
   for (std::size_t k = 0; k < n; ++k) {
     outs[k].taint.clear();
-    set_out(oi, members[k], 0, std::move(outs[k]), taint);
+    set_out(member_op(oi, k), members[k], 0, std::move(outs[k]), taint);
   }
 }
 

@@ -24,6 +24,18 @@ Runner::Runner(const Program& p, const std::vector<std::int64_t>& vars, std::vec
       q /= sizes_[static_cast<std::size_t>(a)];
     }
   }
+  // Each rank's program: the first whose selector its coordinates match (the loader made that exactly one).
+  range_.assign(static_cast<std::size_t>(ranks_), {0, static_cast<std::uint32_t>(p.ops.size())});
+  if (p.per_rank && !p.programs.empty())
+    for (std::int64_t r = 0; r < ranks_; ++r) {
+      const auto& c = coords(r);
+      range_[static_cast<std::size_t>(r)] = {0, 0};
+      for (const auto& rp : p.programs)
+        if (std::all_of(rp.selector.begin(), rp.selector.end(), [&](const auto& s) { return static_cast<std::size_t>(s.first) < c.size() && c[static_cast<std::size_t>(s.first)] == s.second; })) {
+          range_[static_cast<std::size_t>(r)] = {rp.first_op, rp.first_op + rp.n_ops};
+          break;
+        }
+    }
 }
 
 std::int64_t Runner::rank_of(const std::vector<std::int64_t>& c) const {
@@ -160,49 +172,92 @@ void Runner::run(std::uint64_t seed) {
 
 void Runner::run_ops(std::uint64_t seed) {
   seed_ = seed;
-  std::vector<int> prog(p_.ops.size());
-  std::iota(prog.begin(), prog.end(), 0);
-  std::vector<std::size_t> pc(static_cast<std::size_t>(ranks_), 0);
+  if (global_ && p_.per_rank) throw InterpError("per-rank programs have no single-device run");
+  std::vector<std::uint32_t> pc(static_cast<std::size_t>(ranks_));
+  for (std::int64_t r = 0; r < ranks_; ++r) pc[static_cast<std::size_t>(r)] = range_[static_cast<std::size_t>(r)].first;
+  auto end = [&](std::int64_t r) { return range_[static_cast<std::size_t>(r)].second; };
   auto group_op = [&](const Op& op) {
     return op_info(op.kind).category == OpCategory::collective || op.kind == OpKind::MoEGateGrad ||
            ((op.kind == OpKind::CrossEntropyLoss || op.kind == OpKind::CrossEntropyGrad) && op.attrs.vocab_parallel);
   };
+  std::vector<int> mops;
   for (;;) {
     bool progress = false, done = true;
     for (std::int64_t r = 0; r < ranks_; ++r) {
       auto& i = pc[static_cast<std::size_t>(r)];
-      while (i < prog.size()) {
-        const Op& op = p_.ops[static_cast<std::size_t>(prog[i])];
+      while (i < end(r)) {
+        const Op& op = p_.ops[i];
         if (group_op(op)) break;
         if (op.kind == OpKind::Recv && !global_ && queue(op, r, true).empty()) break;
-        step_local(prog[i], r);
-        if (after_op) after_op(prog[i], r);
-        release_dead(prog[i], r);
+        step_local(static_cast<int>(i), r);
+        if (after_op) after_op(static_cast<int>(i), r);
+        release_dead(static_cast<int>(i), r);
         ++i;
         progress = true;
       }
-      if (i < prog.size()) done = false;
+      if (i < end(r)) done = false;
     }
     if (done) return;
     for (std::int64_t r = 0; r < ranks_; ++r) {
       auto i = pc[static_cast<std::size_t>(r)];
-      if (i >= prog.size() || !group_op(p_.ops[static_cast<std::size_t>(prog[i])])) continue;
-      int oi = prog[i];
-      auto members = group(p_.ops[static_cast<std::size_t>(oi)], r);
-      bool ready = std::all_of(members.begin(), members.end(), [&](std::int64_t m) {
-        auto j = pc[static_cast<std::size_t>(m)];
-        return j < prog.size() && prog[j] == oi;
-      });
-      if (!ready) continue;
-      step_group(oi, members);
+      if (i >= end(r) || !group_op(p_.ops[i])) continue;
+      int oi = static_cast<int>(i);
+      const Op& op = p_.ops[i];
+      auto members = group(op, r);
+      // Ready when every member is at a collective of this group (the next one of the group's sequence).
+      bool ready = true, same = true;
+      mops.clear();
       for (auto m : members) {
-        if (after_op) after_op(oi, m);
-        ++pc[static_cast<std::size_t>(m)];
+        auto j = pc[static_cast<std::size_t>(m)];
+        if (j >= end(m) || !group_op(p_.ops[j])) {
+          ready = false;
+          break;
+        }
+        if (j != i && group(p_.ops[j], m) != members) {
+          ready = false;
+          break;
+        }
+        mops.push_back(static_cast<int>(j));
+        same &= j == i;
       }
-      for (auto m : members) release_dead(oi, m);
+      if (!ready) continue;
+      if (!same) {
+        failed_op = oi;
+        failed_rank = r;
+        for (std::size_t k = 0; k < members.size(); ++k) {
+          const Op& o = p_.ops[static_cast<std::size_t>(mops[k])];
+          if (o.kind != op.kind || o.attrs.axes != op.attrs.axes || o.attrs.rop != op.attrs.rop)
+            throw InterpError(std::string("the ranks of one group run different collectives at one position: ") + std::string(op_name(op.kind)) + " (line " +
+                              std::to_string(op.loc.line) + ") on rank " + coord_text(p_, coords(members[0])) + ", " + std::string(op_name(o.kind)) +
+                              " (line " + std::to_string(o.loc.line) + ") on rank " + coord_text(p_, coords(members[k])));
+          // Kernels other than the plain collectives read and write their operands by name on every member.
+          if (op_info(op.kind).category != OpCategory::collective || op.kind == OpKind::MoEDispatch || op.kind == OpKind::MoECombine ||
+              op.kind == OpKind::RingRotate || op.kind == OpKind::RingAttention) {
+            auto a = p_.ins(op), b = p_.ins(o), ao = p_.outs(op), bo = p_.outs(o);
+            if (!std::equal(a.begin(), a.end(), b.begin(), b.end()) || !std::equal(ao.begin(), ao.end(), bo.begin(), bo.end()))
+              throw InterpError(std::string(op_name(op.kind)) + " across per-rank programs that name its operands differently is not interpreted");
+          }
+        }
+      }
+      bool plain = op_info(op.kind).category == OpCategory::collective && op.kind != OpKind::MoEDispatch && op.kind != OpKind::MoECombine &&
+                   op.kind != OpKind::RingRotate && op.kind != OpKind::RingAttention;
+      member_ops_ = !same && plain ? &mops : nullptr;
+      step_group(oi, members);
+      member_ops_ = nullptr;
+      for (std::size_t k = 0; k < members.size(); ++k) {
+        if (after_op) after_op(same ? oi : mops[k], members[k]);
+        ++pc[static_cast<std::size_t>(members[k])];
+      }
+      for (std::size_t k = 0; k < members.size(); ++k) release_dead(same ? oi : mops[k], members[k]);
       progress = true;
     }
-    if (!progress) throw InterpError("no rank can make progress (a Recv with no matching Send, or a collective some ranks never reach)");
+    if (!progress) {
+      // Per-rank programs: ops take effect at their positions, which a correct program whose async ops overlap a
+      // blocking one may not allow; that is for the temporal checks to judge, not a value the run computed.
+      std::string why = "no rank can make progress (a Recv with no matching Send, or a collective some ranks never reach)";
+      if (p_.per_rank) throw BudgetError(why + "; the value run executes every op at its position in its program");
+      throw InterpError(why);
+    }
   }
 }
 

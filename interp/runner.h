@@ -153,8 +153,16 @@ class Runner {
   // ---- inputs ---------------------------------------------------------------------------------
   void declare(const TensorDecl& t, std::int64_t range, std::uint64_t seed);
 
-  // ---- the op loop (a scheduler over per-rank op lists, so per-rank programs can plug in) --------
+  // ---- the op loop: a scheduler over per-rank op lists ----------------------------------------------
+  // Each rank runs its program (Program::programs: the one whose selector its coordinates match; an `ops:`
+  // program is every op on every rank) until it blocks at a collective or at a Recv whose Send has not run.
+  // A collective runs once every member of its group is at a collective of that group: they match by group
+  // and sequence number, as NCCL and the temporal checks do, so members may run different programs and name
+  // the tensor differently. Sends queue per (src, dst), FIFO. Every op (async or not) takes effect at its
+  // position in its program: handles and Waits order nothing for values.
   void run(std::uint64_t seed);
+  // The ops rank `r` runs: [first, end) of the program's ops.
+  std::pair<std::uint32_t, std::uint32_t> op_range(std::int64_t r) const { return range_[static_cast<std::size_t>(r)]; }
 
   // Frees each value once no later op reads it (per rank, after the op that reads it last and after `after_op`),
   // except the names marked in `keep` (NameId -> 1: the outputs and inputs a caller reads after the run): a run
@@ -286,6 +294,8 @@ class Runner {
   static Tensor nan_like(const Tensor& t) { return Tensor(t.shape, NAN); }
 
   void step_group(int oi, const std::vector<std::int64_t>& members);
+  // The op member k of a collective runs (its own op when the members run different programs).
+  int member_op(int oi, std::size_t k) const { return member_ops_ ? (*member_ops_)[k] : oi; }
   void cross_entropy(int oi, const std::vector<std::int64_t>& members);
   // ---- mixture of experts (ops_moe.cpp) -------------------------------------------------------
   std::vector<std::int64_t> moe_slots(const Val& idx, std::int64_t E, std::int64_t G, std::int64_t c, NameId idx_name);
@@ -310,6 +320,8 @@ class Runner {
   std::vector<int> last_read_;
   std::vector<char> keep_;
   void release_dead(int oi, std::int64_t r);
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> range_;  // per rank: the ops of its program
+  const std::vector<int>* member_ops_ = nullptr;                  // step_group across per-rank programs: each member's op
 };
 
 }  // namespace spmd::interp

@@ -118,10 +118,11 @@ void Loader::load(N root) {
   if (auto n = root["outputs"]; n.IsDefined() && !n.IsNull()) load_outputs(n);
   load_training(root);
   load_spec(root);
+  check_pipeline(root);
   if (p_.local_view) {
-    const char* with = p_.schedule.present ? "`schedule`" : p_.per_rank ? "`programs`" : p_.train ? "`train`" : p_.has_backward ? "`backward`" : p_.has_grad_sync ? "`grad_sync`" : nullptr;
+    const char* with = p_.schedule.present ? "`schedule`" : p_.train ? "`train`" : p_.has_backward ? "`backward`" : p_.has_grad_sync ? "`grad_sync`" : nullptr;
     if (with)
-      fail_at(p_.view_loc, std::string("`view: local` does not support ") + with + " yet: write the local-view plan as one `ops:` list (forward only), or drop `view: local`");
+      fail_at(p_.view_loc, std::string("`view: local` does not support ") + with + " yet: write the local-view plan as `ops:` or `programs:` (forward only), or drop `view: local`");
     // Ops whose meaning is a global-view layout (a placement change, a kernel that reads the shard layout) have
     // no local-view meaning yet (docs/format.md, "Local view").
     for (const Op& op : p_.ops) {

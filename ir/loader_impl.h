@@ -179,6 +179,10 @@ class Loader {
   void load_ops(N n);
   // schedule: {kind: 1F1B, axis: pp, microbatches: 8, virtual_stages: 2} or {csv: file.csv, axis: pp}
   void load_schedule(N n);
+  // Its stages that run real ops: `stages`, `batch`, `merge`, `steps`, `scale_grads` (ir/loader_pipeline.cpp).
+  void load_stages(N n);
+  // After `loss:`, `outputs:` and `spec:`: what a pipelined schedule needs of them.
+  void check_pipeline(N root);
   void load_programs(N n);
   // A coordinate map {axis: int}: axes must exist, coordinates must be in range.
   std::vector<std::pair<int, std::int64_t>> load_coords(N v, const std::string& what);

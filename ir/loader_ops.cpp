@@ -206,7 +206,7 @@ void Loader::load_schedule(N n) {
   ScheduleSpec& sp = p_.schedule;
   sp.present = true;
   sp.loc = n.loc();
-  for_each_key(n, {"kind", "axis", "microbatches", "virtual_stages", "csv"}, "`schedule`", [](N, N) {});
+  for_each_key(n, {"kind", "axis", "microbatches", "virtual_stages", "csv", "stages", "batch", "merge", "steps", "scale_grads"}, "`schedule`", [](N, N) {});
   auto kind = n["kind"], csv = n["csv"];
   if (kind.IsDefined() == csv.IsDefined()) fail(n, "`schedule` needs exactly one of `kind` (a generator) and `csv` (a PyTorch pipelining CSV file)");
   std::string axis = "pp";
@@ -240,6 +240,7 @@ void Loader::load_schedule(N n) {
     for (const char* k : {"microbatches", "virtual_stages"})
       if (n[k].IsDefined()) fail(n[k], std::string("`") + k + "` comes from the CSV file; remove it");
   }
+  load_stages(n);
 }
 
 void Loader::load_programs(N n) {

@@ -35,10 +35,10 @@ void Loader::load_spec(N root) {
   N key = find_key(root, "spec");
   if (n.IsNull() || !n.IsMap())
     fail(n.IsNull() ? key : n, "`spec` must be a mapping {ops: [...], outputs: [names]}: the single-device model the plan must equal");
-  if (p_.schedule.present)
+  if (p_.schedule.present && p_.schedule.stages.empty())
     fail(key,
-         "`spec` with a generated `schedule` is not supported yet: the plan's ops come from the schedule, so its outputs cannot be "
-         "named; write the stages as `programs:`");
+         "`spec` with a `schedule` needs `stages:` in the schedule (the module each stage runs): with opaque steps the plan computes no "
+         "values; write the stages under `stages:` or as `programs:`");
   for_each_key(n, {"ops", "outputs", "lineage"}, "`spec`", [](N, N) {});
   N ops = n["ops"], outs = n["outputs"], lineage = n["lineage"];
   bool no_ops = !ops.IsDefined() || ops.IsNull() || (ops.IsSequence() && ops.size() == 0);
@@ -97,6 +97,9 @@ void Loader::load_spec(N root) {
   for (const auto* list : {&p_.ops, &p_.backward, &p_.grad_sync})
     for (const auto& op : *list)
       for (NameId o : p_.outs(op)) mark(plan_def, o);
+  for (const auto& st : p_.schedule.stages)
+    for (const auto& op : st.ops)
+      for (NameId o : p_.outs(op)) mark(plan_def, o);
   std::vector<char> plan_out(p_.names.size());
   for (const auto& o : p_.outputs) mark(plan_out, o.name);
 
@@ -151,7 +154,8 @@ void Loader::load_spec(N root) {
     if (std::none_of(p_.spec_outputs.begin(), p_.spec_outputs.end(), [&](const Program::SpecLink& l) { return l.plan == o.name; }))
       fail(outs, "plan output '" + p_.name(o.name) + "' (line " + std::to_string(o.loc.line) +
                      ") is not compared with the spec: name it in `outputs` of `spec` (or map it to a spec tensor), or remove it from `outputs:`");
-  if (p_.spec_outputs.empty() && !(p_.loss >= 0 && (p_.train || p_.has_backward)))  // a training step compares its loss and gradients
+  bool pipelined = p_.schedule.present && !p_.schedule.stages.empty();  // compares every parameter's gradient anyway
+  if (p_.spec_outputs.empty() && !pipelined && !(p_.loss >= 0 && (p_.train || p_.has_backward)))  // a training step compares its loss and gradients
     fail(outs.IsDefined() ? outs : key,
          "`spec` compares nothing: declare the plan's results under `outputs:` (with their placements) and name "
          "them in `outputs` of `spec`");

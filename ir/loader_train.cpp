@@ -19,6 +19,9 @@ void Loader::load_training(N root) {
   for (const auto& t : p_.tensors) defined.insert(t.name);
   for (const auto& op : p_.ops)
     for (NameId o : p_.outs(op)) defined.insert(o);
+  for (const auto& st : p_.schedule.stages)  // a pipelined schedule: what its stages compute
+    for (const auto& op : st.ops)
+      for (NameId o : p_.outs(op)) defined.insert(o);
   auto sorted_names = [&](const std::unordered_set<NameId>& s) {
     std::vector<std::string> v;
     for (NameId id : s) v.push_back(p_.name(id));
@@ -98,6 +101,7 @@ void Loader::load_outputs(N n) {
   for (const auto& t : p_.tensors) defined[static_cast<std::size_t>(t.name)] = 1;
   for (const auto& op : p_.ops)
     for (NameId o : p_.outs(op)) defined[static_cast<std::size_t>(o)] = 1;
+  for (const auto& m : p_.schedule.merge) defined[static_cast<std::size_t>(m.name)] = 1;  // a pipelined schedule's gathered outputs
   for_each_key(n, {}, "`outputs`", [&](N k, N v) {
     OutputDecl o;
     const std::string& name = k.Scalar();
@@ -113,10 +117,16 @@ void Loader::load_outputs(N n) {
     o.loc = k.loc();
     if (!v.IsNull()) {
       if (!v.IsMap()) fail(v, "output '" + name + "' must be a mapping like {placement: {dp: S(0)}}");
-      for_each_key(v, {"placement", "shape"}, "output '" + name + "'", [&](N key, N x) {
+      for_each_key(v, {"placement", "shape", "ranks"}, "output '" + name + "'", [&](N key, N x) {
         if (key.Scalar() == "placement") {
           o.has_placement = true;
           o.placement = load_placements(x, -1, "output '" + name + "'");
+        } else if (key.Scalar() == "ranks") {
+          o.ranks = load_coords(x, "`ranks` of output '" + name + "'");
+          for (auto [a, c] : o.ranks)
+            if (!p_.exprs.is_const(p_.mesh[static_cast<std::size_t>(a)].size))
+              fail(x, "`ranks` of output '" + name + "' names mesh axis " + p_.mesh[static_cast<std::size_t>(a)].name +
+                          ", which needs a concrete size in `mesh`");
         } else {
           o.has_shape = true;
           o.shape = load_shape(x, "output '" + name + "'", nullptr);

@@ -110,6 +110,53 @@ void print_ops(std::ostringstream& o, const Program& p, const char* key, const s
   for (const auto& op : ops) o << indent << "  - " << print_op(p, op) << "\n";
 }
 
+// `schedule:` with its stages written out (their ops as expanded, so the names stay as they are).
+void print_schedule(std::ostringstream& o, const Program& p) {
+  const ScheduleSpec& sp = p.schedule;
+  o << "schedule:\n";
+  if (!sp.kind.empty()) {
+    o << "  kind: " << sp.kind << "\n  microbatches: " << sp.microbatches << "\n";
+    if (sp.virtual_stages != 1) o << "  virtual_stages: " << sp.virtual_stages << "\n";
+  } else {
+    o << "  csv: " << sp.csv << "\n";
+  }
+  o << "  axis: " << p.mesh[static_cast<std::size_t>(sp.axis)].name << "\n";
+  if (sp.steps != 1) o << "  steps: " << sp.steps << "\n";
+  if (sp.scale_grads) o << "  scale_grads: true\n";
+  if (!sp.batch.empty()) {
+    o << "  batch: {";
+    for (std::size_t i = 0; i < sp.batch.size(); ++i) {
+      const BatchSplit& b = sp.batch[i];
+      o << (i ? ", " : "") << p.name(b.name) << ": ";
+      if (b.order.empty()) {
+        o << b.dim;
+      } else {
+        o << "{dim: " << b.dim << ", order: [";
+        for (std::size_t k = 0; k < b.order.size(); ++k) o << (k ? ", " : "") << b.order[k];
+        o << "]}";
+      }
+    }
+    o << "}\n";
+  }
+  if (!sp.stages.empty()) {
+    o << "  stages:\n";
+    for (const auto& st : sp.stages) {
+      o << "    - in: " << names_list(p, st.ins) << "\n      out: " << names_list(p, st.outs) << "\n";
+      print_ops(o, p, "ops", st.ops, "      ");
+    }
+  }
+  if (!sp.merge.empty()) {
+    o << "  merge: {";
+    for (std::size_t i = 0; i < sp.merge.size(); ++i) {
+      const MergeSpec& m = sp.merge[i];
+      o << (i ? ", " : "") << p.name(m.name) << ": ";
+      if (m.kind == MergeSpec::Concat) o << m.dim;
+      else o << (m.kind == MergeSpec::Sum ? "sum" : "mean");
+    }
+    o << "}\n";
+  }
+}
+
 }  // namespace
 
 std::string print_op(const Program& p, const Op& op, int rename_in, const std::string& new_name) {
@@ -167,7 +214,9 @@ std::string print_program(const Program& p) {
       o << "}\n";
     }
   }
-  if (!p.per_rank) {
+  if (p.schedule.present) {
+    print_schedule(o, p);
+  } else if (!p.per_rank) {
     print_ops(o, p, "ops", p.ops);
   } else {
     o << "programs:\n";
@@ -187,7 +236,12 @@ std::string print_program(const Program& p) {
       o << "  " << p.name(od.name) << ": {";
       std::string sep;
       if (od.has_placement) o << "placement: " << placements_map(p, od.placement), sep = ", ";
-      if (od.has_shape) o << sep << "shape: " << p.shape_str(od.shape);
+      if (od.has_shape) o << sep << "shape: " << p.shape_str(od.shape), sep = ", ";
+      if (!od.ranks.empty()) {
+        o << sep << "ranks: {";
+        for (std::size_t i = 0; i < od.ranks.size(); ++i) o << (i ? ", " : "") << p.mesh[static_cast<std::size_t>(od.ranks[i].first)].name << ": " << od.ranks[i].second;
+        o << "}";
+      }
       o << "}\n";
     }
   }

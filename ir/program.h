@@ -115,6 +115,9 @@ struct OutputDecl {
   Placements placement{};
   std::vector<ExprId> shape;   // empty with has_shape false: not checked
   bool has_shape = false;
+  // `ranks: {pp: 3}`: the value is read from the ranks with these coordinates only (an output computed on some
+  // ranks, e.g. the last pipeline stage); empty: from every rank.
+  std::vector<std::pair<int, std::int64_t>> ranks;
 };
 
 enum class Reduction : std::uint8_t { Mean, Sum, None };
@@ -178,6 +181,31 @@ struct RankProgram {
 
 enum class P2PModel : std::uint8_t { Eager, Rendezvous };
 
+// A stage of a `schedule:` that runs real ops (docs/schedules.md, "Stages"): a module instance, written once; the
+// schedule runs its forward once per microbatch (F) and its derived backward (B, or I then W).
+struct PipelineStage {
+  Loc loc;
+  std::vector<Op> ops;            // the instance's ops (operands in Program::operands)
+  std::vector<NameId> ins, outs;  // its actual inputs and outputs
+};
+
+// An input cut into microbatches (`batch:` of a schedule): each rank cuts its local block along `dim`.
+struct BatchSplit {
+  NameId name = -1;
+  int dim = 0;
+  std::vector<std::int64_t> order;  // `order:` the part each microbatch reads (empty: its own)
+  Loc loc;
+};
+
+// How a last-stage output is gathered over the microbatches after the schedule (`merge:`).
+struct MergeSpec {
+  enum Kind : std::uint8_t { Sum, Mean, Concat };
+  NameId name = -1;
+  Kind kind = Sum;
+  int dim = 0;  // Concat
+  Loc loc;
+};
+
 // `schedule:` in a program: a generated or imported pipeline schedule (expanded by schedules/).
 struct ScheduleSpec {
   bool present = false;
@@ -187,6 +215,13 @@ struct ScheduleSpec {
   std::int64_t ranks = 0;     // its size
   std::int64_t microbatches = 0, virtual_stages = 1;
   Loc loc, kind_loc, csv_loc;
+  // Stages that run real ops (empty: the steps are opaque and only the temporal checks run).
+  std::vector<PipelineStage> stages;
+  std::vector<BatchSplit> batch;
+  std::vector<MergeSpec> merge;
+  std::int64_t steps = 1;     // gradient accumulation: the schedule runs `steps` times on consecutive parts of the batch
+  bool scale_grads = false;   // PyTorch's scale_grads: after each step a stage divides its gradients by `microbatches`
+  Loc stages_loc, steps_loc, scale_grads_loc;
 };
 
 // A module instance (docs/format.md, "Modules"): ops [first_op, end_op) came from a module's body, expanded at

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -513,8 +514,9 @@ Schedule with_comms(const Schedule& s) {
   return out;
 }
 
-Program lower_schedule(const Schedule& s, P2PModel model) {
+Program lower_schedule(const Schedule& s, P2PModel model, std::vector<LoweredStep>* steps_out) {
   Program p;
+  LoweredStep cur{ActionType::F, -1, -1};  // what the ops being emitted stand for
   p.file = s.source;
   p.title = "schedule";
   std::size_t n_actions = 0;
@@ -568,6 +570,7 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
     Op o;
     o.kind = k;
     o.loc = l;
+    if (steps_out) steps_out->push_back(cur);
     return p.add_op(o, std::span<const NameId>(ins.begin(), ins.size()), std::span<const NameId>(outs.begin(), outs.size()));
   };
   auto send = [&](NameId what, int to, Loc l) { add(OpKind::Send, {what}, {}, l).attrs.coords = peer[static_cast<std::size_t>(to)]; };
@@ -583,6 +586,7 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
   // as PyTorch's runtime does; the sends follow the step that produces them.
   struct Item {
     NameId tensor, handle;
+    LoweredStep what;  // the Recv it needs
   };
   std::unordered_map<std::int64_t, std::vector<Item>> items;  // (src, dst) -> what src sends, in order
   std::vector<std::size_t> item_index;                         // tensor (NameId) -> its position on its pair (kNone: not sent)
@@ -603,7 +607,8 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
             auto& v = items[pair_key(r, to)];
             if (static_cast<std::size_t>(t) >= item_index.size()) item_index.resize(std::max(p.names.size(), static_cast<std::size_t>(t) + 1), kNone);
             if (item_index[static_cast<std::size_t>(t)] == kNone) item_index[static_cast<std::size_t>(t)] = v.size();
-            v.push_back({t, t});  // the handle of a receive is named after the tensor it receives
+            LoweredStep what = x.type == ActionType::F ? LoweredStep{ActionType::RecvF, x.stage, x.mb} : LoweredStep{ActionType::RecvB, x.stage, x.mb};
+            v.push_back({t, t, what});  // the handle of a receive is named after the tensor it receives
           }
   auto need = [&](NameId t, int from, int r, Loc l) {
     std::size_t at = static_cast<std::size_t>(t) < item_index.size() ? item_index[static_cast<std::size_t>(t)] : kNone;
@@ -613,11 +618,15 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
       return;
     }
     std::size_t& k = posted[pair_key(from, r)];
+    LoweredStep saved = cur;
     for (; k <= at; ++k) {
+      cur = ch->second[k].what;
       recv(ch->second[k].tensor, from, l);
       p.ops.back().attrs.handle = ch->second[k].handle;
     }
+    cur = ch->second[at].what;
     add(OpKind::Wait, {}, {}, l).attrs.handle = ch->second[at].handle;
+    cur = saved;
   };
   for (int r = 0; r < ranks; ++r) {
     RankProgram rp;
@@ -628,6 +637,10 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
       if (!a) continue;
       Loc l = a->loc;
       auto label_of = [&] { return p.intern(action_text(*a)); };
+      // What each lowered op carries: a Send/Recv the stage whose activation (F) or input gradient (B) it is.
+      cur = {a->type, a->stage, a->mb};
+      if (a->type == ActionType::RecvF) cur.stage = a->stage - 1;
+      if (a->type == ActionType::RecvB) cur.stage = a->stage + 1;
       switch (a->type) {
         case ActionType::SendF:
           if (rank_of(a->stage + 1) >= 0) send(act(a->stage, a->mb), rank_of(a->stage + 1), l);
@@ -661,12 +674,14 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
       for (const Step& x : steps(*a)) {
         NameId w = weight[static_cast<std::size_t>(x.stage)];
         NameId xl = -1;  // the cell's position names the step in reports
+        cur = {x.type, x.stage, x.mb};
         if (x.type == ActionType::F) {
           NameId in = x.stage == 0 ? p.intern("x") : act(x.stage - 1, x.mb);
           int from = rank_of(x.stage - 1);
           if (!s.has_comms && x.stage > 0 && from >= 0 && from != r) need(in, from, r, l);
           add(OpKind::Step, {in, w}, {act(x.stage, x.mb)}, l).attrs.label = xl;
           int to = rank_of(x.stage + 1);
+          cur = {ActionType::SendF, x.stage, x.mb};
           if (!s.has_comms && to >= 0 && to != r) send(act(x.stage, x.mb), to, l);
         } else if (x.type == ActionType::B || x.type == ActionType::I) {
           NameId in = x.stage == last ? act(x.stage, x.mb) : grad(x.stage + 1, x.mb);
@@ -674,6 +689,7 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
           if (!s.has_comms && x.stage < last && from >= 0 && from != r) need(in, from, r, l);
           add(OpKind::Step, {in, act(x.stage, x.mb), w}, {grad(x.stage, x.mb)}, l).attrs.label = xl;
           int to = rank_of(x.stage - 1);
+          cur = {ActionType::SendB, x.stage, x.mb};
           if (!s.has_comms && x.stage > 0 && to >= 0 && to != r) send(grad(x.stage, x.mb), to, l);
         } else {
           NameId in = x.stage == last ? act(x.stage, x.mb) : grad(x.stage + 1, x.mb);
@@ -686,6 +702,28 @@ Program lower_schedule(const Schedule& s, P2PModel model) {
     p.programs.push_back(std::move(rp));
   }
   return p;
+}
+
+Schedule program_schedule(const Program& p, const std::string& path) {
+  const ScheduleSpec& sp = p.schedule;
+  if (!sp.kind.empty()) {
+    try {
+      return generate_schedule(sp.kind, static_cast<int>(sp.ranks), static_cast<int>(sp.microbatches), static_cast<int>(sp.virtual_stages));
+    } catch (const std::invalid_argument& e) {
+      throw LoadError(sp.kind_loc, e.what());
+    }
+  }
+  std::filesystem::path csv = std::filesystem::path(path).parent_path() / sp.csv;
+  Schedule s;
+  try {
+    s = load_schedule_csv(csv.string());
+  } catch (const LoadError& e) {
+    throw LoadError(sp.csv_loc, e.loc.line ? fmt::format("in {}:{}:{}: {}", csv.string(), e.loc.line, e.loc.col, e.what()) : e.what());
+  }
+  if (static_cast<std::int64_t>(s.rows.size()) != sp.ranks)
+    throw LoadError(sp.csv_loc, fmt::format("{} has {} rows (pipeline ranks), but mesh axis {} has size {}", sp.csv, s.rows.size(),
+                                            p.mesh[static_cast<std::size_t>(sp.axis)].name, sp.ranks));
+  return s;
 }
 
 // ---- views -------------------------------------------------------------------------------------

@@ -56,9 +56,25 @@ std::vector<Diagnostic> validate_schedule(const Schedule& s);
 // on another rank (identity for a schedule that already has them).
 Schedule with_comms(const Schedule& s);
 
+// Stage -> rank: the first rank whose row computes the stage (-1: none).
+std::vector<int> stage_owners(const Schedule& s);
+
+// What a lowered op stands for: its action's type, stage and microbatch (mb -1: UNSHARD, RESHARD, REDUCE_GRAD). A
+// Send or Recv (and a Wait of a receive) carries the activation (SendF / RecvF) or the input gradient (SendB / RecvB)
+// of `stage`.
+struct LoweredStep {
+  ActionType type;
+  int stage = -1, mb = -1;
+};
+
 // Per-rank programs: compute-only schedules get a RECV before and a SEND after each compute step
 // whose neighbour stage runs on another rank; every Recv names the tensor it expects (`matches`).
-Program lower_schedule(const Schedule& s, P2PModel model);
+// With `steps`, receives per op what it stands for.
+Program lower_schedule(const Schedule& s, P2PModel model, std::vector<LoweredStep>* steps = nullptr);
+
+// The schedule of a program's `schedule:`: generated, or read from its CSV (relative to `path`, the program's file).
+// Throws LoadError at the schedule's keys.
+Schedule program_schedule(const Program& p, const std::string& path);
 
 // The action grid in the terminal, one line per rank, folded into bands of steps at most 100 columns wide;
 // `blocked` cells (by Loc) are marked and each row stops after its blocked cell (schedules/grid.cpp).

@@ -20,14 +20,26 @@
 // programs with named sizes (tests/reduce_gen.h): each family's verdict at 6 times its base sizes, which the value
 // check reduces, must equal its verdicts at 2 and 3 times its base sizes run in full (no reduction). A verdict that
 // differs either way (equivalent against a mismatch found in full, or the reverse) fails (exit 1).
+// `--pipeline N` runs N random pipelined programs (tests/equiv_pipeline.h: a schedule with stages, generated or as
+// PyTorch's CSV, and one injected mistake in half of them). Ground truth: each rank's program run in doubles, each
+// parameter's gradient read from its stage, against finite differences of the spec's forward. Counted: verdicts,
+// false equivalent (exit 1), mistakes that change a gradient but `spmdcheck check` does not report.
 #include <fmt/format.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cctype>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
+
+#include <unistd.h>
+
+#include "cli/check_file.h"
+#include "tests/equiv_pipeline.h"
 
 #include "equiv/equiv.h"
 #include "interp/interp.h"
@@ -48,6 +60,15 @@ struct Tally {
   int pairs = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0, differs = 0, false_equivalent = 0;
   std::map<std::string, int> reasons;
 };
+
+void tally(EquivVerdict v, int& equivalent, int& mismatch, int& unknown, int& skipped) {
+  switch (v) {
+    case EquivVerdict::Equivalent: ++equivalent; break;
+    case EquivVerdict::Mismatch: ++mismatch; break;
+    case EquivVerdict::Unknown: ++unknown; break;
+    case EquivVerdict::Skipped: ++skipped; break;
+  }
+}
 
 bool oracle_differs(const Program& p) {
   for (std::uint64_t seed : {11, 22, 33}) {
@@ -280,12 +301,7 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
       continue;
     }
     t.differs += tr.differs;
-    switch (r.verdict) {
-      case EquivVerdict::Equivalent: ++t.equivalent; break;
-      case EquivVerdict::Mismatch: ++t.mismatch; break;
-      case EquivVerdict::Unknown: ++t.unknown; break;
-      case EquivVerdict::Skipped: ++t.skipped; break;
-    }
+    tally(r.verdict, t.equivalent, t.mismatch, t.unknown, t.skipped);
     if (r.verdict == EquivVerdict::Equivalent && tr.differs) {
       ++t.false_equivalent;
       std::printf("FALSE EQUIVALENT (train, %s): %s; truth: %s\n---\n%s---\n", bug ? buggy.mistake.c_str() : "no mistake", r.message.c_str(), tr.what.c_str(), text.c_str());
@@ -327,6 +343,86 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
     std::printf("  mistake x%d: %s: %d by the type checks, %d value-mismatch, %d not proved, %d equivalent, %d numerically harmless (%d more not applicable)\n", c.n,
                 m.c_str(), c.types, c.mismatch, c.unproved, c.equivalent, c.harmless, c.not_applicable);
   for (const auto& [w, k] : t.discards) std::printf("  discarded x%d: %s\n", k, w.c_str());
+  for (const auto& [w, k] : t.unproved) std::printf("  mistake-free not proved x%d: %s\n", k, w.c_str());
+}
+
+struct PipelineTally {
+  int cases = 0, load_errors = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0, differs = 0, false_equivalent = 0, truth_failed = 0;
+  int clean = 0, clean_equivalent = 0, clean_differs = 0, missed = 0, extra_mismatch = 0;
+  std::map<std::string, std::array<int, 4>> per;  // mistake -> {cases, reported, changes values, missed}
+  std::map<std::string, int> unproved;
+};
+
+void run_pipeline(PipelineTally& t, std::uint64_t seed, int count, bool verbose) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / fmt::format("spmd_pipeline_difftest_{}_{}", seed, ::getpid());  // runs in parallel do not share it
+  fs::create_directories(dir);
+  for (int i = 0; i < count; ++i) {
+    std::uint64_t sd = seed + static_cast<std::uint64_t>(i);
+    for (bool bug : {false, true}) {
+      test::PipelineCase c = test::generate_pipeline(sd, bug);
+      if (bug && c.mistake.empty()) continue;
+      std::ofstream(dir / "pipe.yaml") << c.yaml;
+      if (!c.csv.empty()) std::ofstream(dir / "pipe.csv") << c.csv;
+      std::string path = (dir / "pipe.yaml").string();
+      ++t.cases;
+      Options opt;
+      FileResult fr = check_file(path, opt);
+      if (fr.load_failed) {
+        if (++t.load_errors <= 3 || verbose) std::printf("LOAD ERROR: %s\n---\n%s---\n%s", fr.load_message.c_str(), c.yaml.c_str(), c.csv.c_str());
+        continue;
+      }
+      bool reported = has_errors(fr.diags);
+      Program p = load_program_file(path);
+      EquivResult r = check_equivalence(p);
+      test::Truth tr = test::pipeline_truth(p, 8);
+      if (tr.failed && !tr.differs) {
+        if (bug && reported) {  // the checks before the values (the stages' types, the schedule) report it
+          ++t.per[c.mistake][0], ++t.per[c.mistake][1];
+          continue;
+        }
+        if (++t.truth_failed <= 3 || verbose)
+          std::printf("GROUND TRUTH FAILS (%s): %s\n---\n%s---\n", bug ? c.mistake.c_str() : "no mistake", tr.what.c_str(), c.yaml.c_str());
+        continue;
+      }
+      t.differs += tr.differs;
+      tally(r.verdict, t.equivalent, t.mismatch, t.unknown, t.skipped);
+      if (r.verdict == EquivVerdict::Equivalent && tr.differs) {
+        ++t.false_equivalent;
+        std::printf("FALSE EQUIVALENT (pipeline, %s): %s; truth: %s\n---\n%s---\n%s", bug ? c.mistake.c_str() : "no mistake", r.message.c_str(), tr.what.c_str(),
+                    c.yaml.c_str(), c.csv.c_str());
+      }
+      if (r.verdict == EquivVerdict::Mismatch && !tr.differs && ++t.extra_mismatch <= 3)
+        std::printf("VALUE-MISMATCH BUT THE FINITE DIFFERENCES AGREE (pipeline, %s): %s\n---\n%s---\n%s", bug ? c.mistake.c_str() : "no mistake",
+                    r.message.c_str(), c.yaml.c_str(), c.csv.c_str());
+      if (bug) {
+        auto& pc = t.per[c.mistake];
+        ++pc[0], pc[1] += reported, pc[2] += tr.differs;
+        if (tr.differs && !reported) {
+          ++pc[3], ++t.missed;
+          std::printf("MISSED (pipeline, %s): %s; truth: %s\n---\n%s---\n%s", c.mistake.c_str(), r.message.c_str(), tr.what.c_str(), c.yaml.c_str(), c.csv.c_str());
+        }
+      } else {
+        ++t.clean;
+        if (tr.differs) {
+          ++t.clean_differs;
+          if (t.clean_differs <= 3 || verbose) std::printf("MISTAKE-FREE PIPELINE DIFFERS: %s\n---\n%s---\n%s", tr.what.c_str(), c.yaml.c_str(), c.csv.c_str());
+        } else if (r.verdict == EquivVerdict::Equivalent && !reported) {
+          ++t.clean_equivalent;
+        } else {
+          ++t.unproved[fmt::format("{}: {}", reported ? "reported" : equiv_verdict_name(r.verdict), (reported ? fr.diags[0].message : r.message).substr(0, 100))];
+          if (verbose) std::printf("MISTAKE-FREE PIPELINE NOT PROVED: %s\n---\n%s---\n%s", r.message.c_str(), c.yaml.c_str(), c.csv.c_str());
+        }
+      }
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  std::printf("pipelined programs: %d run (%d load errors, %d where the ground truth cannot run): %d equivalent, %d value-mismatch, %d not proved, %d not "
+              "checked; %d differ from the finite differences; %d false equivalent; %d value-changing mistakes not reported\n",
+              t.cases, t.load_errors, t.truth_failed, t.equivalent, t.mismatch, t.unknown, t.skipped, t.differs, t.false_equivalent, t.missed);
+  std::printf("  mistake-free programs: %d, %d proved equivalent, %d differ\n", t.clean, t.clean_equivalent, t.clean_differs);
+  for (const auto& [m, c] : t.per) std::printf("  mistake x%d: %s: %d reported, %d change values, %d missed\n", c[0], m.c_str(), c[1], c[2], c[3]);
   for (const auto& [w, k] : t.unproved) std::printf("  mistake-free not proved x%d: %s\n", k, w.c_str());
 }
 
@@ -382,7 +478,7 @@ void run_reduce(ReduceTally& t, std::uint64_t seed, int n, bool verbose) {
 
 int main(int argc, char** argv) {
   std::uint64_t seed = 1;
-  int count = 10000, local = 0, train = 0, reduce = 0;
+  int count = 10000, local = 0, train = 0, reduce = 0, pipeline = 0;
   bool count_given = false, verbose = false;
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
@@ -396,20 +492,23 @@ int main(int argc, char** argv) {
     else if (a == "--local") local = std::atoi(argv[i + 1]);
     else if (a == "--train") train = std::atoi(argv[i + 1]);
     else if (a == "--reduce") reduce = std::atoi(argv[i + 1]);
+    else if (a == "--pipeline") pipeline = std::atoi(argv[i + 1]);
     else if (a == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
     else if (a == "--show-extra") show_extra = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--local N] [--train N] [--reduce N] [--seed S] [--verbose] [--show-extra N]\n");
+      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--local N] [--train N] [--reduce N] [--pipeline N] [--seed S] [--verbose] [--show-extra N]\n");
       return 2;
     }
   }
-  if ((local > 0 || train > 0 || reduce > 0) && !count_given) count = 0;  // --local / --train / --reduce alone run only those
+  if ((local > 0 || train > 0 || reduce > 0 || pipeline > 0) && !count_given) count = 0;  // --local / --train / --reduce / --pipeline alone run only those
   ReduceTally rt;
   if (reduce > 0) run_reduce(rt, seed, reduce, verbose);
   LocalTally lt;
   if (local > 0) run_local(lt, seed, local, verbose);
   TrainTally tt;
   if (train > 0) run_train(tt, seed, train, verbose);
+  PipelineTally pt;
+  if (pipeline > 0) run_pipeline(pt, seed, pipeline, verbose);
   Tally own, mutated;
   for (int i = 0; i < count; ++i) {
     std::string text = test::generate_program(seed + static_cast<std::uint64_t>(i));
@@ -440,5 +539,5 @@ int main(int argc, char** argv) {
                 t->false_equivalent);
     for (const auto& [why, n] : t->reasons) std::printf("  not checked x%d: %s\n", n, why.c_str());
   }
-  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + tt.false_equivalent + tt.false_mismatch + rt.disagree ? 1 : 0;
+  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + tt.false_equivalent + tt.false_mismatch + rt.disagree + pt.false_equivalent + pt.missed ? 1 : 0;
 }

@@ -668,11 +668,21 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   } catch (const std::runtime_error& e) {
     return tr.failed = true, tr.differs = true, tr.what = std::string("the plan's step fails: ") + e.what(), tr;
   }
+  auto plan_value = [&](NameId n, const Placements& pl, std::string& prob) { return global_of(t, dist, n, pl, oo, prob); };
+  return compare_with_spec(p, t, inst, inputs, plan_value, max_elements);
+}
+
+Truth compare_with_spec(const Program& p, const Program& t, const interp::Instantiation& inst, const std::vector<std::pair<NameId, Tensor>>& inputs,
+                        const std::function<Tensor(NameId, const Placements&, std::string&)>& plan_value, std::size_t max_elements) {
+  Truth tr;
+  OracleOptions oo;
+  oo.seed = 5;
   // The spec's forward on one device.
   Program s = p;
   s.ops = p.spec_ops;
   s.spec_ops.clear();
   s.has_spec = s.train = s.has_backward = s.has_grad_sync = false;
+  s.per_rank = false, s.programs.clear(), s.schedule = ScheduleSpec{};
   s.grad_sync.clear();
   s.outputs.clear();
   s.spec_outputs.clear();
@@ -700,7 +710,7 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   for (const auto& od : p.outputs)
     if (od.name == p.loss) {
       std::string prob;
-      Tensor pl = global_of(t, dist, od.name, od.has_placement ? od.placement : Placements{}, oo, prob);
+      Tensor pl = plan_value(od.name, od.has_placement ? od.placement : Placements{}, prob);
       if (!prob.empty()) return tr.differs = true, tr.what = "the plan's loss: " + prob, tr;
       double x = pl.data.at(0).d;
       if (std::abs(x - l0) > 1e-11 * std::max(1.0, std::abs(l0)))  // doubles in another order: about 1e-15
@@ -711,7 +721,7 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
     auto it = t.name_ids.find(p.name(d.name) + ".grad");
     if (it == t.name_ids.end()) continue;
     std::string prob;
-    Tensor g = global_of(t, dist, it->second, d.placement, oo, prob);
+    Tensor g = plan_value(it->second, d.placement, prob);
     if (!prob.empty()) return tr.differs = true, tr.what = fmt::format("{}.grad: {}", p.name(d.name), prob), tr;
     std::size_t nel = g.data.size();
     // The elements compared: all, or `max_elements` spread evenly (a large program's finite differences cost a
@@ -724,17 +734,22 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
     // loss per 1e-3 step, taken as 1e-9): relative to the loss alone, a small gradient (a saturated softmax, a
     // norm's eps) would hide a mistake that scales it.
     double scale = 0;
-    for (std::size_t k : ks) {
-      double h = 1e-3;  // (1e-2 is too coarse once attention and norms make the loss far from polynomial)
+    auto richardson = [&](std::size_t k, double h) {
       double d1 = (loss_at(d.name, k, h) - loss_at(d.name, k, -h)) / (2 * h);
       double d2 = (loss_at(d.name, k, h / 2) - loss_at(d.name, k, -h / 2)) / h;
-      fd[k] = (4 * d2 - d1) / 3;
+      return (4 * d2 - d1) / 3;
+    };
+    for (std::size_t k : ks) {
+      fd[k] = richardson(k, 1e-3);  // (1e-2 is too coarse once attention and norms make the loss far from polynomial)
       scale = std::max({scale, std::abs(fd[k]), std::abs(g.data[k].d)});
     }
     double tol = 1e-5 * scale + 1e-9 * std::max(1.0, std::abs(l0));
     for (std::size_t k : ks) {
       ++tr.compared;
-      if (std::abs(g.data[k].d - fd[k]) > tol)
+      // A deep stack (a pipeline of residual layers) can leave the step's truncation error above the tolerance: an
+      // element that differs is differentiated again with a step 10 times smaller, and differs only if that does too
+      // (the smaller step is closer to the derivative; its rounding, about 1e-12 of the loss, is far below the tolerance).
+      if (std::abs(g.data[k].d - fd[k]) > tol && std::abs(g.data[k].d - (fd[k] = richardson(k, 1e-4))) > tol)
         return tr.differs = true,
                tr.what = fmt::format("{}.grad[{}] is {} in the plan, {} by finite differences", p.name(d.name), k, g.data[k].d, fd[k]), tr;
     }

@@ -14,9 +14,11 @@
 // loss in doubles, one parameter element at a time; the plan's loss output is compared with the spec's too.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "interp/assembly.h"
 #include "ir/diagnostic.h"
 #include "ir/program.h"
 
@@ -48,5 +50,11 @@ struct Truth {
 
 // `max_elements` > 0: compare at most that many elements of each gradient, spread evenly.
 Truth gradient_truth(const Program& p, std::size_t max_elements = 0);
+
+// The comparison of gradient_truth, for any plan that has run: `plan_value` reads a plan value by a placement (the
+// plan's loss by its output's, each parameter's gradient `<param>.grad` of `t` by the parameter's), against the
+// spec's forward loss of `p` on the global `inputs` and its central finite differences.
+Truth compare_with_spec(const Program& p, const Program& t, const interp::Instantiation& inst, const std::vector<std::pair<NameId, interp::Tensor>>& inputs,
+                        const std::function<interp::Tensor(NameId, const Placements&, std::string&)>& plan_value, std::size_t max_elements);
 
 }  // namespace spmd::test

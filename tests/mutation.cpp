@@ -13,6 +13,12 @@
 // user runs (`spmdcheck check`: the type checks, the temporal checks, then the value check). The tool prints one
 // line per missed mutant and a summary; exit 1 when a value-changing mutant was missed.
 //
+// A pipelined schedule (`stages:`) gets the constants of its stages' ops and its grad_sync mutated as above, and its
+// lowered per-rank programs (equiv/pipeline.h) three more kinds: one microbatch's gradient accumulation dropped, a
+// gradient reduction moved before the stage's last accumulation, and two sends of a rank swapped. Those are checked
+// as the value check sees them (the lowered pair, with the temporal checks of its programs); their ground truth is
+// the same numeric run with other seeds.
+//
 // Usage: spmd_mutation FILE_OR_DIR...   (directories: every *_fixed.yaml / *_ok.yaml under them)
 #include <fmt/format.h>
 
@@ -24,6 +30,7 @@
 
 #include "autograd/autograd.h"
 #include "equiv/equiv.h"
+#include "equiv/pipeline.h"
 #include "ir/loader.h"
 #include "spatial/spatial.h"
 #include "temporal/temporal.h"
@@ -64,8 +71,76 @@ void rename_reads(Program& p, std::size_t li, std::size_t after, NameId from, Na
 
 std::string where(const Op& op, std::size_t li) { return fmt::format("{}{} at line {}", kListNames[li], op_name(op.kind), op.loc.line); }
 
+// A pipelined schedule: the constants of its stages' ops.
+void stage_mutants(const Program& base, std::vector<Mutant>& out) {
+  for (std::size_t k = 0; k < base.schedule.stages.size(); ++k)
+    for (std::size_t oi = 0; oi < base.schedule.stages[k].ops.size(); ++oi) {
+      const Op& op = base.schedule.stages[k].ops[oi];
+      if (!op.attrs.has_number) continue;
+      Mutant m{fmt::format("constant of stage {} {} at line {}", k, op_name(op.kind), op.loc.line), base};
+      double& x = m.p.schedule.stages[k].ops[oi].attrs.number;
+      x = x == 0 ? 1 : 2 * x;
+      out.push_back(std::move(m));
+    }
+}
+
+// A pipeline's lowered programs (the pair the value check runs): a microbatch's accumulation dropped, a gradient
+// reduction moved before the stage's last accumulation, two sends of one rank swapped.
+struct PairMutant {
+  std::string what;
+  equiv_detail::TrainingPair tp;
+};
+std::vector<PairMutant> lowered_mutants(const equiv_detail::TrainingPair& base) {
+  std::vector<PairMutant> out;
+  const Program& p = base.program;
+  for (std::size_t r = 0; r < p.programs.size(); ++r) {
+    const RankProgram& rp = p.programs[r];
+    auto in_rank = [&](std::uint32_t i) { return i >= rp.first_op && i < rp.first_op + rp.n_ops; };
+    bool dropped = false, moved = false, swapped = false;
+    for (std::uint32_t i = rp.first_op; i < rp.first_op + rp.n_ops; ++i) {
+      const Op& op = p.ops[i];
+      bool accumulation = i < base.generated.size() && base.generated[i] && op.kind == OpKind::Add && op.n_in == 2;
+      if (accumulation && !dropped) {  // w.grad = w.grad + w.grad@mbK, gone
+        PairMutant m{fmt::format("rank {}: the accumulation of {} dropped", r, p.name(p.ins(op)[1])), base};
+        m.tp.program.ops[i].attrs.number = 0;
+        m.tp.program.ops[i].attrs.has_number = true;
+        m.tp.program.ops[i].n_in = 1;  // w.grad = w.grad + 0: the operand after the first is the output
+        m.tp.program.operands[op.first + 1] = p.outs(op)[0];
+        out.push_back(std::move(m));
+        dropped = true;
+      }
+      if (op.kind == OpKind::AllReduce && !moved && op.n_out == 1) {  // a gradient reduction, before the last accumulation of its gradient
+        NameId g = p.outs(op)[0];
+        std::uint32_t last = 0;
+        for (std::uint32_t j = rp.first_op; j < i; ++j)
+          if (j < base.generated.size() && base.generated[j] && p.ops[j].n_out && p.outs(p.ops[j])[0] == g) last = j;
+        if (last > rp.first_op && in_rank(last)) {
+          PairMutant m{fmt::format("rank {}: the reduction of {} moved before its last accumulation", r, p.name(g)), base};
+          auto& ops = m.tp.program.ops;
+          Op moved_op = ops[i];
+          ops.erase(ops.begin() + i);
+          ops.insert(ops.begin() + last, moved_op);
+          out.push_back(std::move(m));
+          moved = true;
+        }
+      }
+      if (op.kind == OpKind::Send && !swapped)
+        for (std::uint32_t j = i + 1; j < rp.first_op + rp.n_ops; ++j)
+          if (p.ops[j].kind == OpKind::Send && p.ops[j].attrs.coords == op.attrs.coords && p.ins(p.ops[j])[0] != p.ins(op)[0]) {
+            PairMutant m{fmt::format("rank {}: sends of {} and {} swapped", r, p.name(p.ins(op)[0]), p.name(p.ins(p.ops[j])[0])), base};
+            std::swap(m.tp.program.operands[op.first], m.tp.program.operands[p.ops[j].first]);
+            out.push_back(std::move(m));
+            swapped = true;
+            break;
+          }
+    }
+  }
+  return out;
+}
+
 std::vector<Mutant> mutants_of(const Program& base) {
   std::vector<Mutant> out;
+  stage_mutants(base, out);
   for (std::size_t li = 0; li < std::size(kLists); ++li) {
     const std::vector<Op>& ops = base.*kLists[li];
     for (std::size_t oi = 0; oi < ops.size(); ++oi) {
@@ -244,20 +319,37 @@ int main(int argc, char** argv) {
       continue;
     }
     int n = 0, c = 0;
-    for (auto& m : mutants_of(base)) {
+    // One mutant judged: `types` says whether the checks before the value check report it (called only when needed).
+    auto judge = [&](const std::string& what, bool ch, bool rep, auto&& types) {
       ++total, ++n;
-      bool ch = changes_values(m.p), rep = reported(m.p);
-      if (!ch) {
-        ++equal;
-        continue;
-      }
+      if (!ch) return void(++equal);
       ++changing;
       if (rep) {
         ++caught, ++c;
-        if (!types_report(m.p)) ++caught_by_values;
+        if (!types()) ++caught_by_values;
       } else {
         ++missed;
-        std::cout << f.string() << ": missed mutant: " << m.what << "\n";
+        std::cout << f.string() << ": missed mutant: " << what << "\n";
+      }
+    };
+    for (auto& m : mutants_of(base)) judge(m.what, changes_values(m.p), reported(m.p), [&] { return types_report(m.p); });
+    // A pipeline: mutants of the lowered per-rank programs, checked as the value check and the temporal checks see them.
+    if (base.schedule.present && !base.schedule.stages.empty()) {
+      equiv_detail::TrainingPair tp = equiv_detail::pipeline_pair(base);
+      if (!tp.ok) {
+        std::cout << f.string() << ": error: the pipeline cannot be lowered: " << tp.why << "\n";
+        ++bad_base;
+        continue;
+      }
+      for (auto& m : lowered_mutants(tp)) {
+        bool ch = false;
+        for (std::uint64_t seed : {101, 202, 303}) {
+          EquivOptions o;
+          o.seed = seed;
+          ch |= check_built_pair(m.tp, o).verdict == EquivVerdict::Mismatch;
+        }
+        bool temporal = has_error(check_temporal(m.tp.program));
+        judge(m.what, ch, temporal || check_built_pair(m.tp).verdict == EquivVerdict::Mismatch, [&] { return temporal; });
       }
     }
     std::cout << f.filename().string() << ": " << n << " mutants, " << c << " value-changing reported\n";

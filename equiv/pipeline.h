@@ -1,0 +1,43 @@
+// equiv/pipeline.h - a pipeline schedule whose stages run real ops (docs/schedules.md, "Stages"), lowered to per-rank
+// programs with real ops, and the training pair the value check compares (docs/equivalence.md, "Pipelines").
+//
+// The stages are typed and differentiated once, as one microbatch's training step (every stage in order, the batch
+// inputs at the microbatch's size, `grad_sync:` after it): that is where their spatial and gradient findings come
+// from. The schedule's lowering (schedules/, the one the temporal checks simulate) then says what each rank runs; each
+// F, B, I and W becomes that stage's part of the step for the microbatch, with its names suffixed `@mb<k>`, each
+// backward adds the stage's parameter gradients into `<param>.grad`, and a stage's `grad_sync:` ops run after its last
+// backward (or at its REDUCE_GRAD).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "equiv/training.h"
+#include "ir/diagnostic.h"
+#include "ir/program.h"
+#include "schedules/schedule.h"
+
+namespace spmd {
+
+struct PipelineLowering {
+  bool built = false;             // false: `diags` has findings in the stages (or `why` says what is missing)
+  std::string why;
+  std::vector<Diagnostic> diags;  // the one-microbatch step's findings (spatial, backward, unsynced-gradient)
+  Program program;                // per-rank programs with real ops
+  std::vector<equiv_detail::PairGrad> grads;  // each parameter's accumulated gradient, by its placement after grad_sync
+  std::vector<std::vector<std::pair<int, std::int64_t>>> grad_ranks;  // and the ranks of its stage
+  NameId seed = -1;               // the backward's seed `<loss>.grad`: one declared value every microbatch's backward reads
+  double n_copies = 1;            // the copies of the loss the ranks differentiate (equiv/training.h)
+  equiv_detail::TrainingPair meta;  // microbatches, family, generated, derived
+};
+
+// Lowers `p` (a `schedule:` with `stages:`) along the action grid `s`. Throws LoadError for input the schedule cannot
+// run (a stage count that differs from the grid's, a batch dim the microbatches do not divide, a parameter that two
+// stages read, a grad_sync op that reads no parameter gradient).
+PipelineLowering lower_pipeline(const Program& p, const Schedule& s);
+
+namespace equiv_detail {
+// The value check's pair for a pipelined schedule: the lowered plan against the spec's whole-batch step.
+TrainingPair pipeline_pair(const Program& p);
+}  // namespace equiv_detail
+
+}  // namespace spmd
