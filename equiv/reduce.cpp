@@ -166,8 +166,46 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   std::vector<std::int64_t> mesh(g.mesh.size(), 1);
   for (std::size_t a = 0; a < g.mesh.size(); ++a)
     if (g.exprs.is_const(g.mesh[a].size)) mesh[a] = g.exprs.value(g.mesh[a].size);
+  // Extents: each dim of each typed value and the products of its dims (the count a reduction over them sums).
+  struct Extent {
+    const ExprPool* pool;
+    std::vector<ExprId> dims;
+    __int128 declared;
+  };
+  std::vector<Extent> extents;
+  std::set<std::pair<const ExprPool*, std::vector<ExprId>>> seen_extent;
+  auto product = [](const ExprPool& pool, const std::vector<ExprId>& dims, const std::vector<std::int64_t>& vals) -> std::optional<__int128> {
+    __int128 r = 1;
+    for (ExprId e : dims) {
+      auto v = ev(pool, e, vals);
+      if (!v) return std::nullopt;
+      r *= *v;
+      if (r > (static_cast<__int128>(1) << 100)) return std::nullopt;
+    }
+    return r;
+  };
+  auto add_extents = [&](const ExprPool& pool, const ValueType& t) {
+    std::vector<ExprId> all(t.shape.begin(), t.shape.begin() + t.rank);
+    auto push = [&](std::vector<ExprId> dims) {
+      std::sort(dims.begin(), dims.end());
+      if (!seen_extent.insert({&pool, dims}).second) return;
+      if (auto d = product(pool, dims, base)) extents.push_back({&pool, std::move(dims), *d});
+    };
+    if (t.rank <= 4) {
+      for (unsigned m = 1; m < (1u << t.rank); ++m) {
+        std::vector<ExprId> sub;
+        for (int d = 0; d < t.rank; ++d)
+          if (m & (1u << d)) sub.push_back(all[static_cast<std::size_t>(d)]);
+        push(std::move(sub));
+      }
+    } else {
+      for (ExprId e : all) push({e});
+      push(all);
+    }
+  };
   auto add_value = [&](const ExprPool& pool, const ValueType& t) {
     if (!t.ok) return;
+    add_extents(pool, t);
     for (int d = 0; d < t.rank; ++d) {
       ExprId e = t.shape[static_cast<std::size_t>(d)];
       if (pool.is_const(e)) continue;
@@ -260,14 +298,41 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
     for (int v : facts[i].vars)
       if (static_cast<std::size_t>(v) < nv) by_var[static_cast<std::size_t>(v)].push_back(i);
   std::vector<std::int64_t> cur = base;
+  // Sizes keep their order: two sizes declared different stay different, the smaller one smaller if both are reduced. A value computed
+  // from sizes (the sum of a softmax is the count of the rows it normalizes) is then no more equal at the reduced
+  // sizes than it is at the declared ones for a size that replaces another (a softmax over the wrong dim: N8 rows
+  // against N4 agree when both are reduced to 2).
+  // (A size that is not reduced only needs to stay apart: a kept S = 512 does not push H = 1024 above it.)
+  auto movable = [&](std::size_t v) { return g.vars[v].general && !pinned[v]; };
+  auto ordered = [&](std::size_t v) {
+    for (std::size_t u = 0; u < nv; ++u)
+      if (u != v && base[u] != base[v] && (cur[u] == cur[v] || (movable(u) && movable(v) && (base[u] < base[v]) != (cur[u] < cur[v])))) return false;
+    return true;
+  };
+  // Extents declared different stay different: a count computed by the ops (the sum of a softmax over an [N8, 2*N2]
+  // value along dim 0 is 2*N2 per column summed, along dim 1 N8) must not coincide at the reduced sizes where it
+  // differs at the declared ones (N8 -> 4 with N2 = 2 would make the two sums agree).
+  auto apart = [&]() {
+    std::map<__int128, __int128> seen;  // reduced -> declared
+    for (const auto& x : extents) {
+      auto r = product(*x.pool, x.dims, cur);
+      if (!r) return false;
+      auto [it, fresh] = seen.emplace(*r, x.declared);
+      if (!fresh && it->second != x.declared) return false;
+    }
+    return true;
+  };
   auto fits = [&](std::size_t v) {
     for (std::size_t i : by_var[v])
       if (!keeps(facts[i], cur)) return false;
-    return true;
+    return ordered(v) && apart();
   };
+  std::vector<std::size_t> order(nv);  // the smallest first, so each finds its place above the ones below it
+  for (std::size_t v = 0; v < nv; ++v) order[v] = v;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return base[a] < base[b]; });
   for (int pass = 0; pass < 3; ++pass) {
     bool changed = false;
-    for (std::size_t v = 0; v < nv; ++v) {
+    for (std::size_t v : order) {
       if (!g.vars[v].general || pinned[v]) continue;
       std::int64_t was = cur[v];
       std::vector<std::int64_t> cands;

@@ -3,6 +3,7 @@
 // Holds the layout of values on the mesh, declared inputs, the op loop (a scheduler over per-rank op
 // lists) and step_local(), the one dispatch of per-rank ops.
 #include "interp/runner.h"
+#include <fmt/format.h>
 
 namespace spmd::interp {
 
@@ -274,9 +275,18 @@ std::int64_t Runner::eval(ExprId e, const std::string& what) const {
 }
 
 std::int64_t Runner::real_global(int oi, int k, std::size_t d) const {
-  if (!real_shapes || oi < 0 || static_cast<std::size_t>(oi) >= real_shapes->size()) return -1;
+  if (!real_shapes) return -1;
+  // A run at reduced sizes whose kernel needs an extent the types did not give: the reduced one would be a wrong
+  // count (a Mean dividing by the reduced number of elements), so the run fails and the value check runs as declared.
+  auto unknown = [&] {
+    const Op* op = oi >= 0 && static_cast<std::size_t>(oi) < p_.ops.size() ? &p_.ops[static_cast<std::size_t>(oi)] : nullptr;
+    return InterpError(fmt::format("the declared extent of dim {} of input {} of {} (line {}) is not known at the reduced sizes", d, k,
+                                   op ? op_name(op->kind) : "an op", op ? op->loc.line : 0));
+  };
+  if (oi < 0 || static_cast<std::size_t>(oi) >= real_shapes->size()) throw unknown();
   const auto& ins = (*real_shapes)[static_cast<std::size_t>(oi)];
-  if (k < 0 || static_cast<std::size_t>(k) >= ins.size() || d >= ins[static_cast<std::size_t>(k)].size()) return -1;
+  if (k < 0 || static_cast<std::size_t>(k) >= ins.size() || d >= ins[static_cast<std::size_t>(k)].size() || ins[static_cast<std::size_t>(k)][d] < 0)
+    throw unknown();
   return ins[static_cast<std::size_t>(k)][d];
 }
 

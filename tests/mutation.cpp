@@ -200,6 +200,11 @@ std::vector<Mutant> mutants_of(const Program& base) {
         NameId in = base.ins(op)[0], o = base.outs(op)[0];
         std::vector<Op>& mops = m.p.*kLists[li];
         mops.erase(mops.begin() + static_cast<std::ptrdiff_t>(oi));
+        if (&mops == &m.p.ops)  // per-rank programs: the op ranges after it move down by one
+          for (auto& rp : m.p.programs) {
+            if (oi >= rp.first_op && oi < rp.first_op + rp.n_ops) --rp.n_ops;
+            else if (rp.first_op > oi) --rp.first_op;
+          }
         if (o != in) rename_reads(m.p, li, oi, o, in);
         out.push_back(std::move(m));
       }
@@ -302,6 +307,8 @@ int main(int argc, char** argv) {
       LoadOptions lo;
       lo.generalize_sizes = true;  // mutants of this program are reduced by the value check (reported())
       base = load_program_file(f.string(), lo);
+      // a pipeline's batch is cut into microbatches at its declared size (the reduction is not made for pipelines)
+      if (base.schedule.present) base = load_program_file(f.string());
     } catch (const LoadError& e) {
       std::cout << f.string() << ":" << e.loc.line << ":" << e.loc.col << ": error: " << e.what() << "\n";
       ++bad_base;

