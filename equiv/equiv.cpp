@@ -1032,7 +1032,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   for (const auto& op : p.ops)
     if (op.kind == OpKind::Reinterpret)
       return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
-  Setup s{p, model_of(p)};
+  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {0, 0}, {0, 0}, 0, nullptr, nullptr, {}, {}, nullptr};
   if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd, s.pair = pending;
   s.oo.seed = opt.seed;
   if (opt.max_bytes > 0) s.oo.max_bytes = opt.max_bytes;
@@ -1433,7 +1433,7 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   EquivOptions confirm_opt = opt;
   confirm_opt.max_bytes = opt.max_bytes > 0 ? std::min<std::int64_t>(opt.max_bytes, 64 << 20) : 64 << 20;
   auto confirmed = [&](EquivResult reduced_res, auto&& declared) {
-    if (!reduced || red.run_failed || reduced_res.verdict != EquivVerdict::Mismatch) return reduced_res;
+    if (!reduced || !opt.confirm || red.run_failed || reduced_res.verdict != EquivVerdict::Mismatch) return reduced_res;
     EquivResult as_declared = declared();
     return as_declared.verdict == EquivVerdict::Skipped ? reduced_res : as_declared;
   };

@@ -22,6 +22,9 @@ struct EquivOptions {
   // Run at reduced sizes that keep the program's partition structure (equiv/reduce.h); off: at the sizes as declared
   // (symbolic ones at a small allowed value).
   bool reduce = true;
+  // A difference found at reduced sizes is run again as declared when that run is small (check_equivalence); off: the
+  // reduced run's verdict as it is (tests).
+  bool confirm = true;
   std::int64_t max_bytes = 0;  // tensor values live at once (0: the interpreter's default, OracleOptions::max_bytes)
 };
 

@@ -118,6 +118,11 @@ void Checker::moe_dispatch() {
     return;
   if (!divisible(E, "the expert count E of `buffer`") || !divisible(C, "the capacity C of `buffer` (C/n slots per expert for each source rank)"))
     return;
+  // Uneven tokens (`uneven: true`): each rank routes its own chunk as one capacity group, and the groups are the
+  // equal blocks of the tokens only when they divide evenly (13 tokens over 4 ranks are chunks of 4, 4, 4 and 1).
+  if (x.uneven && std::any_of(x.pl.begin(), x.pl.end(), [&](Placement q) { return q.is_s(nl); }) &&
+      !divisible(T, fmt::format("the token count T of {} (uneven: every rank routes one capacity group of T/n tokens)", iname(0))))
+    return;
   if (at().dropless &&
       !same_dim(
           C, T,

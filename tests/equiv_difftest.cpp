@@ -436,6 +436,7 @@ void run_reduce(ReduceTally& t, std::uint64_t seed, int n, bool verbose) {
   auto verdict_at = [](const test::ScaledProgram& sp, bool reduce, bool* was_reduced) {
     EquivOptions o;
     o.reduce = reduce;
+    o.confirm = false;  // the reduced verdict itself is what is compared with the full runs
     try {
       EquivResult r = check_equivalence(load_program_string(sp.text, "reduce_gen.yaml"), o);
       if (was_reduced) *was_reduced = !r.reduction.empty();

@@ -257,7 +257,7 @@ TEST_CASE("equiv: shape reduction proves the README example at its declared size
   EquivResult r = check_equivalence(load_program_string(kReadmeFixed, "mlp.yaml"));
   CHECK(r.verdict == EquivVerdict::Equivalent);
   // every dim keeps min(2, its block) elements a block: F is cut over tp = 4
-  CHECK(r.reduction == "B 8 -> 2, S 512 -> 3, H 1024 -> 4, F 4096 -> 8");
+  CHECK(r.reduction == "B 8 -> 2, S 512 -> 3, H 1024 -> 5, F 4096 -> 8");
   CHECK(r.message.find("at the declared sizes B = 8, S = 512, H = 1024, F = 4096") != std::string::npos);
 }
 
@@ -288,17 +288,23 @@ spec:
     - {op: Mean, in: [x], out: y, dims: [1]}
   outputs: [y]
 )";
-  auto with = [&](const char* scale) {
+  auto with = [&](const char* scale, bool confirm = true) {
     std::string t = text;
     t.replace(t.find("SCALE"), 5, scale);
-    return check_equivalence(load_program_string(t, "mean.yaml"));
+    EquivOptions o;
+    o.confirm = confirm;
+    return check_equivalence(load_program_string(t, "mean.yaml"), o);
   };
   EquivResult ok = with("0.001953125"), small = with("0.25"), expr = with("1/S");
   CHECK(ok.verdict == EquivVerdict::Equivalent);
   CHECK(expr.verdict == EquivVerdict::Equivalent);
   CHECK(ok.reduction == "B 4 -> 2, S 512 -> 4, H 64 -> 3");
   CHECK(small.verdict == EquivVerdict::Mismatch);
-  CHECK(small.reduction == ok.reduction);
+  CHECK(small.reduction.empty());  // confirmed as declared (a small run)
+  // the reduced run alone already finds it: 0.25 is 1/S at S = 4, but the Mean divides by the declared 512
+  EquivResult reduced_only = with("0.25", false);
+  CHECK(reduced_only.verdict == EquivVerdict::Mismatch);
+  CHECK(reduced_only.reduction == ok.reduction);
 }
 
 TEST_CASE("equiv: a size given as a number to a Slice is kept, and the message says why") {
@@ -318,7 +324,7 @@ spec:
 )";
   EquivResult r = check_equivalence(load_program_string(text, "slice.yaml"));
   CHECK(r.verdict == EquivVerdict::Equivalent);
-  CHECK(r.reduction == "B 4 -> 2, H 1024 -> 4");
+  CHECK(r.reduction == "B 4 -> 3, H 1024 -> 4");
   CHECK(r.message.find("kept S = 512: Slice (line 7)") != std::string::npos);
   EquivOptions o;
   o.reduce = false;  // and as declared: the same verdict (the interpreter runs 4 x 512 x 1024 in full)
