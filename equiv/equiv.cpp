@@ -543,6 +543,40 @@ const Op* value_choice(const Program& p) {
 
 // A difference found in trial `ts`: value-mismatch (the doubles differ: a counterexample, the first plan op that goes
 // wrong), or value-unproved (only the field lanes differ).
+// The axes on which the plan's output of `l`, read as a pending sum there, equals the spec's value ("" when none
+// does, or the run fails): a missing reduction.
+std::string pending_axes(Setup& s, const Link& l, std::uint64_t ts, std::int64_t& work) {
+  int w = s.plan_last[static_cast<std::size_t>(l.plan)];
+  if (w < 0) return {};
+  std::unique_ptr<Run> rec;
+  try {
+    rec = run_once(s, ts, false, true, work);
+  } catch (const BudgetError&) {
+    return {};
+  }
+  if (!rec->failure.empty() || static_cast<std::size_t>(w) >= rec->plan_vals.size()) return {};
+  auto outs = s.p.outs(s.p.ops[static_cast<std::size_t>(w)]);
+  const Val& want = rec->model->at(0, l.spec);
+  if (!want.defined) return {};
+  for (std::size_t k = 0; k < outs.size() && k < rec->plan_vals[static_cast<std::size_t>(w)].size(); ++k) {
+    if (outs[k] != l.plan) continue;
+    const auto& ranks = rec->plan_vals[static_cast<std::size_t>(w)][k];
+    OracleOptions quiet = s.oo;
+    quiet.rtol = kRtol, quiet.atol = kAtol;
+    for (const Placements& pl : readings(s.p, ranks, true)) {
+      std::string axes;
+      for (std::size_t a = 0; a < s.p.mesh.size(); ++a)
+        if (pl[a].is_p()) axes += (axes.empty() ? "" : ", ") + s.p.mesh[a].name;
+      if (axes.empty()) continue;
+      std::vector<Tensor> pieces;
+      for (const auto& v : ranks) pieces.push_back(v.t);
+      Assembled a = assemble_pieces(s.p, s.inst.mesh, std::move(pieces), pl, quiet);
+      if (a.ok && a.t.shape == want.t.shape && same_value(a.t, want.t)) return axes;
+    }
+  }
+  return {};
+}
+
 EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work, EquivResult& res) {
   const Program& p = s.p;
   const Link& bad = links[diff.link];
@@ -552,6 +586,19 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   d.tensor = p.name(bad.plan);
   if (diff.kind == DiffKind::Form) {
     d.message = diff.what;
+    // An output the ranks hold as summands of the spec's value (a row-parallel layer without its all-reduce): the
+    // reduction is missing after the op that wrote it, which is where the diagnostic goes.
+    if (std::string axes = pending_axes(s, bad, ts, work); !axes.empty()) {
+      int w = s.plan_last[static_cast<std::size_t>(bad.plan)];
+      const Op& op = p.ops[static_cast<std::size_t>(w)];
+      d.loc = op.loc;
+      d.op = w;
+      d.message = fmt::format("{}; the ranks hold summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing after {}",
+                              diff.what, p.name(bad.spec), axes, axes, op_text(s, false, op));
+      if (int m = s.model_last[static_cast<std::size_t>(bad.spec)]; m >= 0)
+        d.notes.push_back({s.model.ops[static_cast<std::size_t>(m)].loc, "the spec computes it whole here: " + op_text(s, true, s.model.ops[static_cast<std::size_t>(m)])});
+      d.notes.push_back({bad.loc, fmt::format("output {} is compared here, read by its placement", p.name(bad.plan))});
+    }
     res.verdict = EquivVerdict::Mismatch;
     res.message = d.message;
     res.diags.push_back(std::move(d));

@@ -349,6 +349,7 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::Stack: return concat_op(oi, r, c, taint, true);
     case OpKind::Pad: return pad_op(oi, r, c, taint);
     case OpKind::Arange: return arange(oi, r, taint);
+    case OpKind::Full: return full(oi, r, taint);
     case OpKind::RoPE: return rope(oi, r, c, taint);
     case OpKind::IndexSelect: return index_select(oi, r, taint);
     case OpKind::IndexAdd: return index_add(oi, r, c, taint);

@@ -701,6 +701,7 @@ void Checker::apply() {
     case OpKind::Stack: return concat_op(true);
     case OpKind::Pad: return pad_op();
     case OpKind::Arange: return arange();
+    case OpKind::Full: return full();
     case OpKind::RoPE: return rope();
     case OpKind::IndexSelect: return index_select();
     case OpKind::IndexAdd: return index_add();
