@@ -50,7 +50,8 @@ Operand operand(Ctx& c, std::string_view p, const std::string& dtype) {
     return o;
   }
   if (!x.is_num()) c.fail_at(x, "argument '" + std::string(p) + "' of " + c.node().target + " must be a tensor or a number");
-  if (!x.expr.empty()) {
+  bool int_data = dtype == "i64" || dtype == "i32" || dtype == "i8";
+  if (!x.expr.empty() || (int_data && x.k == PyVal::K::Int && x.i > 1)) {  // a rank-varying int, or an int that may be a size (a vocab bound)
     o.t = c.scalar_tensor(p, "i64");
     o.dtype = "i64";
     return o;
@@ -105,7 +106,7 @@ void arith(Ctx& c, const std::string& op, bool commutes, bool has_alpha) {
       b.t = s;
     }
   }
-  if (op == "Div" && c.has("rounding_mode")) c.fail("div with rounding_mode is not supported yet");
+  if (op == "Div" && c.is_param("rounding_mode") && c.has("rounding_mode")) c.fail("div with rounding_mode is not supported yet");
   auto shape = binary(c, op, a, b, c.out(), commutes);
   c.result({dt, shape});
 }
@@ -778,7 +779,7 @@ void constant(Ctx& c, std::string_view size_param, std::optional<double> value, 
 }
 
 void arange(Ctx& c, bool has_start) {
-  if (c.has("step") && c.I("step") != 1) c.fail("arange with a step other than 1 is not supported yet");
+  if (c.is_param("step") && c.has("step") && c.I("step") != 1) c.fail("arange with a step other than 1 is not supported yet");
   std::string start = has_start ? c.size("start") : "0", end = c.size("end");
   const PyVal& e = c.v("end");
   std::int64_t len = e.i - (has_start ? c.v("start").i : 0);

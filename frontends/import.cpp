@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "frontends/custom_ops.h"
+#include "frontends/dims.h"
 #include "frontends/frontends.h"
 #include "frontends/lower.h"
 #include "frontends/relation.h"
@@ -408,37 +409,11 @@ ImportResult import_program(const ImportOptions& opt) {
     }
   }
 
-  // ---- output placements ----
-  std::ostringstream o;
-  o << "# Imported by `spmdcheck import " << opt.format << "` (docs/import.md): the plan is the ranks' graphs\n";
-  o << "#   " << opt.ranks << "\n# and `spec:` is the sequential graph\n#   " << opt.seq << "\n";
-  if (!rel.file.empty()) o << "# relation: " << rel.file << "\n";
-  if (!res.local_view) o << "# per-rank programs: the ranks' graphs are not one local-view program (" << not_local << ")\n";
-  o << "# Dropout is the identity here: the value check assumes each rank's masks are the sequential model's.\n";
-  o << "name: " << quoted(fs::path(opt.ranks).filename().string() + " vs " + fs::path(opt.seq).filename().string()) << "\n";
-  o << "mesh: {" << axis << ": " << n_ranks << "}\n";
-  o << "view: local\n";
-  o << "tensors:\n";
-  for (const auto& in : seq.inputs) {
-    o << "  " << in.name << ": {shape: " << shape_yaml(in.type->shape) << ", dtype: " << in.type->dtype;
-    const std::string& pl = placement[in.name];
-    if (pl != "R") o << ", placement: {" << axis << ": " << pl << "}";
-    o << "}\n";
-  }
-  if (res.local_view) {
-    o << "ops:\n";
-    write_ops(o, prologue, "  ");
-    write_ops(o, plans[0].ops, "  ");
-  } else {
-    o << "programs:\n";
-    for (std::size_t r = 0; r < plans.size(); ++r) {
-      o << "  - ranks: {" << axis << ": " << r << "}\n    ops:\n";
-      write_ops(o, prologue, "      ");
-      write_ops(o, plans[r].ops, "      ");
-    }
-  }
-  o << "outputs:\n";
-  std::vector<std::pair<std::string, std::string>> links;
+  // ---- outputs: which plan value is compared with which spec value, read by which placement ----
+  struct Out {
+    std::string plan, spec, placement;
+  };
+  std::vector<Out> links;
   std::set<std::string> seen;
   for (const auto& [s, r] : outs) {
     const Value& sv = spec.values.at(s);
@@ -452,16 +427,69 @@ ImportResult import_program(const ImportOptions& opt) {
     if (!pl)
       throw ImportError(rel.file.empty() ? ranks[0].file : rel.file, rel.outputs_loc,
                         "cannot relate output '" + r + "' (" + shape_text(ls[0]) + " on rank 0) to the sequential '" + s + "' (" + type_text(sv.type) + ")");
-    o << "  " << plan_name << ": {placement: {" << (*pl == "R" ? "" : axis + ": " + *pl) << "}}\n";
-    links.emplace_back(plan_name, sv.ir);
+    links.push_back({plan_name, sv.ir, *pl});
   }
+
+  // ---- only what the compared outputs need, then named sizes ----
+  std::set<std::string> spec_roots, plan_roots;
+  for (const auto& l : links) spec_roots.insert(l.spec), plan_roots.insert(l.plan);
+  drop_dead_ops(spec.ops, spec_roots);
+  std::vector<std::vector<EOp>> plan_ops;
+  for (auto& p : plans) {
+    std::vector<EOp> ops = prologue;
+    ops.insert(ops.end(), p.ops.begin(), p.ops.end());
+    drop_dead_ops(ops, plan_roots);
+    plan_ops.push_back(std::move(ops));
+  }
+  std::vector<InputDecl> decls;
+  for (const auto& in : seq.inputs) {
+    const std::string& pl = placement[in.name];
+    decls.push_back({in.name, in.type->shape, pl.rfind("S(", 0) == 0 ? std::stoi(pl.substr(2)) : -1});
+  }
+  Symbolized sym = symbolize(decls, spec.ops, plan_ops, static_cast<std::int64_t>(n_ranks), axis);
+
+  std::ostringstream o;
+  o << "# Imported by `spmdcheck import " << opt.format << "` (docs/import.md): the plan is the ranks' graphs\n";
+  o << "#   " << opt.ranks << "\n# and `spec:` is the sequential graph\n#   " << opt.seq << "\n";
+  if (!rel.file.empty()) o << "# relation: " << rel.file << "\n";
+  if (!res.local_view) o << "# per-rank programs: the ranks' graphs are not one local-view program (" << not_local << ")\n";
+  o << "# Dropout is the identity here: the value check assumes each rank's masks are the sequential model's.\n";
+  if (!sym.ok) o << "# The sizes are not named (" << sym.why << "): the program keeps the graphs' literals.\n";
+  o << "name: " << quoted(fs::path(opt.ranks).filename().string() + " vs " + fs::path(opt.seq).filename().string()) << "\n";
+  if (sym.ok) {
+    o << "sizes:   # every dim and size literal of the graphs as a product of these (docs/import.md, \"Named sizes\")\n";
+    for (const auto& [n, v] : sym.sizes) o << "  " << n << ": " << v << "\n";
+    o << "mesh: {" << axis << ": TP}\n";
+  } else {
+    o << "mesh: {" << axis << ": " << n_ranks << "}\n";
+  }
+  o << "view: local\n";
+  o << "tensors:\n";
+  for (const auto& in : seq.inputs) {
+    o << "  " << in.name << ": {shape: " << (sym.ok ? sym.shapes[in.name] : shape_yaml(in.type->shape)) << ", dtype: " << in.type->dtype;
+    const std::string& pl = placement[in.name];
+    if (pl != "R") o << ", placement: {" << axis << ": " << pl << "}";
+    o << "}\n";
+  }
+  if (res.local_view) {
+    o << "ops:\n";
+    write_ops(o, plan_ops[0], "  ");
+  } else {
+    o << "programs:\n";
+    for (std::size_t r = 0; r < plan_ops.size(); ++r) {
+      o << "  - ranks: {" << axis << ": " << r << "}\n    ops:\n";
+      write_ops(o, plan_ops[r], "      ");
+    }
+  }
+  o << "outputs:\n";
+  for (const auto& l : links) o << "  " << l.plan << ": {placement: {" << (l.placement == "R" ? "" : axis + ": " + l.placement) << "}}\n";
   o << "spec:\n  ops:\n";
   write_ops(o, spec.ops, "    ");
   o << "  outputs: {";
-  for (std::size_t i = 0; i < links.size(); ++i) o << (i ? ", " : "") << links[i].first << ": " << links[i].second;
+  for (std::size_t i = 0; i < links.size(); ++i) o << (i ? ", " : "") << links[i].plan << ": " << links[i].spec;
   o << "}\n";
   res.yaml = o.str();
-  for (const auto& p : plans) res.plan_ops += p.ops.size();
+  for (const auto& p : plan_ops) res.plan_ops += p.size();
   res.spec_ops = spec.ops.size();
   return res;
 }

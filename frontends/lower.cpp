@@ -284,6 +284,7 @@ bool Ctx::is_param(std::string_view p) const {
 }
 
 bool Ctx::has(std::string_view p) const {
+  if (!is_param(p)) return false;  // a row without that parameter: never given
   const PyVal* x = find(p);
   return x && x->k != PyVal::K::None;
 }
@@ -473,10 +474,12 @@ std::string Ctx::scalar_tensor(std::string_view p, const std::string& dtype) {
   const PyVal& x = v(p);
   if (x.k == PyVal::K::Name) return t(p);
   if (!x.is_num()) fail_at(x, "argument '" + std::string(p) + "' of " + n_.target + " must be a number or a tensor");
-  if (x.expr.empty()) return full({}, x.num(), dtype);
-  // a rank-varying integer: one element of an Arange that starts there, as a 0-d tensor
+  if (x.expr.empty() && (x.k != PyVal::K::Int || x.i < 0)) return full({}, x.num(), dtype);
+  // an integer (rank-varying, or one that may be a size): one element of an Arange that starts there, as a 0-d
+  // tensor, so the value is a size attribute (a + b*axis_index(tp), a named size)
   std::string a = tmp("r"), o = tmp("c");
-  emit("Arange", {}, {a}, {{"start", x.expr}, {"end", x.expr + " + 1"}, {"dtype", "i64"}});
+  std::string e = x.expr.empty() ? std::to_string(x.i) : x.expr;
+  emit("Arange", {}, {a}, {{"start", e}, {"end", e + " + 1"}, {"dtype", "i64"}});
   emit("Reshape", {a}, {o}, {{"shape", "[]"}});
   return o;
 }
