@@ -354,17 +354,23 @@ bool any_reading(const Setup& s, const std::vector<Val>& ranks, bool pending, co
   return false;
 }
 
-// The model value `v` equals under some reading, if any.
-const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks) {
+// The model value `v` equals under some reading, if any (and the reading, when `how` is given).
+const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks, Placements* how = nullptr) {
   if (ranks.empty() || !ranks[0].defined) return nullptr;
   OracleOptions quiet = s.oo;
   quiet.rtol = kRtol, quiet.atol = kAtol;
   const SpecValue* hit = nullptr;
-  any_reading(s, ranks, true, quiet, [&](const Tensor& t) {
+  for (const Placements& pl : readings(s.p, ranks, true)) {
+    std::vector<Tensor> pieces;
+    for (const auto& v : ranks) pieces.push_back(v.t);
+    Assembled a = assemble_pieces(s.p, s.inst.mesh, std::move(pieces), pl, quiet);
+    if (!a.ok) continue;
     for (const auto& sv : table)
-      if (sv.t->shape == t.shape && same_value(t, *sv.t)) return hit = &sv, true;
-    return false;
-  });
+      if (sv.t->shape == a.t.shape && same_value(a.t, *sv.t)) {
+        if (how) *how = pl;
+        return hit = &sv;
+      }
+  }
   return hit;
 }
 
@@ -388,6 +394,9 @@ struct Culprit {
   int spec_op = -1;    // the model op it should have matched
   int frontier = -1;   // the first op on the way whose value matches no model value, when it is not `op`
   NameId named = -1;   // when `op` is a lineage point: the model's name it differs from
+  // An input of `op` that matches a model value only as a pending sum (a missing reduction before `op`).
+  NameId pending_in = -1, pending_spec = -1;
+  std::string pending_axes;
 };
 
 Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<NameId, NameId>>& links) {
@@ -422,13 +431,16 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
     for (int q : producers[static_cast<std::size_t>(o)]) stack.push_back(q);
   }
   std::vector<const SpecValue*> matched(p.ops.size(), nullptr);
-  std::vector<char> good(p.ops.size(), 0);
+  std::vector<Placements> how(p.ops.size());
+  std::vector<char> good(p.ops.size(), 0), konst(p.ops.size(), 0);
   int frontier = -1, fallback = -1;
   for (std::size_t oi = 0; oi < p.ops.size(); ++oi) {
+    // a constant (computed from no input: a rank's offset, a Full) has no counterpart to match and is never blamed first
+    konst[oi] = std::all_of(producers[oi].begin(), producers[oi].end(), [&](int q) { return q >= 0 && konst[static_cast<std::size_t>(q)]; });
     if (!in_cone[oi] || run.plan_vals[oi].empty()) continue;
-    const SpecValue* m = match(s, table, run.plan_vals[oi][0]);
+    const SpecValue* m = match(s, table, run.plan_vals[oi][0], &how[oi]);
     matched[oi] = m;
-    good[oi] = m != nullptr;
+    good[oi] = m != nullptr || konst[oi];
     if (good[oi] || partial_by_design(p.ops[oi])) continue;
     bool inputs_good = std::all_of(producers[oi].begin(), producers[oi].end(), [&](int q) { return q < 0 || good[static_cast<std::size_t>(q)]; });
     if (inputs_good && frontier < 0) frontier = static_cast<int>(oi);
@@ -457,6 +469,14 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   c.op = named >= 0 ? named : first >= 0 ? first : last;
   if (first >= 0 && first < c.op) c.frontier = first;
   const Op& op = p.ops[static_cast<std::size_t>(c.op)];
+  for (std::size_t i = 0; i < producers[static_cast<std::size_t>(c.op)].size() && c.pending_in < 0; ++i) {
+    int q = producers[static_cast<std::size_t>(c.op)][i];
+    if (q < 0 || !matched[static_cast<std::size_t>(q)]) continue;
+    std::string axes;
+    for (std::size_t a = 0; a < p.mesh.size(); ++a)
+      if (how[static_cast<std::size_t>(q)][a].is_p()) axes += (axes.empty() ? "" : ", ") + p.mesh[a].name;
+    if (!axes.empty()) c.pending_in = p.ins(op)[i], c.pending_spec = matched[static_cast<std::size_t>(q)]->name, c.pending_axes = axes;
+  }
   // The model op it should have matched: one writing the same name (or linked by lineage), else one of the same
   // kind reading what this op's inputs matched, else the one writing the compared output.
   NameId out0 = p.outs(op).empty() ? -1 : p.outs(op)[0];
@@ -661,11 +681,14 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
     d.message = fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, {}", rdiff->what, op_text(s, false, op),
                             c.named >= 0 ? "whose value differs from the spec's " + p.name(c.named) + " by every placement"
                                          : std::string("whose value matches no value of the spec"));
+    if (c.pending_in >= 0)
+      d.message += fmt::format("; it reads {}, which holds summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing before it",
+                               p.name(c.pending_in), p.name(c.pending_spec), c.pending_axes, c.pending_axes);
     if (c.spec_op >= 0) {
       const Op& mo = s.model.ops[static_cast<std::size_t>(c.spec_op)];
       d.notes.push_back({mo.loc, "the spec computes it here: " + op_text(s, true, mo)});
     }
-    if (c.frontier >= 0) {
+    if (c.frontier >= 0 && c.pending_in < 0) {  // (a pending input already says where: the reduction before op)
       const Op& fo = p.ops[static_cast<std::size_t>(c.frontier)];
       d.notes.push_back({fo.loc, fmt::format("the first value on the way with no counterpart in the spec is {}: the difference arises between there and line {}",
                                              op_text(s, false, fo), op.loc.line)});

@@ -581,7 +581,28 @@ void index_put(Ctx& c) {
   const Value& x = c.T("self");
   if (c.has("accumulate") && c.v("accumulate").b) c.fail("index_put with accumulate=True is not supported yet");
   const PyVal& li = c.v("indices");
-  if (!li.is_seq() || li.items.size() != 1) c.fail_at(li, "index_put with " + std::to_string(li.items.size()) + " index tensors is not supported yet (one bool mask is)");
+  if (li.is_seq() && li.items.size() == 2 && x.type.shape.size() == 2) {  // x[arange(0, n), idx] = v: one element per row
+    const Value& rows = c.tensor_at(li.items[0]);
+    const Value& idx = c.tensor_at(li.items[1]);
+    const Value& v = c.T("values");
+    std::int64_t n = x.type.shape[0];
+    if (rows.arange0 && rows.type.shape == std::vector<std::int64_t>{n} && idx.type.shape == rows.type.shape && (v.type.shape.empty() || v.type.shape == rows.type.shape)) {
+      std::string col = c.tmp("i"), pos = c.tmp("v"), d = c.tmp("d"), ne = c.tmp("z"), oh = c.tmp("o"), vc = v.ir;
+      c.emit("Reshape", {idx.ir}, {col}, {{"shape", "[" + std::to_string(n) + ", 1]"}});
+      c.emit("Arange", {}, {pos}, {{"end", std::to_string(x.type.shape[1])}});
+      c.emit("Sub", {col, pos}, {d});
+      c.emit("Cast", {d}, {ne}, {{"dtype", "bool"}});
+      not_of(c, ne, oh);
+      if (!v.type.shape.empty()) {
+        vc = c.tmp("c");
+        c.emit("Reshape", {v.ir}, {vc}, {{"shape", "[" + std::to_string(n) + ", 1]"}});
+      }
+      c.emit("Where", {oh, vc, x.ir}, {c.out()});
+      c.result({x.type.dtype, x.type.shape});
+      return;
+    }
+  }
+  if (!li.is_seq() || li.items.size() != 1) c.fail_at(li, "index_put with " + std::to_string(li.items.size()) + " index tensors is not supported yet (one bool mask, or [arange(0, n), idx] into a matrix, is)");
   const Value& m = c.tensor_at(li.items[0]);
   std::string mask = mask_for(c, m, x, true);
   const Value& v = c.T("values");
@@ -1050,8 +1071,8 @@ const Row kRows[] = {
     {"_c10d_functional.reduce_scatter_tensor.default", "input, reduce_op, group_size, group_name", reduce_scatter},
     {"_c10d_functional.broadcast.default", "input, src, group_name", broadcast},
     {"_c10d_functional.wait_tensor.default", "tensor", wait_tensor},
-    {"higher_order.auto_functionalized", "_mutable_op", auto_functionalized},
-    {"higher_order.auto_functionalized_v2", "_mutable_op", auto_functionalized},
+    {"higher_order.auto_functionalized", "_mutable_op, **", auto_functionalized},
+    {"higher_order.auto_functionalized_v2", "_mutable_op, **", auto_functionalized},
 };
 
 void auto_functionalized(Ctx& c) {

@@ -4,6 +4,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
@@ -179,7 +180,14 @@ void CustomOps::emit(Ctx& c, const CustomOp& op) const {
       return ints_text(d);
     }
     if (f == "rank" && args.size() == 1) return std::to_string(rank_of(args[0]));
-    if (f == "shape" && args.size() == 1) return shape_text(c.ty(args[0]).shape);
+    if (f == "shape" && args.size() == 1) {  // a parameter's shape, or a result's annotated one
+      if (int k = result_index(args[0]); k >= 0) {
+        const TensorType* a = c.annotated(static_cast<std::size_t>(k));
+        if (!a) c.fail("$shape(" + args[0] + ") in the mapping of " + op.target + ": the graph does not annotate that result");
+        return shape_text(a->shape);
+      }
+      return shape_text(c.ty(args[0]).shape);
+    }
     if (f == "axis" && args.size() == 1) return c.axis_of_group(c.v(args[0]));
     throw ImportError(op.file, op.loc, "unknown template function $" + f + " with " + std::to_string(args.size()) + " arguments in the entry of '" + op.target +
                                            "' ($last(p, x), $lead(p, x), $rank(x), $shape(x), $axis(group))");
@@ -218,7 +226,19 @@ void CustomOps::emit(Ctx& c, const CustomOp& op) const {
     if (s.empty() || s[0] != '$') throw ImportError(op.file, op.loc, "'" + s + "' in the template of '" + op.target + "' must be a $name (a parameter, a result or a temporary)");
     return subst(s);
   };
-  for (const auto& t : op.ops) {
+  // Only the template ops the read results need (a tuple's unread results, and what only they read, are skipped).
+  std::set<std::string> want;
+  for (std::size_t k = 0; k < op.results.size(); ++k)
+    if (op.results.size() == 1 || c.needs(k)) want.insert("$" + op.results[k]);
+  std::vector<bool> keep(op.ops.size());
+  for (std::size_t i = op.ops.size(); i-- > 0;) {
+    const auto& t = op.ops[i];
+    keep[i] = std::any_of(t.out.begin(), t.out.end(), [&](const std::string& o) { return want.count(o) > 0; });
+    if (keep[i]) want.insert(t.in.begin(), t.in.end());
+  }
+  for (std::size_t i = 0; i < op.ops.size(); ++i) {
+    if (!keep[i]) continue;
+    const auto& t = op.ops[i];
     std::vector<std::string> in, out;
     for (const auto& x : t.in) in.push_back(ref(x));
     for (const auto& x : t.out) out.push_back(ref(x));

@@ -222,19 +222,20 @@ void write_ops(std::ostringstream& o, const std::vector<EOp>& ops, const char* i
 
 std::string shape_yaml(const std::vector<std::int64_t>& s) { return ints_text(s); }
 
-// The collectives' process group names in a graph (FX: the last string argument; HLO: the replica groups).
-std::set<std::string> group_names(const Graph& g) {
+// The process group argument of a collective node (FX: `group_name`, its last string argument), or null.
+PyVal* group_arg(Node& n) {
+  if (n.target.rfind("_c10d_functional.", 0) != 0 || n.target == "_c10d_functional.wait_tensor.default") return nullptr;
+  for (auto& [k, v] : n.kwargs)
+    if (k == "group_name" && v.k == PyVal::K::Str) return &v;
+  for (auto it = n.args.rbegin(); it != n.args.rend(); ++it)
+    if (it->k == PyVal::K::Str) return &*it;
+  return nullptr;
+}
+
+std::set<std::string> group_names(Graph& g) {
   std::set<std::string> out;
-  for (const auto& n : g.nodes) {
-    if (n.target.rfind("_c10d_functional.", 0) == 0 && n.target != "_c10d_functional.wait_tensor.default") {
-      for (auto it = n.args.rbegin(); it != n.args.rend(); ++it)
-        if (it->k == PyVal::K::Str) {
-          out.insert(it->s);
-          break;
-        }
-      if (const PyVal* k = n.kwarg("group_name"); k && k->k == PyVal::K::Str) out.insert(k->s);
-    }
-  }
+  for (auto& n : g.nodes)
+    if (PyVal* a = group_arg(n)) out.insert(a->s);
   return out;
 }
 
@@ -263,13 +264,8 @@ ImportResult import_program(const ImportOptions& opt) {
 
   // ---- mesh and process groups ----
   std::set<std::string> groups;
-  for (const auto& g : ranks)
+  for (auto& g : ranks)
     for (const auto& n : group_names(g)) groups.insert(n);
-  std::set<std::string> axes;
-  for (const auto& gname : groups) {
-    auto it = rel.groups.find(gname);
-    axes.insert(it == rel.groups.end() ? rel.axis : it->second);
-  }
   std::size_t unmapped = 0;
   for (const auto& gname : groups) unmapped += !rel.groups.count(gname);
   if (unmapped > 1) {
@@ -277,8 +273,19 @@ ImportResult import_program(const ImportOptions& opt) {
     for (const auto& gname : groups) list += (list.empty() ? "'" : ", '") + gname + "'";
     throw ImportError(rank_files[0], {}, "the ranks' graphs use process groups " + list + ": name the mesh axis of each in a relation file (groups: {'" + *groups.begin() + "': tp, ...})");
   }
-  if (axes.size() > 1) throw ImportError(opt.relation.empty() ? rank_files[0] : opt.relation, {}, "process groups on several mesh axes are not supported yet");
-  std::string axis = axes.empty() ? rel.axis : *axes.begin();
+  std::string axis = rel.axis;
+  for (const auto& [gname, ax] : rel.groups) {
+    bool known = ax == axis || std::any_of(rel.extra_axes.begin(), rel.extra_axes.end(), [&](const auto& e) { return e.first == ax; });
+    if (!known) throw ImportError(rel.file, {}, "process group '" + gname + "' is on mesh axis '" + ax + "', which is neither `axis` (" + axis + ") nor in `axes:`");
+  }
+  // Collectives name their axis from here on: ranks may call one axis' groups differently (each rank's own
+  // data-parallel group), and the local-view plan needs the same op on every rank.
+  for (auto& g : ranks)
+    for (auto& n : g.nodes)
+      if (PyVal* a = group_arg(n)) {
+        auto it = rel.groups.find(a->s);
+        a->s = "axis:" + (it == rel.groups.end() ? axis : it->second);
+      }
 
   // ---- inputs: the sequential graph's, with their placements on the ranks ----
   std::map<std::string, std::vector<std::vector<std::int64_t>>> local;  // rank input -> its shape on each rank
@@ -459,10 +466,10 @@ ImportResult import_program(const ImportOptions& opt) {
   if (sym.ok) {
     o << "sizes:   # every dim and size literal of the graphs as a product of these (docs/import.md, \"Named sizes\")\n";
     for (const auto& [n, v] : sym.sizes) o << "  " << n << ": " << v << "\n";
-    o << "mesh: {" << axis << ": TP}\n";
-  } else {
-    o << "mesh: {" << axis << ": " << n_ranks << "}\n";
   }
+  o << "mesh: {";
+  for (const auto& [ax, n] : rel.extra_axes) o << ax << ": " << n << ", ";
+  o << axis << ": " << (sym.ok ? std::string("TP") : std::to_string(n_ranks)) << "}\n";
   o << "view: local\n";
   o << "tensors:\n";
   for (const auto& in : seq.inputs) {

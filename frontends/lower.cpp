@@ -49,7 +49,7 @@ const std::vector<Param>& params_of(std::string_view text) {
     std::string_view item = text.substr(a, comma == std::string_view::npos ? std::string_view::npos : comma - a);
     while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
     while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
-    if (!item.empty() && item != "*") {
+    if (!item.empty() && item != "*" && item != "**") {
       Param p;
       auto eq = item.find('=');
       p.name = std::string(item.substr(0, eq));
@@ -262,7 +262,9 @@ Ctx::Ctx(Lowering& l, const Node& n, std::string_view params) : l_(l), n_(n) {
     bound_.emplace_back(p.name, v);
   }
   if (pos < n.args.size()) fail(n.target + " takes " + std::to_string(pos) + " positional arguments here, got " + std::to_string(n.args.size()));
+  bool any_kw = params.find("**") != std::string_view::npos;  // "**": the op's own keyword arguments (auto_functionalized)
   for (const auto& [k, x] : n.kwargs) {
+    if (any_kw) break;
     bool known = false;
     for (const auto& p : ps) known |= p.name == k;
     // keyword arguments that do not change values (device, layout, memory format, pin_memory) are accepted
@@ -487,6 +489,7 @@ std::string Ctx::scalar_tensor(std::string_view p, const std::string& dtype) {
 std::string Ctx::axis_of_group(const PyVal& group) const {
   std::string g = group.k == PyVal::K::Str ? group.s : group.k == PyVal::K::Int ? std::to_string(group.i) : "";
   if (g.empty()) fail_at(group, "a process group must be named by a string");
+  if (g.rfind("axis:", 0) == 0) return g.substr(5);  // canonicalized by the importer
   auto it = l_.o_.groups.find(g);
   if (it != l_.o_.groups.end()) return it->second;
   if (!l_.o_.default_axis.empty()) return l_.o_.default_axis;

@@ -121,7 +121,7 @@ class Ctx {
 using Emit = std::function<void(Ctx&)>;
 struct Row {
   std::string_view target;  // aten.mm.default, _c10d_functional.all_reduce.default; HLO: dot, add, ...
-  std::string_view params;  // "self, mat2" / "self, other, *, alpha=1": positional names, defaults after '='
+  std::string_view params;  // "self, mat2" / "self, other, *, alpha=1": positional names, defaults after '='; "**": any keyword
   Emit emit;
 };
 std::span<const Row> aten_rows();

@@ -65,14 +65,26 @@ Relation load_relation(const std::string& path) {
   }
   if (root.IsNull()) return r;
   if (!root.IsMap()) throw ImportError(path, {1, 1}, "a relation file is a YAML mapping (docs/import.md, \"The relation\")");
-  static const std::set<std::string> keys = {"graph", "axis", "groups", "inputs", "rank_inputs", "outputs", "constants", "description"};
+  static const std::set<std::string> keys = {"graph", "axis", "axes", "groups", "inputs", "rank_inputs", "outputs", "constants", "description"};
   for (const auto& kv : root) {
     std::string k = kv.first.Scalar();
     if (!keys.count(k))
-      throw ImportError(path, loc_of(kv.first), "unknown key '" + k + "' in a relation file (graph, axis, groups, inputs, rank_inputs, outputs, constants)");
+      throw ImportError(path, loc_of(kv.first), "unknown key '" + k + "' in a relation file (graph, axis, axes, groups, inputs, rank_inputs, outputs, constants)");
   }
   if (auto g = root["graph"]) r.graph = scalar(g, path, "`graph`");
   if (auto a = root["axis"]) r.axis = scalar(a, path, "`axis`");
+  if (auto a = root["axes"]) {
+    r.axes_loc = loc_of(a);
+    if (!a.IsMap()) throw ImportError(path, loc_of(a), "`axes` maps further mesh axes to their sizes, e.g. {dp: 1}");
+    for (const auto& kv : a) {
+      std::int64_t n = integer(kv.second, path, "a mesh axis size");
+      if (n != 1)
+        throw ImportError(path, loc_of(kv.second), "mesh axis " + kv.first.Scalar() + " of size " + std::to_string(n) +
+                                                       ": further axes of one rank each are supported (the ranks' graphs are all on `axis`); more is not supported yet");
+      if (kv.first.Scalar() == r.axis) throw ImportError(path, loc_of(kv.first), "axis " + r.axis + " is the ranks' axis; `axes` names further ones");
+      r.extra_axes.emplace_back(kv.first.Scalar(), n);
+    }
+  }
   if (auto g = root["groups"]) {
     if (!g.IsMap()) throw ImportError(path, loc_of(g), "`groups` maps a process group name to a mesh axis, e.g. {'12': tp}");
     for (const auto& kv : g) r.groups[kv.first.Scalar()] = scalar(kv.second, path, "a mesh axis");

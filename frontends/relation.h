@@ -25,6 +25,8 @@ struct Relation {
   std::string graph;                                // which dump of each folder (fw, bw, both, both.g0)
   std::string axis = "tp";                          // the mesh axis of the ranks
   std::map<std::string, std::string> groups;        // process group -> mesh axis
+  std::vector<std::pair<std::string, std::int64_t>> extra_axes;  // `axes:` further mesh axes (size 1 for now)
+  Loc axes_loc;
   std::map<std::string, std::string> placements;    // sequential input -> placement text (R, S(0), P)
   std::map<std::string, Loc> placement_locs;
   std::map<std::string, RankInput> rank_inputs;
