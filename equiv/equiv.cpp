@@ -371,6 +371,27 @@ const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, cons
         return hit = &sv;
       }
   }
+  // A block of a model value (one dim cut into k equal blocks): a microbatch of the batch, read on one rank.
+  for (const Placements& pl : readings(s.p, ranks, false)) {
+    std::vector<Tensor> pieces;
+    for (const auto& v : ranks) pieces.push_back(v.t);
+    Assembled a = assemble_pieces(s.p, s.inst.mesh, std::move(pieces), pl, quiet);
+    if (!a.ok) continue;
+    for (const auto& sv : table) {
+      const Shape& big = sv.t->shape;
+      if (big.size() != a.t.shape.size()) continue;
+      int d = -1;
+      for (std::size_t i = 0; i < big.size(); ++i)
+        if (big[i] != a.t.shape[i]) d = d < 0 && a.t.shape[i] > 0 && big[i] % a.t.shape[i] == 0 ? static_cast<int>(i) : -2;
+      if (d < 0) continue;
+      std::int64_t n = a.t.shape[static_cast<std::size_t>(d)], k = big[static_cast<std::size_t>(d)] / n;
+      for (std::int64_t b = 0; b < k && k <= 64; ++b)
+        if (same_value(a.t, slice(*sv.t, d, b * n, (b + 1) * n))) {
+          if (how) *how = pl;
+          return &sv;
+        }
+    }
+  }
   return hit;
 }
 
@@ -452,6 +473,9 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   for (std::size_t oi = 0; oi < s.model.ops.size(); ++oi)
     for (NameId n : s.model.outs(s.model.ops[oi])) counterpart[static_cast<std::size_t>(n)] = n;
   for (const auto& l : p.lineage) counterpart[static_cast<std::size_t>(l.plan)] = l.spec;
+  std::vector<char> counterpart_by_link(p.names.size(), 0);  // a compared output only (no same name, no lineage: pair)
+  for (const auto& [pl, sp] : links)
+    if (counterpart[static_cast<std::size_t>(pl)] < 0) counterpart_by_link[static_cast<std::size_t>(pl)] = 1;
   for (const auto& [pl, sp] : links) counterpart[static_cast<std::size_t>(pl)] = sp;
   int named = -1;
   for (std::size_t oi = 0; oi < p.ops.size() && named < 0; ++oi) {
@@ -466,28 +490,51 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
     if (!own.empty() && !match(s, own, run.plan_vals[oi][0])) named = static_cast<int>(oi), c.named = want;
   }
   int first = frontier >= 0 ? frontier : fallback;
+  // The compared output's own writer is no lineage point of its own: an earlier op whose inputs match and whose value
+  // matches nothing is where the plan goes wrong (a spec that shares no intermediate name, as an imported one).
+  // An input that matches a model value only as a pending sum: a reduction is missing before the op that reads it.
+  auto pending_input = [&](int o) {
+    for (std::size_t i = 0; i < producers[static_cast<std::size_t>(o)].size() && c.pending_in < 0; ++i) {
+      int q = producers[static_cast<std::size_t>(o)][i];
+      if (q < 0 || !matched[static_cast<std::size_t>(q)]) continue;
+      std::string axes;
+      for (std::size_t a = 0; a < p.mesh.size(); ++a)
+        if (how[static_cast<std::size_t>(q)][a].is_p()) axes += (axes.empty() ? "" : ", ") + p.mesh[a].name;
+      if (!axes.empty()) c.pending_in = p.ins(p.ops[static_cast<std::size_t>(o)])[i], c.pending_spec = matched[static_cast<std::size_t>(q)]->name, c.pending_axes = axes;
+    }
+  };
+  if (named >= 0) pending_input(named);
+  if (named >= 0 && c.pending_in < 0 && frontier >= 0 && frontier < named && named == last &&
+      counterpart_by_link[static_cast<std::size_t>(p.outs(p.ops[static_cast<std::size_t>(named)])[0])])
+    named = -1, c.named = -1;
   c.op = named >= 0 ? named : first >= 0 ? first : last;
   if (first >= 0 && first < c.op) c.frontier = first;
   const Op& op = p.ops[static_cast<std::size_t>(c.op)];
-  for (std::size_t i = 0; i < producers[static_cast<std::size_t>(c.op)].size() && c.pending_in < 0; ++i) {
-    int q = producers[static_cast<std::size_t>(c.op)][i];
-    if (q < 0 || !matched[static_cast<std::size_t>(q)]) continue;
-    std::string axes;
-    for (std::size_t a = 0; a < p.mesh.size(); ++a)
-      if (how[static_cast<std::size_t>(q)][a].is_p()) axes += (axes.empty() ? "" : ", ") + p.mesh[a].name;
-    if (!axes.empty()) c.pending_in = p.ins(op)[i], c.pending_spec = matched[static_cast<std::size_t>(q)]->name, c.pending_axes = axes;
-  }
+  if (c.pending_in < 0) pending_input(c.op);
   // The model op it should have matched: one writing the same name (or linked by lineage), else one of the same
   // kind reading what this op's inputs matched, else the one writing the compared output.
   NameId out0 = p.outs(op).empty() ? -1 : p.outs(op)[0];
   for (const auto& l : p.lineage)
     if (l.plan == out0) out0 = l.spec;
+  for (const auto& [pl, sp] : links)
+    if (pl == out0) out0 = sp;
   if (out0 >= 0) c.spec_op = s.model_last[static_cast<std::size_t>(out0)];  // the op that writes its final value
-  if (c.spec_op < 0) {
+  if (c.spec_op < 0) {  // a model op of the same kind reading what this op's inputs matched, else one reading any of it
+    for (int pass = 0; pass < 2 && c.spec_op < 0; ++pass)
     for (std::size_t mi = 0; mi < s.model.ops.size() && c.spec_op < 0; ++mi) {
       const Op& mo = s.model.ops[mi];
-      if (mo.kind != op.kind) continue;
       auto mins = s.model.ins(mo);
+      if (pass == 1) {
+        bool any = false;
+        for (std::size_t i = 0; i < producers[static_cast<std::size_t>(c.op)].size(); ++i) {
+          int q = producers[static_cast<std::size_t>(c.op)][i];
+          NameId want = q < 0 ? p.ins(op)[i] : matched[static_cast<std::size_t>(q)] ? matched[static_cast<std::size_t>(q)]->name : -1;
+          any |= want >= 0 && std::find(mins.begin(), mins.end(), want) != mins.end();
+        }
+        if (any) c.spec_op = static_cast<int>(mi);
+        continue;
+      }
+      if (mo.kind != op.kind) continue;
       bool all = mins.size() == producers[static_cast<std::size_t>(c.op)].size();
       for (std::size_t i = 0; all && i < mins.size(); ++i) {
         int q = producers[static_cast<std::size_t>(c.op)][i];

@@ -579,9 +579,9 @@ std::string mask_for(Ctx& c, const Value& m, const Value& x, bool leading) {
 // index_put(x, [mask], v): x with v where mask holds (a masked fill).
 void index_put(Ctx& c) {
   const Value& x = c.T("self");
-  if (c.has("accumulate") && c.v("accumulate").b) c.fail("index_put with accumulate=True is not supported yet");
+  bool acc = c.has("accumulate") && c.v("accumulate").b;
   const PyVal& li = c.v("indices");
-  if (li.is_seq() && li.items.size() == 2 && x.type.shape.size() == 2) {  // x[arange(0, n), idx] = v: one element per row
+  if (li.is_seq() && li.items.size() == 2 && x.type.shape.size() == 2) {  // x[arange(0, n), idx] = v (or += v): one element per row
     const Value& rows = c.tensor_at(li.items[0]);
     const Value& idx = c.tensor_at(li.items[1]);
     const Value& v = c.T("values");
@@ -597,11 +597,18 @@ void index_put(Ctx& c) {
         vc = c.tmp("c");
         c.emit("Reshape", {v.ir}, {vc}, {{"shape", "[" + std::to_string(n) + ", 1]"}});
       }
-      c.emit("Where", {oh, vc, x.ir}, {c.out()});
+      if (acc) {  // the rows differ, so accumulating adds v once at each row's element
+        std::string add = c.tmp("a");
+        c.emit("Multiply", {oh, vc}, {add});
+        c.emit("Add", {x.ir, add}, {c.out()});
+      } else {
+        c.emit("Where", {oh, vc, x.ir}, {c.out()});
+      }
       c.result({x.type.dtype, x.type.shape});
       return;
     }
   }
+  if (acc) c.fail("index_put with accumulate=True is supported for [arange(0, n), idx] into a matrix only");
   if (!li.is_seq() || li.items.size() != 1) c.fail_at(li, "index_put with " + std::to_string(li.items.size()) + " index tensors is not supported yet (one bool mask, or [arange(0, n), idx] into a matrix, is)");
   const Value& m = c.tensor_at(li.items[0]);
   std::string mask = mask_for(c, m, x, true);

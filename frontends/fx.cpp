@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 #include "frontends/graph.h"
@@ -201,6 +202,12 @@ class ExprReader {
 
 // "f32[8, 1536, 768]" -> {f32, [8, 1536, 768]}; a symbolic dim or an unknown dtype is an error at `at`.
 TensorType parse_type(const std::string& t, const std::string& file, Loc at) {
+  if (t.rfind("Sym(", 0) == 0 && t.back() == ')') {  // a symbolic int (a dynamic size): an error where it is used
+    TensorType s;
+    s.dtype = "i64";
+    s.symbolic = t.substr(4, t.size() - 5);
+    return s;
+  }
   auto lb = t.find('['), rb = t.rfind(']');
   if (lb == std::string::npos || rb == std::string::npos || rb < lb || rb + 1 != t.size())
     throw ImportError(file, at, "type annotation '" + t + "' is not of the form dtype[d0, d1, ...]");
@@ -217,8 +224,10 @@ TensorType parse_type(const std::string& t, const std::string& file, Loc at) {
     while (!d.empty() && d.back() == ' ') d.pop_back();
     char* end = nullptr;
     long long v = std::strtoll(d.c_str(), &end, 10);
-    if (d.empty() || end != d.c_str() + d.size() || v < 0)
-      throw ImportError(file, at, "dim '" + d + "' of type annotation '" + t + "' is not a concrete size (symbolic shapes are not supported yet: capture with static shapes)");
+    if (d.empty() || end != d.c_str() + d.size() || v < 0) {  // a symbolic dim: an error only where the node is used
+      if (out.symbolic.empty()) out.symbolic = d;
+      v = -1;
+    }
     out.shape.push_back(v);
     if (out.shape.size() > 8) throw ImportError(file, at, "type annotation '" + t + "' has more than 8 dims (the limit)");
     if (comma == std::string::npos) break;
@@ -364,6 +373,23 @@ Graph parse_fx(const std::string& text, const std::string& file) {
     }
     r.expect('=');
     PyVal rhs = r.expr();
+    // a Python operator on symbolic ints (`sym_size_int >= 0`): a call of operator.<name>
+    static const std::pair<const char*, const char*> ops[] = {{">=", "ge"}, {"<=", "le"}, {"==", "eq"}, {"!=", "ne"}, {"//", "floordiv"}, {">", "gt"},
+                                                              {"<", "lt"},  {"+", "add"},  {"-", "sub"},  {"*", "mul"},  {"%", "mod"}};
+    for (const auto& [tok, nm] : ops) {
+      std::string_view rest = r.rest();
+      std::size_t k = rest.find_first_not_of(" ");
+      if (k == std::string_view::npos || rest.compare(k, std::strlen(tok), tok) != 0) continue;
+      r.set_pos(r.pos() + k + std::strlen(tok));
+      PyVal call;
+      call.k = PyVal::K::Call;
+      call.s = std::string("operator.") + nm;
+      call.loc = rhs.loc;
+      call.items.push_back(std::move(rhs));
+      call.items.push_back(r.expr());
+      rhs = std::move(call);
+      break;
+    }
     if (!r.at_end() && !r.peek(';')) r.fail("unexpected text after the node's expression: '" + std::string(r.rest().substr(0, 40)) + "'");
     Node n;
     n.name = name;
@@ -393,6 +419,9 @@ Graph parse_fx(const std::string& text, const std::string& file) {
   }
   if (!in_forward) throw ImportError(file, {line_no ? line_no : 1, 1}, "no `def forward(...)` found: not the text of GraphModule.print_readable()");
   if (!returned) throw ImportError(file, {line_no ? line_no : 1, 1}, "forward ends without a return statement (a truncated file?)");
+  for (const auto& in : g.inputs)
+    if (!in.type->symbolic.empty())
+      throw ImportError(file, in.loc, "input " + in.name + " has the symbolic dim '" + in.type->symbolic + "' (a dynamic shape), which is not supported yet: capture with static shapes");
   return g;
 }
 

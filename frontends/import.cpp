@@ -259,6 +259,29 @@ ImportResult import_program(const ImportOptions& opt) {
     ranks.resize(1);
   }
 
+  // Cuts: a node of each graph becomes an input (its annotated type), named as in the sequential graph.
+  std::map<std::string, std::string> cut_ir;  // ranks' node -> the sequential name
+  auto cut_node = [&](Graph& g, const std::string& name, const Loc& at) {
+    for (auto it = g.nodes.begin(); it != g.nodes.end(); ++it)
+      if (it->name == name) {
+        if (!it->type || !it->type->symbolic.empty())
+          throw ImportError(rel.file, at, "node " + name + " of " + g.file + " has no static type annotation, so it cannot be cut");
+        Node in = *it;
+        in.target = "placeholder";
+        in.args.clear(), in.kwargs.clear();
+        g.inputs.push_back(std::move(in));
+        g.nodes.erase(it);
+        return;
+      }
+    throw ImportError(rel.file, at, "the cut '" + name + "' is not a node of " + g.file);
+  };
+  for (const auto& [s, c] : rel.cuts) {
+    cut_node(seq, s, c.loc);
+    for (auto& g : ranks) cut_node(g, c.ranks, c.loc);
+    if (c.ranks != s) cut_ir[c.ranks] = s;
+    if (!c.placement.empty()) rel.placements[s] = c.placement, rel.placement_locs[s] = c.loc;
+  }
+
   CustomOps custom = default_custom_ops();
   for (const auto& f : opt.ops_files) custom.load_file(f);
 
@@ -290,7 +313,10 @@ ImportResult import_program(const ImportOptions& opt) {
   // ---- inputs: the sequential graph's, with their placements on the ranks ----
   std::map<std::string, std::vector<std::vector<std::int64_t>>> local;  // rank input -> its shape on each rank
   for (const auto& g : ranks)
-    for (const auto& in : g.inputs) local[in.name].push_back(in.type->shape);
+    for (const auto& in : g.inputs) {
+      auto c = cut_ir.find(in.name);
+      if (!rel.rank_inputs.count(in.name)) local[c == cut_ir.end() ? in.name : c->second].push_back(in.type->shape);  // (a relation's rank input is cut from a sequential one)
+    }
   if (opt.format == "hlo")
     for (auto& [k, v] : local) v.assign(n_ranks, v[0]);
   std::map<std::string, const Node*> seq_inputs;
@@ -328,6 +354,10 @@ ImportResult import_program(const ImportOptions& opt) {
   }
   std::map<std::string, std::string> rank_input_ir;  // ranks' inputs defined by the relation -> IR name
   for (const auto& in : ranks[0].inputs) {
+    if (cut_ir.count(in.name)) {
+      rank_input_ir[in.name] = cut_ir[in.name];
+      continue;
+    }
     if (rel.rank_inputs.count(in.name)) {
       const RankInput& ri = rel.rank_inputs[in.name];
       if (!seq_inputs.count(ri.of)) throw ImportError(rel.file, ri.loc, "rank input " + in.name + " is a slice of '" + ri.of + "', which is not an input of the sequential graph");
@@ -370,6 +400,8 @@ ImportResult import_program(const ImportOptions& opt) {
   so.default_constant = rel.default_constant;
   so.custom = &custom;
   so.graph_label = seq.file;
+  // With cuts, only what the compared outputs need is imported: the collectives above a cut are not checked.
+  so.keep_collectives = rel.cuts.empty();
   for (const auto& [s, r] : outs) so.roots.push_back(s);
   Lowered spec = lower_graph(seq, so);
 
@@ -385,6 +417,7 @@ ImportResult import_program(const ImportOptions& opt) {
   std::vector<Lowered> plans;
   std::vector<EOp> prologue;  // the relation's rank inputs, cut from the sequential inputs
   for (const auto& [name, ir] : rank_input_ir) {
+    if (!rel.rank_inputs.count(name)) continue;  // a cut: an input of its own
     const RankInput& ri = rel.rank_inputs[name];
     prologue.push_back({"Slice", {ri.of}, {ir}, {{"dim", std::to_string(ri.dim)}, {"start", std::to_string(ri.start)}, {"end", std::to_string(ri.end)}}, ""});
   }

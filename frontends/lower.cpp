@@ -191,6 +191,9 @@ Lowered Lowering::run() {
 void Lowering::lower_node(const Node& n) {
   cur_ = &n;
   at_ = at_of(n);
+  if (n.type && !n.type->symbolic.empty())
+    throw ImportError(g_.file, n.loc, "node " + n.name + " (" + n.target + ") has a shape with the symbolic dim '" + n.type->symbolic +
+                                          "' (a data-dependent or dynamic shape), which is not supported yet: capture with static shapes");
   if (n.target == "getitem") {
     if (n.args.size() != 2 || n.args[0].k != PyVal::K::Name || n.args[1].k != PyVal::K::Int)
       throw ImportError(g_.file, n.loc, "a tuple element must be read as name[index]");

@@ -65,11 +65,11 @@ Relation load_relation(const std::string& path) {
   }
   if (root.IsNull()) return r;
   if (!root.IsMap()) throw ImportError(path, {1, 1}, "a relation file is a YAML mapping (docs/import.md, \"The relation\")");
-  static const std::set<std::string> keys = {"graph", "axis", "axes", "groups", "inputs", "rank_inputs", "outputs", "constants", "description"};
+  static const std::set<std::string> keys = {"graph", "axis", "axes", "groups", "inputs", "rank_inputs", "cuts", "outputs", "constants", "description"};
   for (const auto& kv : root) {
     std::string k = kv.first.Scalar();
     if (!keys.count(k))
-      throw ImportError(path, loc_of(kv.first), "unknown key '" + k + "' in a relation file (graph, axis, axes, groups, inputs, rank_inputs, outputs, constants)");
+      throw ImportError(path, loc_of(kv.first), "unknown key '" + k + "' in a relation file (graph, axis, axes, groups, inputs, rank_inputs, cuts, outputs, constants)");
   }
   if (auto g = root["graph"]) r.graph = scalar(g, path, "`graph`");
   if (auto a = root["axis"]) r.axis = scalar(a, path, "`axis`");
@@ -115,6 +115,29 @@ Relation load_relation(const std::string& path) {
       x.end = integer(d["end"], path, "`end`");
       x.loc = loc_of(kv.first);
       r.rank_inputs[kv.first.Scalar()] = x;
+    }
+  }
+  if (auto c = root["cuts"]) {
+    if (!c.IsMap()) throw ImportError(path, loc_of(c), "`cuts` maps a sequential node to {ranks: RANKS_NODE, placement: S(d)} (or to its placement)");
+    for (const auto& kv : c) {
+      Cut x;
+      x.loc = loc_of(kv.first);
+      x.ranks = kv.first.Scalar();
+      const YAML::Node& d = kv.second;
+      if (d.IsScalar()) {
+        x.placement = d.Scalar();
+      } else if (d.IsMap()) {
+        for (const auto& f : d) {
+          std::string k = f.first.Scalar();
+          if (k == "ranks") x.ranks = scalar(f.second, path, "`ranks`");
+          else if (k == "placement") x.placement = scalar(f.second, path, "`placement`");
+          else throw ImportError(path, loc_of(f.first), "unknown key '" + k + "' in a cut (ranks, placement)");
+        }
+      } else if (!d.IsNull()) {
+        throw ImportError(path, loc_of(d), "a cut is a placement or {ranks: NODE, placement: S(d)}");
+      }
+      if (!x.placement.empty() && !valid_placement(x.placement)) throw ImportError(path, loc_of(d), "placement '" + x.placement + "' is not R, S(d) or P");
+      r.cuts[kv.first.Scalar()] = x;
     }
   }
   if (auto o = root["outputs"]) {

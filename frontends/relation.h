@@ -20,6 +20,14 @@ struct RankInput {
   Loc loc;
 };
 
+// An intermediate value both graphs compute, taken as an input instead (GraphGuard's forced leaves): the checks
+// assume the ranks' values are the sequential one by `placement`, and verify what follows.
+struct Cut {
+  std::string ranks;      // its name in the ranks' graphs (default: the same)
+  std::string placement;  // empty: inferred from the shapes
+  Loc loc;
+};
+
 struct Relation {
   std::string file;                                 // empty: no relation file
   std::string graph;                                // which dump of each folder (fw, bw, both, both.g0)
@@ -30,6 +38,7 @@ struct Relation {
   std::map<std::string, std::string> placements;    // sequential input -> placement text (R, S(0), P)
   std::map<std::string, Loc> placement_locs;
   std::map<std::string, RankInput> rank_inputs;
+  std::map<std::string, Cut> cuts;                  // sequential node -> the ranks' node, taken as inputs
   std::vector<std::pair<std::string, std::string>> outputs;  // (sequential name, ranks' name)
   Loc outputs_loc;
   std::map<std::string, double> constants;
