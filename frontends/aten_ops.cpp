@@ -1000,6 +1000,11 @@ const Row kRows[] = {
     {"aten.gelu.default", "self, *, approximate='none'", [](Ctx& c) { gelu(c, false); }},
     {"aten.gelu_backward.default", "grad_output, self, *, approximate='none'", [](Ctx& c) { gelu(c, true); }},
     {"aten.sigmoid.default", "self", sigmoid},
+    {"aten.reciprocal.default", "self", [](Ctx& c) {
+       const Value& x = c.T("self");
+       c.emit("Div", {c.full({}, 1, x.type.dtype), x.ir}, {c.out()});
+       c.result({x.type.dtype, x.type.shape});
+     }},
     {"aten.sigmoid_backward.default", "grad_output, output", sigmoid_backward},
     {"aten.pow.Tensor_Scalar", "self, exponent", pow_scalar},
     {"aten.where.self", "condition, self, other", where},

@@ -583,6 +583,7 @@ struct Walker {
 Symbolized symbolize(const std::vector<InputDecl>& inputs, std::vector<EOp>& spec, std::vector<std::vector<EOp>>& plans, std::int64_t tp, const std::string& axis) {
   Symbolized res;
   Solver sv;
+  std::vector<std::vector<Pending>> res_pending;  // every rewritten attribute (its sizes are declared too)
   sv.atoms.push_back({"TP", tp, true, false, false, {}});
   sv.tp = 0;
   std::map<std::string, std::vector<Mono>> global;
@@ -612,6 +613,7 @@ Symbolized symbolize(const std::vector<InputDecl>& inputs, std::vector<EOp>& spe
       for (std::size_t k = 0; k < ops.size(); ++k)
         for (const auto& p : w.attrs[k]) edits.emplace_back(&ops[k], p.key, w.text(p));
       res.literals += w.literals;
+      res_pending.insert(res_pending.end(), w.attrs.begin(), w.attrs.end());
     };
     collect(spec, ws);
     for (std::size_t i = 0; i < plans.size(); ++i) collect(plans[i], wp[i]);
@@ -635,6 +637,12 @@ Symbolized symbolize(const std::vector<InputDecl>& inputs, std::vector<EOp>& spe
   for (const auto& [n, s] : global)
     for (const auto& m : s) note(m);
   for (const auto& m : sv.seen) note(m);
+  for (const auto& ops : res_pending)
+    for (const auto& pend : ops) {
+      for (const auto& m : pend.items) note(m);
+      if (pend.a) note(*pend.a);
+      if (pend.b) note(*pend.b);
+    }
   res.sizes.emplace_back("TP", tp);
   for (std::size_t a = 1; a < sv.atoms.size(); ++a)
     if (!sv.atoms[a].eliminated && used.count(static_cast<int>(a))) res.sizes.emplace_back(sv.atoms[a].name, sv.atoms[a].value);
@@ -643,13 +651,17 @@ Symbolized symbolize(const std::vector<InputDecl>& inputs, std::vector<EOp>& spe
 }
 
 void drop_dead_ops(std::vector<EOp>& ops, const std::set<std::string>& roots) {
-  std::set<std::string> live = roots;
+  std::set<std::string> live = roots, async;  // async: results of collectives with a handle; their readers stay
+  for (const auto& e : ops)
+    for (const auto& [k, v] : e.attrs)
+      if (k == "handle") async.insert(e.out.begin(), e.out.end());
   std::vector<bool> keep(ops.size());
   for (std::size_t k = ops.size(); k-- > 0;) {
     const EOp& e = ops[k];
     bool effect = e.op == "AllReduce" || e.op == "AllGather" || e.op == "ReduceScatter" || e.op == "Broadcast" || e.op == "AllToAll" || e.op == "Wait" ||
                   e.op == "Send" || e.op == "Recv";
-    bool used = std::any_of(e.out.begin(), e.out.end(), [&](const std::string& o) { return live.count(o) > 0; });
+    bool used = std::any_of(e.out.begin(), e.out.end(), [&](const std::string& o) { return live.count(o) > 0; }) ||
+                std::any_of(e.in.begin(), e.in.end(), [&](const std::string& i) { return async.count(i) > 0; });
     if (!effect && !used) continue;
     keep[k] = true;
     for (const auto& i : e.in) live.insert(i);

@@ -154,10 +154,16 @@ Lowered Lowering::run() {
   for (const auto& r : o_.roots) needed_.insert(r);
   std::unordered_map<std::string, const Node*> by_name;
   for (const auto& n : g_.nodes) by_name[n.name] = &n;
+  // Every collective is kept (each rank must issue it), and so is every reader of a collective's result (a read
+  // before its wait_tensor is a missing-wait whether or not a compared output needs it).
+  std::set<std::string> collective_results;
+  for (const auto& n : g_.nodes)
+    if (is_collective(n.target)) collective_results.insert(n.name);
   for (auto it = g_.nodes.rbegin(); it != g_.nodes.rend(); ++it) {
     const Node& n = *it;
     bool keep = needed_.count(n.name) || (o_.keep_collectives && (is_collective(n.target) || n.target == "_c10d_functional.wait_tensor.default"));
-    if (n.target == "_c10d_functional.wait_tensor.default" && o_.keep_collectives) keep = true;
+    if (o_.keep_collectives && !keep)
+      for (const auto& r : node_refs(n)) keep |= collective_results.count(r) > 0;
     if (!keep) continue;
     needed_.insert(n.name);
     for (const auto& r : node_refs(n)) needed_.insert(r);

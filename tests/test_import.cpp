@@ -1,0 +1,404 @@
+// tests/test_import.cpp - the frontends (docs/import.md): small FX and HLO texts written here for the mapped ops
+// and every error path, imported and checked as `spmdcheck check SEQ_DIR RANKS_DIR` does. Most cases are pairs
+// of two formulations of one computation (the sequential graph in one form, the ranks' in another), so a wrong
+// mapping of either op shows up as a value-mismatch; the corpus of docs/import.md is in test_import_corpus.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cli/driver.h"
+#include "frontends/frontends.h"
+#include "ir/loader.h"
+
+using namespace spmd;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Run {
+  int code;
+  std::string out, err;
+};
+
+Run run(const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  int code = run_cli(args, out, err);
+  return {code, out.str(), err.str()};
+}
+
+std::string base() { return std::string(SPMD_BINARY_DIR) + "/import-tests/"; }
+
+// A GraphModule.print_readable() text: `sig` the typed parameters, `body` one node per line (each gets a
+// `# File: /m.py:<line>` comment, line = 100 + its index), `ret` the returned names.
+std::string fx(const std::string& sig, const std::vector<std::string>& body, const std::string& ret) {
+  std::string s = "import torch\n\nclass GraphModule(torch.nn.Module):\n    def forward(self, " + sig + "):\n";
+  for (std::size_t i = 0; i < body.size(); ++i)
+    s += "        # File: /m.py:" + std::to_string(100 + i) + " in forward, code: ...\n        " + body[i] + "\n";
+  return s + "        return [" + ret + "]\n";
+}
+
+void write(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path) << text;
+}
+
+// Writes case `name`: the sequential graph and one graph per rank; returns {seq_dir, ranks_dir}.
+std::pair<std::string, std::string> graphs(const std::string& name, const std::string& seq, const std::vector<std::string>& ranks) {
+  std::string d = base() + name;
+  fs::remove_all(d);
+  write(d + "/seq/fw.g0.r0.py", seq);
+  for (std::size_t r = 0; r < ranks.size(); ++r) write(d + "/ranks/fw.g0.r" + std::to_string(r) + ".py", ranks[r]);
+  return {d + "/seq", d + "/ranks"};
+}
+
+Run check(const std::string& name, const std::string& seq, const std::vector<std::string>& ranks, std::vector<std::string> extra = {}) {
+  auto [s, r] = graphs(name, seq, ranks);
+  std::vector<std::string> args = {"check", s, r};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run(args);
+}
+
+// The same text on every rank.
+std::vector<std::string> same(const std::string& t, int n) { return std::vector<std::string>(static_cast<std::size_t>(n), t); }
+
+bool has(const Run& r, const std::string& s) { return r.out.find(s) != std::string::npos; }
+
+std::string relation(const std::string& name, const std::string& text) {
+  std::string p = base() + name + ".relation.yaml";
+  write(p, text);
+  return p;
+}
+
+// The column- then row-parallel MLP of a tensor-parallel layer.
+const std::string kMlpSeq = fx(R"(w1: "f32[16, 8]", w2: "f32[8, 16]", x: "f32[4, 8]")",
+                               {R"(t: "f32[8, 16]" = torch.ops.aten.t.default(w1))", R"(mm: "f32[4, 16]" = torch.ops.aten.mm.default(x, t))",
+                                R"(gelu: "f32[4, 16]" = torch.ops.aten.gelu.default(mm))", R"(t_1: "f32[16, 8]" = torch.ops.aten.t.default(w2))",
+                                R"(mm_1: "f32[4, 8]" = torch.ops.aten.mm.default(gelu, t_1))"},
+                               "mm_1");
+
+std::string mlp_rank(bool reduce, bool wait_late = false) {
+  std::vector<std::string> b = {R"(t: "f32[8, 8]" = torch.ops.aten.t.default(w1))", R"(mm: "f32[4, 8]" = torch.ops.aten.mm.default(x, t))",
+                                R"(gelu: "f32[4, 8]" = torch.ops.aten.gelu.default(mm))", R"(t_1: "f32[8, 8]" = torch.ops.aten.t.default(w2))",
+                                R"(mm_1: "f32[4, 8]" = torch.ops.aten.mm.default(gelu, t_1))"};
+  if (!reduce) return fx(R"(w1: "f32[8, 8]", w2: "f32[8, 8]", x: "f32[4, 8]")", b, "mm_1");
+  b.push_back(R"(all_reduce: "f32[4, 8]" = torch.ops._c10d_functional.all_reduce.default(mm_1, 'sum', '0'))");
+  if (wait_late) b.push_back(R"(neg: "f32[4, 8]" = torch.ops.aten.neg.default(all_reduce))");
+  b.push_back(R"(wait_tensor: "f32[4, 8]" = torch.ops._c10d_functional.wait_tensor.default(all_reduce))");
+  return fx(R"(w1: "f32[8, 8]", w2: "f32[8, 8]", x: "f32[4, 8]")", b, wait_late ? "wait_tensor, neg" : "wait_tensor");
+}
+
+}  // namespace
+
+TEST_CASE("import: a tensor-parallel MLP is proved equivalent; placements are inferred from the shapes") {
+  Run r = check("mlp", kMlpSeq, same(mlp_rank(true), 2));
+  CHECK(r.code == 0);
+  CHECK(r.out.empty());
+  auto [s, k] = graphs("mlp_yaml", kMlpSeq, same(mlp_rank(true), 2));
+  auto imp = frontends::import_program({"fx", s, k, "", {}, ""});
+  CHECK(imp.local_view);
+  CHECK(imp.yaml.find("w1: {shape: [s16, s8], dtype: f32, placement: {tp: S(0)}}") != std::string::npos);
+  CHECK(imp.yaml.find("w2: {shape: [s8_2, s16], dtype: f32, placement: {tp: S(1)}}") != std::string::npos);
+  CHECK(imp.yaml.find("{op: AllReduce, in: mm_1, out: all_reduce, axis: tp, reduce: sum, handle: h_all_reduce") != std::string::npos);
+  Program p = load_program_string(imp.yaml, "mlp.yaml");  // an ordinary program
+  CHECK(p.local_view);
+  CHECK(p.has_spec);
+}
+
+TEST_CASE("import: a missing all-reduce is a value-mismatch at the model's line, naming the reduction and the spec's op") {
+  Run r = check("mlp_bug", kMlpSeq, same(mlp_rank(false), 2));
+  CHECK(r.code == 1);
+  CHECK(r.out.rfind("/m.py:104: error[value-mismatch]", 0) == 0);  // mm_1 = gelu @ w2.t(): the line of the op, first
+  CHECK(has(r, "a reduction (AllReduce over tp) is missing after MatMul writing mm_1"));
+  CHECK(has(r, "ranks/fw.g0.r0.py:"));                               // the captured graph's line second
+  CHECK(has(r, "note: the spec computes it whole here: MatMul writing seq_mm_1"));
+}
+
+TEST_CASE("import: a use of a collective's result before its wait_tensor is a missing-wait at the model's line") {
+  Run r = check("mlp_wait", kMlpSeq, same(mlp_rank(true, true), 2), {"--relation", relation("mlp_wait", "outputs: {mm_1: wait_tensor}\n")});
+  CHECK(r.code == 1);
+  CHECK(has(r, "/m.py:106: error[missing-wait]: Neg reads all_reduce"));
+}
+
+TEST_CASE("import: Megatron's vocab-parallel embedding, with rank-varying vocab ranges, is one local-view program") {
+  // rank r holds rows [4r, 4r + 4) of a table of 8: ids outside are masked to 0 and their rows zeroed, then summed
+  auto rank = [](int r, int lo) {
+    std::string a = std::to_string(lo), b = std::to_string(lo + 4);
+    (void)r;
+    return fx(R"(w: "f32[4, 6]", ids: "i64[3, 5]")",
+              {R"(lt: "b8[3, 5]" = torch.ops.aten.lt.Scalar(ids, )" + a + ")", R"(ge: "b8[3, 5]" = torch.ops.aten.ge.Scalar(ids, )" + b + ")",
+               R"(bitwise_or: "b8[3, 5]" = torch.ops.aten.bitwise_or.Tensor(lt, ge))", R"(clone: "i64[3, 5]" = torch.ops.aten.clone.default(ids))",
+               R"(sub: "i64[3, 5]" = torch.ops.aten.sub.Tensor(clone, )" + a + ")", "_tensor_constant0 = self._tensor_constant0",
+               R"(lift_fresh_copy: "i64[]" = torch.ops.aten.lift_fresh_copy.default(_tensor_constant0))",
+               R"(index_put: "i64[3, 5]" = torch.ops.aten.index_put.default(sub, [bitwise_or], lift_fresh_copy))",
+               R"(index: "f32[3, 5, 6]" = torch.ops.aten.index.Tensor(w, [index_put]))", "_tensor_constant1 = self._tensor_constant1",
+               R"(lift_fresh_copy_1: "f32[]" = torch.ops.aten.lift_fresh_copy.default(_tensor_constant1))",
+               R"(slice_1: "f32[3, 5, 6]" = torch.ops.aten.slice.Tensor(index, 1, 0, 9223372036854775807))",
+               R"(index_put_1: "f32[3, 5, 6]" = torch.ops.aten.index_put.default(slice_1, [bitwise_or], lift_fresh_copy_1))",
+               R"(slice_scatter: "f32[3, 5, 6]" = torch.ops.aten.slice_scatter.default(index, index_put_1, 1, 0, 9223372036854775807))",
+               R"(all_reduce: "f32[3, 5, 6]" = torch.ops._c10d_functional.all_reduce.default(slice_scatter, 'sum', '3'))",
+               R"(wait_tensor: "f32[3, 5, 6]" = torch.ops._c10d_functional.wait_tensor.default(all_reduce))"},
+              "wait_tensor");
+  };
+  std::string seq = fx(R"(w: "f32[8, 6]", ids: "i64[3, 5]")", {R"(embedding: "f32[3, 5, 6]" = torch.ops.aten.embedding.default(w, ids))"}, "embedding");
+  std::string rel = relation("vocab", "constants: 0\n");
+  Run ok = check("vocab", seq, {rank(0, 0), rank(1, 4)}, {"--relation", rel});
+  CHECK(ok.code == 0);
+  CHECK(!has(ok, "error"));  // (equal on every trial; the comparisons' integer casts are value choices until issue 21's Lt/Ge)
+  auto [s, k] = graphs("vocab_yaml", seq, {rank(0, 0), rank(1, 4)});
+  auto imp = frontends::import_program({"fx", s, k, rel, {}, ""});
+  CHECK(imp.local_view);
+  CHECK(imp.yaml.find("start: '(s8/TP)*axis_index(tp)'") != std::string::npos);  // the vocab start of each rank, named
+  // rank 1 reads the first range too: its rows are never looked up, the first's twice; found at the vocab range's line
+  Run bad = check("vocab_bug", seq, {rank(0, 0), rank(1, 0)}, {"--relation", rel});
+  CHECK(bad.code == 1);
+  CHECK(bad.out.rfind("/m.py:100: error[value-mismatch]", 0) == 0);
+  // ranks whose graphs differ in a constant that is not affine in the rank are per-rank programs
+  std::string seq3 = fx(R"(w: "f32[12, 6]", ids: "i64[3, 5]")", {R"(embedding: "f32[3, 5, 6]" = torch.ops.aten.embedding.default(w, ids))"}, "embedding");
+  auto [s3, k3] = graphs("vocab_perrank", seq3, {rank(0, 0), rank(1, 4), rank(2, 9)});
+  auto imp3 = frontends::import_program({"fx", s3, k3, rel, {}, ""});
+  CHECK(!imp3.local_view);
+  CHECK(imp3.yaml.find("programs:") != std::string::npos);
+}
+
+TEST_CASE("import: two formulations of each mapped op agree (and a wrong one does not)") {
+  struct Pair {
+    const char* name;
+    std::string sig;
+    std::vector<std::string> a, b;  // the sequential graph's body and the rank's
+    std::string ra, rb;             // returned names
+  };
+  const std::string m = R"(x: "f32[4, 6]", y: "f32[4, 6]", z: "f32[6, 4]", i: "i64[4, 6]")";
+  std::vector<Pair> pairs = {
+      {"lt_vs_not_ge", m, {R"(lt: "b8[4, 6]" = torch.ops.aten.lt.Scalar(i, 2))", R"(w: "f32[4, 6]" = torch.ops.aten.where.self(lt, x, y))"},
+       {R"(ge: "b8[4, 6]" = torch.ops.aten.ge.Scalar(i, 2))", R"(n: "b8[4, 6]" = torch.ops.aten.logical_not.default(ge))",
+        R"(w: "f32[4, 6]" = torch.ops.aten.where.self(n, x, y))"},
+       "w", "w"},
+      {"gt_vs_le", m, {R"(c: "b8[4, 6]" = torch.ops.aten.gt.Tensor(x, y))", R"(w: "f32[4, 6]" = torch.ops.aten.where.self(c, x, y))"},
+       {R"(c: "b8[4, 6]" = torch.ops.aten.le.Tensor(x, y))", R"(w: "f32[4, 6]" = torch.ops.aten.where.self(c, y, x))"}, "w", "w"},
+      {"eq_vs_ne", m, {R"(c: "b8[4, 6]" = torch.ops.aten.eq.Scalar(i, 1))", R"(w: "f32[4, 6]" = torch.ops.aten.masked_fill.Scalar(x, c, 3.0))"},
+       {R"(c: "b8[4, 6]" = torch.ops.aten.ne.Scalar(i, 1))", R"(f: "f32[4, 6]" = torch.ops.aten.full.default([4, 6], 3.0))",
+        R"(w: "f32[4, 6]" = torch.ops.aten.where.self(c, x, f))"},
+       "w", "w"},
+      {"or_and", m,
+       {R"(a: "b8[4, 6]" = torch.ops.aten.lt.Scalar(i, 1))", R"(b: "b8[4, 6]" = torch.ops.aten.ge.Scalar(i, 3))",
+        R"(o: "b8[4, 6]" = torch.ops.aten.bitwise_or.Tensor(a, b))", R"(w: "f32[4, 6]" = torch.ops.aten.where.self(o, x, y))"},
+       {R"(a: "b8[4, 6]" = torch.ops.aten.ge.Scalar(i, 1))", R"(b: "b8[4, 6]" = torch.ops.aten.lt.Scalar(i, 3))",
+        R"(o: "b8[4, 6]" = torch.ops.aten.bitwise_and.Tensor(a, b))", R"(w: "f32[4, 6]" = torch.ops.aten.where.self(o, y, x))"},
+       "w", "w"},
+      {"permute_vs_transposes", R"(x: "f32[2, 3, 4]")", {R"(p: "f32[4, 2, 3]" = torch.ops.aten.permute.default(x, [2, 0, 1]))"},
+       {R"(a: "f32[4, 3, 2]" = torch.ops.aten.transpose.int(x, 0, 2))", R"(p: "f32[4, 2, 3]" = torch.ops.aten.transpose.int(a, 1, 2))"}, "p", "p"},
+      {"views", R"(x: "f32[2, 3, 4]")",
+       {R"(v: "f32[6, 4]" = torch.ops.aten.view.default(x, [-1, 4]))", R"(u: "f32[6, 1, 4]" = torch.ops.aten.unsqueeze.default(v, 1))",
+        R"(s: "f32[6, 4]" = torch.ops.aten.squeeze.dim(u, 1))"},
+       {R"(c: "f32[2, 3, 4]" = torch.ops.aten.clone.default(x))", R"(d: "f32[2, 3, 4]" = torch.ops.aten.detach.default(c))",
+        R"(s: "f32[6, 4]" = torch.ops.aten._unsafe_view.default(d, [6, 4]))"},
+       "s", "s"},
+      {"addmm_vs_mm_add", R"(b: "f32[4]", x: "f32[3, 6]", w: "f32[6, 4]")",
+       {R"(a: "f32[3, 4]" = torch.ops.aten.addmm.default(b, x, w, beta = 2.0, alpha = 0.5))"},
+       {R"(m: "f32[3, 4]" = torch.ops.aten.mm.default(x, w))", R"(h: "f32[3, 4]" = torch.ops.aten.mul.Scalar(m, 0.5))",
+        R"(a: "f32[3, 4]" = torch.ops.aten.add.Tensor(h, b, alpha = 2))"},
+       "a", "a"},
+      {"baddbmm_beta0", R"(e: "f32[2, 3, 3]", q: "f32[2, 3, 4]", k: "f32[2, 4, 3]")",
+       {R"(s: "f32[2, 3, 3]" = torch.ops.aten.baddbmm.default(e, q, k, beta = 0.0, alpha = 0.25))"},
+       {R"(m: "f32[2, 3, 3]" = torch.ops.aten.bmm.default(q, k))", R"(s: "f32[2, 3, 3]" = torch.ops.aten.div.Tensor(m, 4))"}, "s", "s"},
+      {"slices", R"(x: "f32[5, 6]", y: "f32[5, 2]")",
+       {R"(s: "f32[5, 6]" = torch.ops.aten.slice_scatter.default(x, y, 1, 3, 5))"},
+       {R"(a: "f32[5, 3]" = torch.ops.aten.slice.Tensor(x, 1, 0, 3))", R"(b: "f32[5, 1]" = torch.ops.aten.slice.Tensor(x, 1, -1, 9223372036854775807))",
+        R"(s: "f32[5, 6]" = torch.ops.aten.cat.default([a, y, b], 1))"},
+       "s", "s"},
+      {"split_select", R"(x: "f32[6, 4]")",
+       {R"(sp = torch.ops.aten.split_with_sizes.default(x, [2, 4]))", R"(g: "f32[4, 4]" = sp[1])", R"(r: "f32[4]" = torch.ops.aten.select.int(g, 0, 1))"},
+       {R"(sp = torch.ops.aten.split.Tensor(x, 3))", R"(g: "f32[3, 4]" = sp[1])", R"(r: "f32[4]" = torch.ops.aten.select.int(g, 0, 0))"}, "r", "r"},
+      {"softmax_vs_exp", R"(x: "f32[3, 5]")", {R"(s: "f32[3, 5]" = torch.ops.aten._softmax.default(x, -1, False))"},
+       {R"(e: "f32[3, 5]" = torch.ops.aten.exp.default(x))", R"(t: "f32[3, 1]" = torch.ops.aten.sum.dim_IntList(e, [1], True))",
+        R"(s: "f32[3, 5]" = torch.ops.aten.div.Tensor(e, t))"},
+       "s", "s"},
+      {"sigmoid", R"(x: "f32[3, 5]")", {R"(s: "f32[3, 5]" = torch.ops.aten.sigmoid.default(x))"},
+       {R"(n: "f32[3, 5]" = torch.ops.aten.neg.default(x))", R"(e: "f32[3, 5]" = torch.ops.aten.exp.default(n))",
+        R"(a: "f32[3, 5]" = torch.ops.aten.add.Tensor(e, 1))", R"(s: "f32[3, 5]" = torch.ops.aten.reciprocal.default(a))"},
+       "s", "s"},
+      {"mean_sum_pow", R"(x: "f32[3, 5]")",
+       {R"(p: "f32[3, 5]" = torch.ops.aten.pow.Tensor_Scalar(x, 2))", R"(s: "f32[]" = torch.ops.aten.mean.default(p))"},
+       {R"(p: "f32[3, 5]" = torch.ops.aten.mul.Tensor(x, x))", R"(t: "f32[3]" = torch.ops.aten.sum.dim_IntList(p, [-1]))",
+        R"(u: "f32[]" = torch.ops.aten.sum.default(t))", R"(s: "f32[]" = torch.ops.aten.div.Tensor(u, 15))"},
+       "s", "s"},
+      {"rsub", R"(x: "f32[3, 5]")", {R"(s: "f32[3, 5]" = torch.ops.aten.rsub.Scalar(x, 2.0))"},
+       {R"(n: "f32[3, 5]" = torch.ops.aten.neg.default(x))", R"(s: "f32[3, 5]" = torch.ops.aten.add.Tensor(n, 2.0))"}, "s", "s"},
+      {"expand", R"(x: "f32[3, 1]", y: "f32[3, 4]")", {R"(e: "f32[3, 4]" = torch.ops.aten.expand.default(x, [-1, 4]))", R"(s: "f32[3, 4]" = torch.ops.aten.mul.Tensor(e, y))"},
+       {R"(s: "f32[3, 4]" = torch.ops.aten.mul.Tensor(y, x))"}, "s", "s"},
+      {"gather_rows", R"(x: "f32[4, 6]", i: "i64[4]")",
+       {R"(a: "i64[4]" = torch.ops.aten.arange.start(0, 4))", R"(g: "f32[4]" = torch.ops.aten.index.Tensor(x, [a, i]))"},
+       {R"(f: "f32[24]" = torch.ops.aten.view.default(x, [24]))", R"(a: "i64[4]" = torch.ops.aten.arange.default(4))",
+        R"(o: "i64[4]" = torch.ops.aten.mul.Tensor(a, 6))", R"(j: "i64[4]" = torch.ops.aten.add.Tensor(o, i))", R"(g: "f32[4]" = torch.ops.aten.index.Tensor(f, [j]))"},
+       "g", "g"},
+      {"index_put_mask", R"(x: "f32[3, 4, 2]", i: "i64[3, 4]")",
+       {R"(m: "b8[3, 4]" = torch.ops.aten.ge.Scalar(i, 2))", R"(z: "f32[]" = torch.ops.aten.scalar_tensor.default(0.5))",
+        R"(p: "f32[3, 4, 2]" = torch.ops.aten.index_put.default(x, [m], z))"},
+       {R"(m: "b8[3, 4]" = torch.ops.aten.ge.Scalar(i, 2))", R"(u: "b8[3, 4, 1]" = torch.ops.aten.unsqueeze.default(m, -1))",
+        R"(p: "f32[3, 4, 2]" = torch.ops.aten.masked_fill.Scalar(x, u, 0.5))"},
+       "p", "p"},
+      {"layer_norm", R"(x: "f32[3, 8]", w: "f32[8]", b: "f32[8]")",
+       {R"(ln = torch.ops.aten.native_layer_norm.default(x, [8], w, b, 1e-05))", R"(y: "f32[3, 8]" = ln[0])"},
+       {R"(ln = torch.ops.apex.fused_layer_norm_affine_fwd.default(x, w, b, [8], 1e-05))", R"(y: "f32[3, 8]" = ln[0])"}, "y", "y"},
+      {"dropout_identity", R"(x: "f32[3, 8]")", {R"(d = torch.ops.aten.native_dropout.default(x, 0.1, True))", R"(y: "f32[3, 8]" = d[0])"},
+       {R"(y: "f32[3, 8]" = torch.ops.aten.alias.default(x))"}, "y", "y"},
+      {"amax_max", R"(x: "f32[3, 8]")", {R"(m = torch.ops.aten.max.dim(x, 1))", R"(y: "f32[3]" = m[0])"},
+       {R"(y: "f32[3]" = torch.ops.aten.amax.default(x, [1]))"}, "y", "y"},
+  };
+  for (const auto& pr : pairs) {
+    std::string name = pr.name;
+    CAPTURE(name);
+    Run r = check("op_" + name, fx(pr.sig, pr.a, pr.ra), {fx(pr.sig, pr.b, pr.rb)});
+    CHECK(r.code == 0);
+    CHECK(r.err.empty());
+    // comparisons (integer casts, until issue 21's Lt/Ge) and max choose by value: equal on every trial, not a proof
+    if (r.out.find("chooses by value") == std::string::npos) CHECK(r.out.empty());
+    CHECK(!has(r, "error"));
+  }
+  // and a formulation that is wrong (the mask inverted) is a mismatch
+  Run bad = check("op_wrong", fx(m, {R"(lt: "b8[4, 6]" = torch.ops.aten.lt.Scalar(i, 2))", R"(w: "f32[4, 6]" = torch.ops.aten.where.self(lt, x, y))"}, "w"),
+                  {fx(m, {R"(ge: "b8[4, 6]" = torch.ops.aten.ge.Scalar(i, 2))", R"(w: "f32[4, 6]" = torch.ops.aten.where.self(ge, x, y))"}, "w")});
+  CHECK(bad.code == 1);
+  CHECK(has(bad, "error[value-mismatch]"));
+}
+
+TEST_CASE("import: sequence parallelism (all_gather / reduce_scatter on dim 0) is equivalent") {
+  std::string seq = fx(R"(x: "f32[8, 3]", w: "f32[3, 4]")", {R"(m: "f32[8, 4]" = torch.ops.aten.mm.default(x, w))"}, "m");
+  // rank: gather the sequence, column-parallel... no: w whole, scatter back the rows after a reduce of halves
+  std::string rank = fx(R"(x: "f32[4, 3]", w: "f32[3, 4]")",
+                        {R"(ag: "f32[8, 3]" = torch.ops._c10d_functional.all_gather_into_tensor.default(x, 2, '5'))",
+                         R"(wt: "f32[8, 3]" = torch.ops._c10d_functional.wait_tensor.default(ag))", R"(m: "f32[8, 4]" = torch.ops.aten.mm.default(wt, w))",
+                         R"(h: "f32[8, 4]" = torch.ops.aten.div.Tensor(m, 2))",
+                         R"(rs: "f32[4, 4]" = torch.ops._c10d_functional.reduce_scatter_tensor.default(h, 'sum', 2, '5'))",
+                         R"(w2: "f32[4, 4]" = torch.ops._c10d_functional.wait_tensor.default(rs))"},
+                        "w2");
+  Run r = check("sp", seq, same(rank, 2), {"--relation", relation("sp", "outputs: {m: w2}\n")});
+  CHECK(r.code == 0);
+  CHECK(r.out.empty());
+}
+
+TEST_CASE("import: the relation file gives what shapes cannot say, and names the ambiguous input otherwise") {
+  std::string seq = fx(R"(x: "f32[8, 6]")", {R"(n: "f32[8, 6]" = torch.ops.aten.neg.default(x))"}, "n");
+  std::string rank = fx(R"(x: "f32[4, 3]")", {R"(n: "f32[4, 3]" = torch.ops.aten.neg.default(x))"}, "n");
+  Run amb = check("ambiguous", seq, same(rank, 2));
+  CHECK(amb.code == 2);
+  CHECK(has(amb, "seq/fw.g0.r0.py:4:"));
+  CHECK(has(amb, "cannot infer how input x relates to the ranks' inputs"));
+  CHECK(has(amb, "inputs: {x: S(0)}"));
+  // a given placement must fit the shapes
+  std::string seq2 = fx(R"(x: "f32[8, 6]")", {R"(n: "f32[8, 6]" = torch.ops.aten.neg.default(x))"}, "n");
+  std::string rank2 = fx(R"(x: "f32[4, 6]")", {R"(n: "f32[4, 6]" = torch.ops.aten.neg.default(x))"}, "n");
+  Run misfit = check("misfit", seq2, same(rank2, 2), {"--relation", relation("misfit", "inputs: {x: S(1)}\n")});
+  CHECK(misfit.code == 2);
+  CHECK(has(misfit, "misfit.relation.yaml:1:"));
+  CHECK(has(misfit, "error: placement S(1) of x does not fit its shapes"));
+  Run badkey = check("badkey", seq2, same(rank2, 2), {"--relation", relation("badkey", "input: {x: R}\n")});
+  CHECK(badkey.code == 2);
+  CHECK(has(badkey, "badkey.relation.yaml:1:1: error: unknown key 'input' in a relation file"));
+  // several process groups need names
+  std::string r3 = fx(R"(x: "f32[4, 6]")",
+                      {R"(a: "f32[4, 6]" = torch.ops._c10d_functional.all_reduce.default(x, 'sum', '1'))",
+                       R"(b: "f32[4, 6]" = torch.ops._c10d_functional.wait_tensor.default(a))",
+                       R"(c: "f32[4, 6]" = torch.ops._c10d_functional.all_reduce.default(b, 'sum', '2'))",
+                       R"(d: "f32[4, 6]" = torch.ops._c10d_functional.wait_tensor.default(c))"},
+                      "d");
+  Run groups = check("groups", seq2, same(r3, 2));
+  CHECK(groups.code == 2);
+  CHECK(has(groups, "process groups '1', '2': name the mesh axis of each in a relation file"));
+}
+
+TEST_CASE("import: located errors for unreadable graphs and unmapped ops") {
+  std::string ok = fx(R"(x: "f32[4]")", {R"(n: "f32[4]" = torch.ops.aten.neg.default(x))"}, "n");
+  // an op no table maps
+  Run unknown = check("unknown", ok, {fx(R"(x: "f32[4]")", {R"(n: "f32[4]" = torch.ops.aten.frobnicate.default(x))"}, "n")});
+  CHECK(unknown.code == 2);
+  CHECK(has(unknown, "ranks/fw.g0.r0.py:6:9: error: unsupported op 'aten.frobnicate.default' (node n)"));
+  // a malformed line
+  Run bad = check("malformed", ok, {fx(R"(x: "f32[4]")", {R"(n: "f32[4]" = torch.ops.aten.neg.default(x)))"}, "n")});
+  CHECK(bad.code == 2);
+  CHECK(has(bad, "ranks/fw.g0.r0.py:6:"));
+  CHECK(has(bad, "unexpected text after the node's expression"));
+  // an annotation that contradicts the op
+  Run shape = check("contradicts", ok, {fx(R"(x: "f32[4]")", {R"(n: "f32[5]" = torch.ops.aten.neg.default(x))"}, "n")});
+  CHECK(shape.code == 2);
+  CHECK(has(shape, "ranks/fw.g0.r0.py:6:9: error: the annotation f32[5] contradicts aten.neg.default, which gives shape [4] here"));
+  std::string mm_ok = fx(R"(x: "f32[4, 2]", w: "f32[3, 5]")", {R"(n: "f32[4, 2]" = torch.ops.aten.neg.default(x))"}, "n");
+  Run mm = check("contradicts_mm", mm_ok, {fx(R"(x: "f32[4, 2]", w: "f32[3, 5]")", {R"(n: "f32[4, 5]" = torch.ops.aten.mm.default(x, w))"}, "n")});
+  CHECK(mm.code == 2);
+  CHECK(has(mm, "error: contracting dims differ: f32[4, 2] x f32[3, 5]"));
+  // a truncated file
+  std::string cut = ok.substr(0, ok.find("        return"));
+  Run trunc = check("truncated", ok, {cut});
+  CHECK(trunc.code == 2);
+  CHECK(has(trunc, "error: forward ends without a return statement (a truncated file?)"));
+  // a lifted constant without its value
+  Run cst = check("constant", ok,
+                  {fx(R"(x: "f32[4]")",
+                      {"_tensor_constant0 = self._tensor_constant0", R"(l: "f32[]" = torch.ops.aten.lift_fresh_copy.default(_tensor_constant0))",
+                       R"(n: "f32[4]" = torch.ops.aten.add.Tensor(x, l))"},
+                      "n")});
+  CHECK(cst.code == 2);
+  CHECK(has(cst, "the value of self._tensor_constant0 is not in the graph dump"));
+  // a data-dependent shape
+  Run dyn = check("dynamic", ok, {fx(R"(x: "f32[4]")", {R"(n: "i64[u0, 1]" = torch.ops.aten.nonzero.default(x))"}, "n")});
+  CHECK(dyn.code == 2);
+  CHECK(has(dyn, "has a shape with the symbolic dim 'u0'"));
+  // not a print_readable dump at all
+  Run none = check("notfx", ok, {"x = 1\n"});
+  CHECK(none.code == 2);
+  CHECK(has(none, "no `def forward(...)` found"));
+  // a ranks' input the sequential graph lacks
+  Run extra = check("extra_input", ok, {fx(R"(x: "f32[4]", q: "f32[4]")", {R"(n: "f32[4]" = torch.ops.aten.add.Tensor(x, q))"}, "n")});
+  CHECK(extra.code == 2);
+  CHECK(has(extra, "the ranks' input q has no input of the same name in the sequential graph"));
+}
+
+TEST_CASE("import: custom ops come from mapping files, with located errors") {
+  std::string seq = fx(R"(x: "f32[4]")", {R"(n: "f32[4]" = torch.ops.aten.neg.default(x))"}, "n");
+  std::string rank = fx(R"(x: "f32[4]")", {R"(n: "f32[4]" = torch.ops.mylib.negate.default(x))"}, "n");
+  Run missing = check("custom_missing", seq, {rank});
+  CHECK(missing.code == 2);
+  CHECK(has(missing, "unsupported op 'mylib.negate.default'"));
+  std::string ops = relation("custom_ops", "ops:\n  mylib.negate.default:\n    params: x\n    shapes: {out: x}\n    ops:\n      - {op: Neg, in: [$x], out: $out}\n");
+  Run ok = check("custom_ok", seq, {rank}, {"--ops", ops});
+  CHECK(ok.code == 0);
+  std::string typo = relation("custom_typo", "ops:\n  mylib.negate.default:\n    params: x\n    ops:\n      - {op: Negg, in: [$x], out: $out}\n");
+  Run bad = check("custom_typo", seq, {rank}, {"--ops", typo});
+  CHECK(bad.code == 2);
+  CHECK(has(bad, "custom_typo.relation.yaml:5:"));
+  CHECK(has(bad, "error: unknown op 'Negg' in the template of 'mylib.negate.default'; did you mean 'Neg'?"));
+}
+
+TEST_CASE("import: microbatches cut from the batch by the relation; a per-microbatch mean is located at its line") {
+  std::string seq = fx(R"(x: "f32[8]")", {R"(s: "f32[]" = torch.ops.aten.sum.default(x))", R"(d: "f32[]" = torch.ops.aten.div.Tensor(s, 8))"}, "d");
+  std::string rank = fx(R"(a: "f32[4]", b: "f32[4]")",
+                        {R"(m: "f32[]" = torch.ops.aten.mean.default(a))", R"(n: "f32[]" = torch.ops.aten.mean.default(b))",
+                         R"(t: "f32[]" = torch.ops.aten.add.Tensor(m, n))"},
+                        "t");
+  std::string rel = relation("microbatch", "rank_inputs:\n  a: {slice: x, dim: 0, start: 0, end: 4}\n  b: {slice: x, dim: 0, start: 4, end: 8}\noutputs: {d: t}\n");
+  Run r = check("microbatch", seq, {rank}, {"--relation", rel});
+  CHECK(r.code == 1);
+  CHECK(r.out.rfind("/m.py:100: error[value-mismatch]", 0) == 0);  // the first mean
+  std::string fixed = fx(R"(a: "f32[4]", b: "f32[4]")",
+                         {R"(m: "f32[]" = torch.ops.aten.sum.default(a))", R"(n: "f32[]" = torch.ops.aten.sum.default(b))",
+                          R"(u: "f32[]" = torch.ops.aten.add.Tensor(m, n))", R"(t: "f32[]" = torch.ops.aten.div.Tensor(u, 8))"},
+                         "t");
+  CHECK(check("microbatch_fixed", seq, {fixed}, {"--relation", rel}).code == 0);
+}
+
+TEST_CASE("import: `spmdcheck import fx` writes the program; JSON names the model's file") {
+  auto [s, k] = graphs("cli", kMlpSeq, same(mlp_rank(false), 2));
+  std::string out = base() + "cli.yaml";
+  Run r = run({"import", "fx", s, k, "-o", out});
+  CHECK(r.code == 0);
+  CHECK(has(r, "2 ranks, one local-view program"));
+  Run j = run({"check", "--format", "json", out});
+  CHECK(j.code == 1);
+  CHECK(j.out.find("\"file\": \"/m.py\"") != std::string::npos);
+  Run e = run({"equiv", out});
+  CHECK(e.code == 1);
+  CHECK(e.out.rfind("/m.py:104: error[value-mismatch]", 0) == 0);
+}
