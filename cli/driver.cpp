@@ -397,6 +397,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     check->add_option("--relation", io.relation, "with SEQ_DIR RANKS_DIR: the relation file (docs/import.md)");
     check->add_option("--ops", io.ops_files, "with SEQ_DIR RANKS_DIR: more custom-op mapping files");
     check->add_option("--graph", io.graph, "with SEQ_DIR RANKS_DIR: which dump of each folder (fw, bw, both, both.g0)");
+    check->add_flag("--reduce", io.reduce, "with SEQ_DIR RANKS_DIR: check at small values of the named sizes (every division kept exact)");
     auto* import = app.add_subcommand("import", "read captured graphs (PyTorch FX print_readable text, XLA HLO text) into a program with `spec:` (docs/import.md)");
     import->require_subcommand(1);
     std::string import_out;
@@ -408,6 +409,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       s->add_option("--relation", io.relation, "the relation file (mesh axes, placements, outputs, constants)");
       s->add_option("--ops", io.ops_files, "more custom-op mapping files (after frontends/custom_ops.yaml)");
       s->add_option("--graph", io.graph, "which dump of each folder (fw, bw, both, both.g0)");
+      s->add_flag("--reduce", io.reduce, "write the named sizes at small values that keep every division exact (the graphs' values in comments)");
       s->add_option("-o,--output", import_out, "the program to write (- for standard output)")->required();
       s->callback([&io, fmt_name] { io.format = fmt_name; });
     }

@@ -580,7 +580,8 @@ struct Walker {
 
 }  // namespace
 
-Symbolized symbolize(const std::vector<InputDecl>& inputs, std::vector<EOp>& spec, std::vector<std::vector<EOp>>& plans, std::int64_t tp, const std::string& axis) {
+Symbolized symbolize(const std::vector<InputDecl>& inputs, std::vector<EOp>& spec, std::vector<std::vector<EOp>>& plans, std::int64_t tp, const std::string& axis,
+                     bool reduce) {
   Symbolized res;
   Solver sv;
   std::vector<std::vector<Pending>> res_pending;  // every rewritten attribute (its sizes are declared too)
@@ -647,6 +648,52 @@ Symbolized symbolize(const std::vector<InputDecl>& inputs, std::vector<EOp>& spe
   for (std::size_t a = 1; a < sv.atoms.size(); ++a)
     if (!sv.atoms[a].eliminated && used.count(static_cast<int>(a))) res.sizes.emplace_back(sv.atoms[a].name, sv.atoms[a].value);
   res.ok = true;
+  if (reduce) {
+    // Every expression the program holds, over the declared sizes: dims (positive) and offsets (integers).
+    std::vector<Mono> dims, offsets;
+    for (const auto& [n, s] : global)
+      for (const auto& m : s) dims.push_back(sv.canon(m));
+    for (const auto& m : sv.seen) dims.push_back(sv.canon(m));
+    for (const auto& ops : res_pending)
+      for (const auto& pend : ops) {
+        for (const auto& m : pend.items) dims.push_back(sv.canon(m));
+        if (pend.a) offsets.push_back(sv.canon(*pend.a));
+        if (pend.b) offsets.push_back(sv.canon(*pend.b));
+      }
+    std::vector<int> ids;
+    for (std::size_t a = 1; a < sv.atoms.size(); ++a)
+      if (!sv.atoms[a].eliminated && used.count(static_cast<int>(a))) ids.push_back(static_cast<int>(a));
+    auto ok = [&] {
+      for (const auto& m : dims)
+        if (auto v = sv.value(m); !v || *v < 1) return false;
+      for (const auto& m : offsets)
+        if (!sv.value(m)) return false;
+      return true;
+    };
+    std::vector<std::int64_t> orig;
+    for (int a : ids) orig.push_back(sv.atoms[static_cast<std::size_t>(a)].value);
+    std::vector<std::size_t> order(ids.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return orig[x] > orig[y]; });
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (std::size_t i : order) {
+        Atom& t = sv.atoms[static_cast<std::size_t>(ids[i])];
+        std::int64_t floor = std::min<std::int64_t>(orig[i], orig[i] < 64 ? 2 : 4), cur = t.value;
+        for (std::int64_t d = floor; d < cur; ++d) {
+          if (orig[i] % d) continue;
+          t.value = d;
+          if (ok()) {
+            changed = true;
+            break;
+          }
+          t.value = cur;
+        }
+      }
+    }
+    res.reduced.push_back(tp);
+    for (int a : ids) res.reduced.push_back(sv.atoms[static_cast<std::size_t>(a)].value);
+  }
   return res;
 }
 

@@ -18,6 +18,7 @@ struct ImportOptions {
   std::string relation;                // a relation file; empty: inferred from shapes only
   std::vector<std::string> ops_files;  // more custom-op mapping files (after the defaults)
   std::string graph;                   // which dump of a folder (fw, bw, both, both.g0); overrides the relation's
+  bool reduce = false;                 // write the named sizes at small values (dims/reduce in dims.h), the real ones in comments
 };
 
 struct ImportResult {

@@ -486,7 +486,7 @@ ImportResult import_program(const ImportOptions& opt) {
     const std::string& pl = placement[in.name];
     decls.push_back({in.name, in.type->shape, pl.rfind("S(", 0) == 0 ? std::stoi(pl.substr(2)) : -1});
   }
-  Symbolized sym = symbolize(decls, spec.ops, plan_ops, static_cast<std::int64_t>(n_ranks), axis);
+  Symbolized sym = symbolize(decls, spec.ops, plan_ops, static_cast<std::int64_t>(n_ranks), axis, opt.reduce);
 
   std::ostringstream o;
   o << "# Imported by `spmdcheck import " << opt.format << "` (docs/import.md): the plan is the ranks' graphs\n";
@@ -498,7 +498,12 @@ ImportResult import_program(const ImportOptions& opt) {
   o << "name: " << quoted(fs::path(opt.ranks).filename().string() + " vs " + fs::path(opt.seq).filename().string()) << "\n";
   if (sym.ok) {
     o << "sizes:   # every dim and size literal of the graphs as a product of these (docs/import.md, \"Named sizes\")\n";
-    for (const auto& [n, v] : sym.sizes) o << "  " << n << ": " << v << "\n";
+    if (!sym.reduced.empty()) o << "  # --reduce: small values that keep every division exact; the graphs' own values are in the comments\n";
+    for (std::size_t i = 0; i < sym.sizes.size(); ++i) {
+      const auto& [n, v] = sym.sizes[i];
+      if (sym.reduced.empty()) o << "  " << n << ": " << v << "\n";
+      else o << "  " << n << ": " << sym.reduced[i] << (sym.reduced[i] == v ? "" : "   # " + std::to_string(v)) << "\n";
+    }
   }
   o << "mesh: {";
   for (const auto& [ax, n] : rel.extra_axes) o << ax << ": " << n << ", ";

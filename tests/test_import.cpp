@@ -402,3 +402,44 @@ TEST_CASE("import: `spmdcheck import fx` writes the program; JSON names the mode
   CHECK(e.code == 1);
   CHECK(e.out.rfind("/m.py:104: error[value-mismatch]", 0) == 0);
 }
+
+// The corpus of docs/import.md (GraphGuard's captured graphs, ../shared/data/fx): skipped with a message when absent.
+TEST_CASE("import corpus: GPT at tensor parallel 2, 4, 8 against 1 agrees; the four bug cases are found at the model's line") {
+  // ../shared/data/fx beside the repository (or beside the worktrees' folder), or $SPMDCHECK_CORPUS
+  std::string corpus = std::string(SPMD_SOURCE_DIR) + "/../shared/data/fx";
+  std::error_code ec;
+  if (!fs::is_directory(corpus, ec)) corpus = std::string(SPMD_SOURCE_DIR) + "/../../shared/data/fx";
+  if (const char* env = std::getenv("SPMDCHECK_CORPUS"); env && *env) corpus = env;
+  if (!fs::is_directory(corpus, ec)) {
+    MESSAGE("skipped: the corpus " << corpus << " is absent (docs/import.md)");
+    return;
+  }
+  std::string rel = std::string(SPMD_SOURCE_DIR) + "/relations/";
+  for (int layers : {1, 2, 4, 8})
+    for (int tp : {2, 4, 8}) {
+      std::string l = std::to_string(layers);
+      CAPTURE(tp);
+      CAPTURE(layers);
+      Run r = run({"check", corpus + "/gpt/paral1_layer" + l, corpus + "/gpt/paral" + std::to_string(tp) + "_layer" + l, "--relation", rel + "gpt.yaml", "--reduce"});
+      CHECK(r.code == 0);
+      CHECK(!has(r, "error"));
+      CHECK(!has(r, "not checked"));
+    }
+  struct Bug {
+    const char* dir;
+    const char* seq;
+    const char* ranks;
+    const char* at;  // the model's line of the op that goes wrong
+  };
+  for (const Bug& b : {Bug{"bug_grad_accumulation", "1step", "2step.bug", "/opt/tiger/transformers/tests/trainer/test_trainer_simple.py:100: error[value-mismatch]"},
+                       Bug{"bug_missing_allreduce_under_wrong_config", "tp1", "tp2.bug", "megatron/core/tensor_parallel/layers.py:697: error[value-mismatch]"},
+                       Bug{"bug_missing_switchmlp_allreduce", "tp1", "tp2.bug", "megatron/legacy/model/transformer.py:262: error[value-mismatch]"},
+                       Bug{"bug_missing_layernorm_allreduce", "tp1", "tp2.bug", "torch/_library/custom_ops.py:675: error[value-mismatch]"}}) {
+    std::string d = corpus + "/" + b.dir;
+    CAPTURE(std::string(b.dir));
+    Run r = run({"check", d + "/" + b.seq, d + "/" + b.ranks, "--relation", rel + b.dir + ".yaml", "--reduce"});
+    CHECK(r.code == 1);
+    CHECK(r.out.substr(0, r.out.find('\n')).find(b.at) != std::string::npos);
+    CHECK(has(r, "note: the spec computes it"));
+  }
+}
