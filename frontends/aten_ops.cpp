@@ -1,15 +1,11 @@
 // frontends/aten_ops.cpp - the op table of FX (aten and _c10d_functional) ops: one row per op, its parameters
 // (the schema's names, so keyword arguments bind) and the spmdcheck op or short decomposition it becomes.
-//
-// Temporary decompositions, until the op table has these ops (issue 21's comparison ops, Sigmoid):
-//   ge(a, b) = Cast((a - b + K) / K, i64) with K = 2^40 (exact for |a - b| < 2^40: trunc of a value in [1, 2) or
-//   (0, 1)), lt = 1 - ge, eq = 1 - Cast(a - b, bool), ne = Cast(a - b, bool), or = Cast(a + b, bool),
-//   and = a * b, not = 1 - a, sigmoid(x) = 1 / (1 + exp(-x)). Every one is exact in the value check's number
-//   domain (integer casts give exact constants), so plan and spec agree in every field lane.
+// Comparisons and sigmoid are temporary decompositions (frontends/decompose.h).
 #include <algorithm>
 #include <numeric>
 
 #include "frontends/custom_ops.h"
+#include "frontends/decompose.h"
 #include "frontends/lower.h"
 
 namespace spmd::frontends {
@@ -17,24 +13,6 @@ namespace spmd::frontends {
 namespace {
 
 using Attrs = std::vector<std::pair<std::string, std::string>>;
-constexpr double kCmp = 1099511627776.0;  // 2^40
-
-std::int64_t numel(const std::vector<std::int64_t>& s) {
-  return std::accumulate(s.begin(), s.end(), std::int64_t{1}, [](std::int64_t a, std::int64_t b) { return a * b; });
-}
-
-std::string out_dtype(Ctx& c, const std::string& dflt, std::size_t k = 0) {
-  const TensorType* a = c.annotated(k);
-  return a ? a->dtype : dflt;
-}
-
-// An operand of an elementwise op: a tensor, or a scalar (`num` set) that may be folded into the op.
-struct Operand {
-  std::string t;
-  std::optional<double> num;
-  std::vector<std::int64_t> shape;
-  std::string dtype;
-};
 
 Operand operand(Ctx& c, std::string_view p, const std::string& dtype) {
   const PyVal& x = c.v(p);
@@ -59,37 +37,6 @@ Operand operand(Ctx& c, std::string_view p, const std::string& dtype) {
   o.num = x.num();
   o.dtype = dtype;
   return o;
-}
-
-// Writes `op` of a and b (either may be a scalar) into `out`; returns the result shape.
-std::vector<std::int64_t> binary(Ctx& c, const std::string& op, const Operand& a, const Operand& b, const std::string& out, bool commutes) {
-  if (a.num && b.num) {  // both scalars: a 0-d constant
-    double x = *a.num, y = *b.num;
-    double r = op == "Add" ? x + y : op == "Sub" ? x - y : op == "Multiply" ? x * y : op == "Div" ? x / y : op == "Maximum" ? std::max(x, y) : std::min(x, y);
-    std::string f = c.full({}, r, a.dtype.empty() ? "f32" : a.dtype);
-    c.emit("Reshape", {f}, {out}, {{"shape", "[]"}});
-    return {};
-  }
-  if (b.num) {
-    if (op == "Div" && *b.num == 0) c.fail("division by the constant 0");
-    c.emit(op, {a.t}, {out}, {{"scalar", num_text(*b.num)}});
-    return a.shape;
-  }
-  if (a.num) {
-    if (commutes) {
-      c.emit(op, {b.t}, {out}, {{"scalar", num_text(*a.num)}});
-    } else if (op == "Sub") {  // s - b = (-b) + s
-      std::string n = c.tmp("n");
-      c.emit("Neg", {b.t}, {n});
-      c.emit("Add", {n}, {out}, {{"scalar", num_text(*a.num)}});
-    } else {  // s / b
-      std::string f = c.full({}, *a.num, b.dtype);
-      c.emit(op, {f, b.t}, {out});
-    }
-    return b.shape;
-  }
-  c.emit(op, {a.t, b.t}, {out});
-  return broadcast_shape(a.shape, b.shape, c);
 }
 
 // add/sub/mul/div/maximum/minimum.Tensor and .Scalar: self op (other * alpha).
@@ -119,60 +66,10 @@ void unary(Ctx& c, const std::string& op) {
 
 // ---- comparisons (temporary decompositions: see the header) --------------------------------------
 
-// Cast((a - b + K) / K, i64): 1 where a >= b, else 0.
-std::string ge_of(Ctx& c, const Operand& a, const Operand& b, std::vector<std::int64_t>& shape) {
-  std::string d = c.tmp("d"), q = c.tmp("q"), r = c.tmp("g");
-  if (b.num) {
-    c.emit("Add", {a.t}, {d}, {{"scalar", num_text(kCmp - *b.num)}});
-    shape = a.shape;
-  } else if (a.num) {
-    std::string n = c.tmp("n");
-    c.emit("Neg", {b.t}, {n});
-    c.emit("Add", {n}, {d}, {{"scalar", num_text(*a.num + kCmp)}});
-    shape = b.shape;
-  } else {
-    std::string s = c.tmp("s");
-    c.emit("Sub", {a.t, b.t}, {s});
-    c.emit("Add", {s}, {d}, {{"scalar", num_text(kCmp)}});
-    shape = broadcast_shape(a.shape, b.shape, c);
-  }
-  c.emit("Div", {d}, {q}, {{"scalar", num_text(kCmp)}});
-  c.emit("Cast", {q}, {r}, {{"dtype", "i64"}});
-  return r;
-}
-
-std::string not_of(Ctx& c, const std::string& x, const std::string& out) {
-  std::string n = c.tmp("n");
-  c.emit("Neg", {x}, {n});
-  c.emit("Add", {n}, {out}, {{"scalar", "1"}});
-  return out;
-}
-
 void compare(Ctx& c, const std::string& kind) {
   std::string dt = c.ty("self").dtype;
   Operand a = operand(c, "self", dt), b = operand(c, "other", dt);
-  std::vector<std::int64_t> shape;
-  std::string o = c.out();
-  if (kind == "ge" || kind == "lt") {
-    std::string g = ge_of(c, a, b, shape);
-    if (kind == "ge") c.emit("Reshape", {g}, {o}, {{"shape", shape_text(shape)}});
-    else not_of(c, g, o);
-  } else if (kind == "le" || kind == "gt") {  // a <= b is b >= a
-    std::string g = ge_of(c, b, a, shape);
-    if (kind == "le") c.emit("Reshape", {g}, {o}, {{"shape", shape_text(shape)}});
-    else not_of(c, g, o);
-  } else {  // eq, ne: Cast(a - b, bool)
-    std::string d = c.tmp("d");
-    shape = binary(c, "Sub", a, b, d, false);
-    if (kind == "ne") {
-      c.emit("Cast", {d}, {o}, {{"dtype", "bool"}});
-    } else {
-      std::string z = c.tmp("z");
-      c.emit("Cast", {d}, {z}, {{"dtype", "bool"}});
-      not_of(c, z, o);
-    }
-  }
-  c.result({"bool", shape});
+  c.result({"bool", compare_into(c, kind, a, b, c.out())});
 }
 
 void logical(Ctx& c, const std::string& kind) {
@@ -231,45 +128,10 @@ void view(Ctx& c) {
   reshape_to(c, x, resolve_shape(c, c.Is("size"), numel(x.type.shape)));
 }
 
-void transpose(Ctx& c, const Value& x, int a, int b, const std::string& out) {
-  c.emit("Transpose", {x.ir}, {out}, {{"dims", "[" + std::to_string(a) + ", " + std::to_string(b) + "]"}});
-}
-
 void permute(Ctx& c) {
   const Value& x = c.T("self");
-  auto dims = c.Is("dims");
-  std::size_t r = x.type.shape.size();
-  if (dims.size() != r) c.fail("permute needs " + std::to_string(r) + " dims, got " + std::to_string(dims.size()));
-  std::vector<int> want(r), cur(r);
-  std::vector<bool> seen(r);
-  for (std::size_t i = 0; i < r; ++i) {
-    std::int64_t d = dims[i] < 0 ? dims[i] + static_cast<std::int64_t>(r) : dims[i];
-    if (d < 0 || d >= static_cast<std::int64_t>(r) || seen[static_cast<std::size_t>(d)]) c.fail("permute dims " + ints_text(dims) + " are not a permutation");
-    seen[static_cast<std::size_t>(d)] = true;
-    want[i] = static_cast<int>(d);
-    cur[i] = static_cast<int>(i);
-  }
-  std::vector<std::int64_t> shape(r);
-  for (std::size_t i = 0; i < r; ++i) shape[i] = x.type.shape[static_cast<std::size_t>(want[i])];
-  // a sequence of swaps (selection): position i gets dim want[i]
-  std::vector<std::pair<int, int>> swaps;
-  for (std::size_t i = 0; i < r; ++i) {
-    auto j = static_cast<std::size_t>(std::find(cur.begin(), cur.end(), want[i]) - cur.begin());
-    if (j != i) {
-      swaps.emplace_back(static_cast<int>(i), static_cast<int>(j));
-      std::swap(cur[i], cur[j]);
-    }
-  }
-  if (swaps.empty()) {
-    c.alias(0, x);
-    return;
-  }
-  Value v = x;
-  for (std::size_t k = 0; k < swaps.size(); ++k) {
-    std::string o = k + 1 == swaps.size() ? c.out() : c.tmp("p");
-    transpose(c, v, swaps[k].first, swaps[k].second, o);
-    v.ir = o;
-  }
+  auto shape = permute_into(c, x, c.Is("dims"), c.out());
+  if (shape.empty() && !x.type.shape.empty()) return c.alias(0, x);  // the identity
   c.result({out_dtype(c, x.type.dtype), shape});
 }
 
@@ -414,12 +276,6 @@ void addmm(Ctx& c, const char* m1, const char* m2) {
 }
 
 // ---- reductions and normalization -----------------------------------------------------------------
-
-std::string dims_text(const std::vector<int>& d) {
-  std::string o = "[";
-  for (std::size_t i = 0; i < d.size(); ++i) o += (i ? ", " : "") + std::to_string(d[i]);
-  return o + "]";
-}
 
 std::vector<int> reduce_dims(Ctx& c, const Value& x, bool all) {
   std::size_t r = x.type.shape.size();
@@ -830,17 +686,6 @@ void gelu(Ctx& c, bool grad) {
   const Value& x = c.T("self");
   c.emit("PointwiseGrad", {dy.ir, x.ir}, {c.out()}, {{"of", "GELU"}});
   c.result({dy.type.dtype, broadcast_shape(dy.type.shape, x.type.shape, c)});
-}
-
-// sigmoid(x) = 1 / (1 + exp(-x))
-std::string sigmoid_of(Ctx& c, const Value& x, const std::string& out) {
-  std::string n = c.tmp("n"), e = c.tmp("e"), d = c.tmp("d");
-  c.emit("Neg", {x.ir}, {n});
-  c.emit("Exp", {n}, {e});
-  c.emit("Add", {e}, {d}, {{"scalar", "1"}});
-  std::string one = c.full({}, 1, x.type.dtype);
-  c.emit("Div", {one, d}, {out});
-  return out;
 }
 
 void sigmoid(Ctx& c) {

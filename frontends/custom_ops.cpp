@@ -189,8 +189,23 @@ void CustomOps::emit(Ctx& c, const CustomOp& op) const {
       return shape_text(c.ty(args[0]).shape);
     }
     if (f == "axis" && args.size() == 1) return c.axis_of_group(c.v(args[0]));
+    if (f == "value" && args.size() == 1) {  // a constant tensor argument's value (HLO passes eps as a constant)
+      const Value& v = c.T(args[0]);
+      if (!v.scalar) c.fail("$value(" + args[0] + ") in the mapping of " + op.target + ": the argument is not a constant scalar");
+      return num_text(*v.scalar);
+    }
+    if (f == "lift" && args.size() == 3) {  // the shape of w placed at dim d of x's rank, 1 elsewhere (to broadcast w along d)
+      const auto& w = c.ty(args[0]).shape;
+      std::size_t r = c.ty(args[1]).shape.size();
+      long d = std::strtol(param_text(args[2]).c_str(), nullptr, 10);
+      if (d < 0) d += static_cast<long>(r);
+      if (d < 0 || static_cast<std::size_t>(d) + w.size() > r) c.fail("$lift: dim " + std::to_string(d) + " out of range");
+      std::vector<std::int64_t> s(r, 1);
+      for (std::size_t i = 0; i < w.size(); ++i) s[static_cast<std::size_t>(d) + i] = w[i];
+      return shape_text(s);
+    }
     throw ImportError(op.file, op.loc, "unknown template function $" + f + " with " + std::to_string(args.size()) + " arguments in the entry of '" + op.target +
-                                           "' ($last(p, x), $lead(p, x), $rank(x), $shape(x), $axis(group))");
+                                           "' ($last(p, x), $lead(p, x), $rank(x), $shape(x), $axis(group), $value(c), $lift(w, x, d))");
   };
   auto subst = [&](const std::string& s) -> std::string {
     std::string o;

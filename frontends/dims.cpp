@@ -253,6 +253,25 @@ struct Pending {
   std::string suffix;
 };
 
+// The sum of dim d of the inputs when each is a rational multiple of one product of named sizes, else none.
+std::optional<Mono> sum_of_multiples(const Solver& sv, const std::vector<const std::vector<Mono>*>& ins, std::size_t d) {
+  Mono first = sv.canon((*ins[0])[d]);
+  __int128 num = 0, den = 1;
+  for (const auto* t : ins) {
+    Mono m = sv.canon((*t)[d]);
+    if (m.f != first.f) return std::nullopt;
+    num = num * m.den + static_cast<__int128>(m.num) * den;
+    den *= m.den;
+    __int128 a = num < 0 ? -num : num, b = den;
+    while (b) a %= b, std::swap(a, b);
+    if (a > 1) num /= a, den /= a;
+    if (den > (__int128{1} << 62) || num > (__int128{1} << 62) || num < -(__int128{1} << 62)) return std::nullopt;
+  }
+  first.num = static_cast<std::int64_t>(num), first.den = static_cast<std::int64_t>(den);
+  normalize(first);
+  return first;
+}
+
 struct Walker {
   Solver& sv;
   std::string axis;
@@ -407,7 +426,7 @@ struct Walker {
     std::string what = kind + " writing " + (e.out.empty() ? std::string("-") : e.out[0]);
     auto same = [&] { set(e.out[0], *ins[0]); };
     if (kind == "GELU" || kind == "Exp" || kind == "Log" || kind == "Neg" || kind == "Sqrt" || kind == "Rsqrt" || kind == "ReLU" || kind == "SiLU" ||
-        kind == "Cast" || kind == "Softmax" || kind == "LayerNorm" || kind == "RMSNorm" || kind == "Dropout") {
+        kind == "Cast" || kind == "Softmax" || kind == "LayerNorm" || kind == "RMSNorm" || kind == "Dropout" || kind == "Sin" || kind == "Cos") {
       if (kind == "LayerNorm" || kind == "RMSNorm")
         for (std::size_t i = 1; i < ins.size(); ++i) {  // the weight and bias broadcast against x
           auto b = *ins[i];
@@ -495,6 +514,7 @@ struct Walker {
       if (len == n) m = s[d];
       else if (tp_value() > 0 && len * tp_value() == n) m = mul(s[d], sv.of(sv.tp), -1);
       else if (len > 0 && n % len == 0) m = mul(s[d], konst(n / len), -1);
+      else if (std::int64_t g = len > 0 ? std::gcd(len, n) : 1; g > 1) m = mul(mul(s[d], konst(n / g), -1), konst(len / g));  // (len/g) parts of n/g
       else m = sv.literal(len);
       rw(affine("start", sa, sb, &m));
       rw(affine("end", ea, eb, &m));
@@ -532,6 +552,7 @@ struct Walker {
       }
       if (kind == "Stack") s.insert(s.begin() + static_cast<std::ptrdiff_t>(d), konst(static_cast<std::int64_t>(ins.size())));
       else if (equal) s[d] = mul(s[d], konst(static_cast<std::int64_t>(ins.size())));
+      else if (auto sum = sum_of_multiples(sv, ins, d)) s[d] = *sum;  // Q | K | V chunks of one size's multiples
       else {
         std::int64_t total = 0;
         for (const auto* t : ins) total += val((*t)[d]);

@@ -322,9 +322,27 @@ ImportResult import_program(const ImportOptions& opt) {
   std::map<std::string, const Node*> seq_inputs;
   for (const auto& in : seq.inputs) seq_inputs[in.name] = &in;
   std::map<std::string, std::string> placement;
+  // fused weights sharded block by block: the ranks' input is cut from the whole sequential one
+  std::map<std::string, const Blocked*> blocked;
+  for (const auto& in : seq.inputs) {
+    auto l = local.find(in.name);
+    for (const auto& b : rel.blocked)
+      if (b.shape == in.type->shape && l != local.end()) {
+        std::int64_t want = 0;
+        for (auto s : b.sizes) want += s / static_cast<std::int64_t>(n_ranks);
+        for (const auto& ls : l->second)
+          if (ls.size() != b.shape.size() || ls[static_cast<std::size_t>(b.dim)] != want)
+            throw ImportError(rel.file, b.loc, "input " + in.name + " has the blocked shape, but the ranks hold " + shape_text(ls) + " of it, not a chunk of each block");
+        blocked[in.name] = &b;
+      }
+  }
   for (const auto& in : seq.inputs) {
     auto given = rel.placements.find(in.name);
     auto l = local.find(in.name);
+    if (blocked.count(in.name)) {
+      placement[in.name] = "R";  // every rank reads it whole and cuts its blocks
+      continue;
+    }
     if (given != rel.placements.end()) {
       placement[in.name] = given->second;
       if (l != local.end() && given->second.rfind("S(", 0) == 0) {  // the given shard must fit the ranks' shapes
@@ -354,6 +372,10 @@ ImportResult import_program(const ImportOptions& opt) {
   }
   std::map<std::string, std::string> rank_input_ir;  // ranks' inputs defined by the relation -> IR name
   for (const auto& in : ranks[0].inputs) {
+    if (blocked.count(in.name)) {
+      rank_input_ir[in.name] = in.name + "~r";
+      continue;
+    }
     if (cut_ir.count(in.name)) {
       rank_input_ir[in.name] = cut_ir[in.name];
       continue;
@@ -408,7 +430,7 @@ ImportResult import_program(const ImportOptions& opt) {
   LowerOptions po = so;
   po.prefix.clear();
   po.groups = rel.groups;
-  po.default_axis = unmapped ? axis : "";
+  po.default_axis = unmapped || opt.format == "hlo" ? axis : "";  // (an HLO module's replica groups are the ranks)
   po.roots.clear();
   for (const auto& [s, r] : outs) po.roots.push_back(r);
   po.input_ir = rank_input_ir;
@@ -417,6 +439,20 @@ ImportResult import_program(const ImportOptions& opt) {
   std::vector<Lowered> plans;
   std::vector<EOp> prologue;  // the relation's rank inputs, cut from the sequential inputs
   for (const auto& [name, ir] : rank_input_ir) {
+    if (auto b = blocked.find(name); b != blocked.end()) {  // rank r: chunk r of each block, concatenated
+      std::vector<std::string> parts;
+      std::int64_t at = 0, n = static_cast<std::int64_t>(n_ranks);
+      for (std::size_t k = 0; k < b->second->sizes.size(); ++k) {
+        std::int64_t len = b->second->sizes[k] / n;
+        std::string ix = "axis_index(" + axis + ")";
+        std::string lo = std::to_string(at) + " + " + std::to_string(len) + "*" + ix, hi = std::to_string(at + len) + " + " + std::to_string(len) + "*" + ix;
+        parts.push_back(name + "~b" + std::to_string(k));
+        prologue.push_back({"Slice", {name}, {parts.back()}, {{"dim", std::to_string(b->second->dim)}, {"start", lo}, {"end", hi}}, ""});
+        at += b->second->sizes[k];
+      }
+      prologue.push_back({"Concat", parts, {ir}, {{"dim", std::to_string(b->second->dim)}}, ""});
+      continue;
+    }
     if (!rel.rank_inputs.count(name)) continue;  // a cut: an input of its own
     const RankInput& ri = rel.rank_inputs[name];
     prologue.push_back({"Slice", {ri.of}, {ir}, {{"dim", std::to_string(ri.dim)}, {"start", std::to_string(ri.start)}, {"end", std::to_string(ri.end)}}, ""});

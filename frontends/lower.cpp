@@ -270,14 +270,18 @@ Ctx::Ctx(Lowering& l, const Node& n, std::string_view params) : l_(l), n_(n) {
     }
     bound_.emplace_back(p.name, v);
   }
-  if (pos < n.args.size()) fail(n.target + " takes " + std::to_string(pos) + " positional arguments here, got " + std::to_string(n.args.size()));
-  bool any_kw = params.find("**") != std::string_view::npos;  // "**": the op's own keyword arguments (auto_functionalized)
+  bool any_kw = params.find("**") != std::string_view::npos;  // "**": further operands and the op's own keyword arguments
+  if (pos < n.args.size() && !any_kw) fail(n.target + " takes " + std::to_string(pos) + " positional arguments here, got " + std::to_string(n.args.size()));
   for (const auto& [k, x] : n.kwargs) {
     if (any_kw) break;
     bool known = false;
     for (const auto& p : ps) known |= p.name == k;
     // keyword arguments that do not change values (device, layout, memory format, pin_memory) are accepted
-    static const std::set<std::string> inert = {"device", "layout", "memory_format", "pin_memory", "non_blocking", "requires_grad"};
+    static const std::set<std::string> inert = {"device", "layout", "memory_format", "pin_memory", "non_blocking", "requires_grad",
+                                                // HLO: placement hints and names that do not change values
+                                                "sharding", "frontend_attributes", "operand_precision", "precision_config", "channel_id",
+                                                "use_global_device_ids", "to_apply", "api_version", "custom_call_target", "backend_config", "reducer",
+                                                "statistics", "custom_call_schedule", "output_to_operand_aliasing"};
     if (!known && !inert.count(k)) fail_at(x, "unsupported keyword argument '" + k + "' of " + n.target);
   }
 }
@@ -331,6 +335,12 @@ const Value& Ctx::tensor_at(const PyVal& x) const {
 }
 
 const Value& Ctx::T(std::string_view p) const { return tensor_at(v(p)); }
+
+std::optional<double> Ctx::constant(std::string_view p) const {
+  const PyVal& x = v(p);
+  if (x.k != PyVal::K::Name) return x.is_num() && x.expr.empty() ? std::optional<double>(x.num()) : std::nullopt;
+  return l_.lookup(x, n_).scalar;
+}
 
 std::int64_t Ctx::I(std::string_view p) const {
   const PyVal& x = v(p);

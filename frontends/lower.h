@@ -73,6 +73,7 @@ class Ctx {
   bool has(std::string_view p) const;                 // given and not None
   const PyVal& v(std::string_view p) const;           // the raw argument
   const Value& T(std::string_view p) const;           // a tensor argument
+  std::optional<double> constant(std::string_view p) const;  // a lifted constant's value (never materialized)
   bool is_tensor(std::string_view p) const;
   std::string t(std::string_view p) const { return T(p).ir; }
   const TensorType& ty(std::string_view p) const { return T(p).type; }

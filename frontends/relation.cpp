@@ -65,11 +65,11 @@ Relation load_relation(const std::string& path) {
   }
   if (root.IsNull()) return r;
   if (!root.IsMap()) throw ImportError(path, {1, 1}, "a relation file is a YAML mapping (docs/import.md, \"The relation\")");
-  static const std::set<std::string> keys = {"graph", "axis", "axes", "groups", "inputs", "rank_inputs", "cuts", "outputs", "constants", "description"};
+  static const std::set<std::string> keys = {"graph", "axis", "axes", "groups", "inputs", "rank_inputs", "blocked", "cuts", "outputs", "constants", "description"};
   for (const auto& kv : root) {
     std::string k = kv.first.Scalar();
     if (!keys.count(k))
-      throw ImportError(path, loc_of(kv.first), "unknown key '" + k + "' in a relation file (graph, axis, axes, groups, inputs, rank_inputs, cuts, outputs, constants)");
+      throw ImportError(path, loc_of(kv.first), "unknown key '" + k + "' in a relation file (graph, axis, axes, groups, inputs, rank_inputs, blocked, cuts, outputs, constants)");
   }
   if (auto g = root["graph"]) r.graph = scalar(g, path, "`graph`");
   if (auto a = root["axis"]) r.axis = scalar(a, path, "`axis`");
@@ -115,6 +115,32 @@ Relation load_relation(const std::string& path) {
       x.end = integer(d["end"], path, "`end`");
       x.loc = loc_of(kv.first);
       r.rank_inputs[kv.first.Scalar()] = x;
+    }
+  }
+  if (auto b = root["blocked"]) {
+    if (!b.IsSequence()) throw ImportError(path, loc_of(b), "`blocked` is a list of {shape: [...], dim: D, sizes: [...]} (a fused weight sharded block by block)");
+    for (const auto& x : b) {
+      if (!x.IsMap() || !x["shape"] || !x["sizes"]) throw ImportError(path, loc_of(x), "a blocked weight is {shape: [...], dim: D, sizes: [...]}");
+      Blocked k;
+      k.loc = loc_of(x);
+      for (const auto& f : x) {
+        std::string key = f.first.Scalar();
+        if (key != "shape" && key != "dim" && key != "sizes") throw ImportError(path, loc_of(f.first), "unknown key '" + key + "' in a blocked weight (shape, dim, sizes)");
+      }
+      auto ints = [&](const YAML::Node& n, const char* what) {
+        std::vector<std::int64_t> v;
+        if (!n.IsSequence()) throw ImportError(path, loc_of(n), std::string(what) + " must be a list of integers");
+        for (const auto& e : n) v.push_back(integer(e, path, what));
+        return v;
+      };
+      k.shape = ints(x["shape"], "`shape`");
+      k.sizes = ints(x["sizes"], "`sizes`");
+      k.dim = x["dim"] ? static_cast<int>(integer(x["dim"], path, "`dim`")) : 0;
+      if (k.dim < 0 || k.dim >= static_cast<int>(k.shape.size())) throw ImportError(path, loc_of(x), "`dim` is out of range for the shape");
+      std::int64_t sum = 0;
+      for (auto s : k.sizes) sum += s;
+      if (sum != k.shape[static_cast<std::size_t>(k.dim)]) throw ImportError(path, loc_of(x["sizes"]), "the blocks' sizes do not add up to the dim");
+      r.blocked.push_back(std::move(k));
     }
   }
   if (auto c = root["cuts"]) {

@@ -28,6 +28,15 @@ struct Cut {
   Loc loc;
 };
 
+// A fused weight whose blocks are sharded one by one (a fused QKV: each rank holds its chunk of Q, of K and of V,
+// concatenated): every sequential input of `shape` whose ranks' dim `dim` is the sum of the blocks' chunks.
+struct Blocked {
+  std::vector<std::int64_t> shape;
+  int dim = 0;
+  std::vector<std::int64_t> sizes;  // consecutive blocks of the sequential dim
+  Loc loc;
+};
+
 struct Relation {
   std::string file;                                 // empty: no relation file
   std::string graph;                                // which dump of each folder (fw, bw, both, both.g0)
@@ -39,6 +48,7 @@ struct Relation {
   std::map<std::string, Loc> placement_locs;
   std::map<std::string, RankInput> rank_inputs;
   std::map<std::string, Cut> cuts;                  // sequential node -> the ranks' node, taken as inputs
+  std::vector<Blocked> blocked;
   std::vector<std::pair<std::string, std::string>> outputs;  // (sequential name, ranks' name)
   Loc outputs_loc;
   std::map<std::string, double> constants;

@@ -351,6 +351,8 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::Pad:
     case OpKind::Arange:
     case OpKind::Full:
+    case OpKind::Sin:
+    case OpKind::Cos:
     case OpKind::RoPE:
     case OpKind::IndexSelect:
     case OpKind::IndexAdd:

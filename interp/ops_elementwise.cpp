@@ -26,7 +26,7 @@ std::string leaves_reals(bool global, const Tensor& out, std::initializer_list<c
   return std::string(1, kExcluded) + "its value leaves the reals (a division by zero, a log or rsqrt of zero) where its inputs did not";
 }
 
-// SiLU, GELU, ReLU, Cast, LossScale, Neg, Exp, Log, Sqrt, Rsqrt: a function of each element.
+// SiLU, GELU, ReLU, Cast, LossScale, Neg, Exp, Log, Sqrt, Rsqrt, Sin, Cos: a function of each element.
 void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   const OpAttrs& at = op.attrs;
@@ -47,6 +47,8 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   else if (k == OpKind::Log) f = [](const Num& x) { return log(x); };
   else if (k == OpKind::Sqrt) f = [](const Num& x) { return sqrt(x); };
   else if (k == OpKind::Rsqrt) f = [](const Num& x) { return rsqrt(x); };
+  else if (k == OpKind::Sin) f = [](const Num& x) { return sin(x); };
+  else if (k == OpKind::Cos) f = [](const Num& x) { return cos(x); };
   v.t = unary(v.t, f);
   std::string t = was_finite ? leaves_reals(true, v.t, {}, taint) : taint;
   return set_out(oi, r, 0, std::move(v), t);

@@ -312,6 +312,8 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::GELU:
     case OpKind::ReLU:
     case OpKind::Cast:
+    case OpKind::Sin:
+    case OpKind::Cos:
     case OpKind::LossScale: return pointwise(oi, r, taint);
     case OpKind::FP8Quantize: return fp8_quantize(oi, r, taint);
     case OpKind::FP8Dequantize: return fp8_dequantize(oi, r, taint);

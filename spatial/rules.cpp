@@ -641,7 +641,9 @@ void Checker::apply() {
     case OpKind::Rsqrt: return math_unary();
     case OpKind::SiLU:
     case OpKind::GELU:
-    case OpKind::ReLU: return nonlinear();
+    case OpKind::ReLU:
+    case OpKind::Sin:
+    case OpKind::Cos: return nonlinear();
     case OpKind::FP8Quantize: return fp8_quantize();
     case OpKind::Step: return step_rule();
     case OpKind::Dropout: return dropout();
