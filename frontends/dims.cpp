@@ -112,6 +112,8 @@ class Solver {
     if (value(a) != value(b)) throw Fail{what + ": sizes " + text(a) + " and " + text(b) + " differ"};
     Mono r = mul(a, b, -1);
     if (r.f.empty()) return;
+    // only fixed sizes (TP) left: equal values are equal, as fixed sizes keep their values under --reduce
+    if (std::all_of(r.f.begin(), r.f.end(), [&](const auto& kp) { return atoms[static_cast<std::size_t>(kp.first)].fixed; })) return;
     // Products of sizes of the same values (B*S against B'*S'): pair them up size by size.
     if (r.num == 1 && r.den == 1) {
       std::vector<std::pair<std::int64_t, int>> up, down;

@@ -77,6 +77,7 @@ struct Graph {
   std::vector<PyVal> outputs;      // returned values (Name references, None for absent ones)
   Loc return_loc;
   std::vector<std::vector<std::int64_t>> replica_groups;  // HLO: the device groups its collectives name
+  std::int64_t devices = 0;        // HLO: the header's replica_count / num_partitions (0: not given)
 };
 
 // Parses the text of GraphModule.print_readable() (TORCH_LOGS=aot_graphs, tlparse, torch.compile debug dumps).

@@ -8,6 +8,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <algorithm>
 #include <map>
 #include <string_view>
 
@@ -221,6 +223,8 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
     std::string_view body = line.substr(ind);
     if (body.rfind("HloModule ", 0) == 0) {
       seen_module = true;
+      for (const char* k : {"replica_count=", "num_partitions="})  // the number of devices, when the dump names it
+        if (auto p = body.find(k); p != std::string_view::npos) g.devices = std::max<std::int64_t>(g.devices, std::strtoll(body.data() + p + std::strlen(k), nullptr, 10));
       continue;
     }
     if (body[0] == '}') {

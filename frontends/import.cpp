@@ -255,6 +255,10 @@ ImportResult import_program(const ImportOptions& opt) {
   if (opt.format == "hlo") {  // one SPMD module: its replica groups give the number of devices
     std::size_t n = 1;
     for (const auto& g : ranks[0].replica_groups) n = std::max(n, g.size());
+    n = std::max(n, static_cast<std::size_t>(ranks[0].devices));
+    if (rel.devices && n > 1 && static_cast<std::size_t>(rel.devices) != n)
+      throw ImportError(rel.file, {}, "`devices: " + std::to_string(rel.devices) + "` contradicts the module, whose collectives or header name " + std::to_string(n) + " devices");
+    if (rel.devices) n = static_cast<std::size_t>(rel.devices);
     n_ranks = n;
     ranks.resize(1);
   }

@@ -65,13 +65,17 @@ Relation load_relation(const std::string& path) {
   }
   if (root.IsNull()) return r;
   if (!root.IsMap()) throw ImportError(path, {1, 1}, "a relation file is a YAML mapping (docs/import.md, \"The relation\")");
-  static const std::set<std::string> keys = {"graph", "axis", "axes", "groups", "inputs", "rank_inputs", "blocked", "cuts", "outputs", "constants", "description"};
+  static const std::set<std::string> keys = {"graph", "axis", "axes", "groups", "inputs", "rank_inputs", "blocked", "cuts", "outputs", "constants", "description", "devices"};
   for (const auto& kv : root) {
     std::string k = kv.first.Scalar();
     if (!keys.count(k))
-      throw ImportError(path, loc_of(kv.first), "unknown key '" + k + "' in a relation file (graph, axis, axes, groups, inputs, rank_inputs, blocked, cuts, outputs, constants)");
+      throw ImportError(path, loc_of(kv.first), "unknown key '" + k + "' in a relation file (graph, axis, axes, groups, inputs, rank_inputs, blocked, cuts, outputs, constants, devices)");
   }
   if (auto g = root["graph"]) r.graph = scalar(g, path, "`graph`");
+  if (auto d = root["devices"]) {
+    r.devices = integer(d, path, "`devices`");
+    if (r.devices < 1 || r.devices > 4096) throw ImportError(path, loc_of(d), "`devices` must be between 1 and 4096");
+  }
   if (auto a = root["axis"]) r.axis = scalar(a, path, "`axis`");
   if (auto a = root["axes"]) {
     r.axes_loc = loc_of(a);

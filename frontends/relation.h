@@ -41,6 +41,7 @@ struct Relation {
   std::string file;                                 // empty: no relation file
   std::string graph;                                // which dump of each folder (fw, bw, both, both.g0)
   std::string axis = "tp";                          // the mesh axis of the ranks
+  std::int64_t devices = 0;                         // HLO: the number of devices (when the module does not say)
   std::map<std::string, std::string> groups;        // process group -> mesh axis
   std::vector<std::pair<std::string, std::int64_t>> extra_axes;  // `axes:` further mesh axes (size 1 for now)
   Loc axes_loc;

@@ -404,7 +404,7 @@ TEST_CASE("import: `spmdcheck import fx` writes the program; JSON names the mode
 }
 
 // The corpus of docs/import.md (GraphGuard's captured graphs, ../shared/data/fx): skipped with a message when absent.
-TEST_CASE("import corpus: GPT at tensor parallel 2, 4, 8 against 1 agrees; the four bug cases are found at the model's line") {
+TEST_CASE("import corpus: GPT at tensor parallel 2, 4, 8 against 1 and the HLO Llama at 2 against 1 agree; the four bug cases are found at the model's line") {
   // ../shared/data/fx beside the repository (or beside the worktrees' folder), or $SPMDCHECK_CORPUS
   std::string corpus = std::string(SPMD_SOURCE_DIR) + "/../shared/data/fx";
   std::error_code ec;
@@ -425,6 +425,14 @@ TEST_CASE("import corpus: GPT at tensor parallel 2, 4, 8 against 1 agrees; the f
       CHECK(!has(r, "error"));
       CHECK(!has(r, "not checked"));
     }
+  for (int layers : {1, 2, 4, 8}) {  // transformers-neuronx Llama as XLA HLO, TP 2 against 1
+    std::string l = std::to_string(layers);
+    CAPTURE(layers);
+    Run r = run({"check", corpus + "/aws_llama/tp1_layer" + l, corpus + "/aws_llama/tp2_layer" + l, "--relation", rel + "aws_llama.yaml", "--reduce"});
+    CHECK(r.code == 0);
+    CHECK(!has(r, "error"));
+    CHECK(!has(r, "not checked"));
+  }
   struct Bug {
     const char* dir;
     const char* seq;
@@ -442,4 +450,181 @@ TEST_CASE("import corpus: GPT at tensor parallel 2, 4, 8 against 1 agrees; the f
     CHECK(r.out.substr(0, r.out.find('\n')).find(b.at) != std::string::npos);
     CHECK(has(r, "note: the spec computes it"));
   }
+}
+
+// ---- HLO ----------------------------------------------------------------------------------------------------
+
+namespace {
+
+// An HLO module text: `header` after `HloModule m` (e.g. ", replica_count=2"), an `%add` reducer, then the ENTRY
+// computation with `body` one instruction per line (each gets metadata source line 100 + its index; the last is
+// the ROOT).
+std::string hlo(const std::vector<std::string>& body, const std::string& header = "") {
+  std::string s = "HloModule m" + header + "\n\n%add (a: f32[], b: f32[]) -> f32[] {\n  %a = f32[] parameter(0)\n  %b = f32[] parameter(1)\n"
+                  "  ROOT %s = f32[] add(%a, %b)\n}\n\n%max (a: f32[], b: f32[]) -> f32[] {\n  %a = f32[] parameter(0)\n  %b = f32[] parameter(1)\n"
+                  "  ROOT %s = f32[] maximum(%a, %b)\n}\n\nENTRY %main () -> f32[] {\n";
+  for (std::size_t i = 0; i < body.size(); ++i)
+    s += std::string("  ") + (i + 1 == body.size() ? "ROOT " : "") + body[i] + ", metadata={op_type=\"x\" source_file=\"/h.py\" source_line=" + std::to_string(100 + i) + "}\n";
+  return s + "}\n";
+}
+
+Run check_hlo(const std::string& name, const std::string& seq, const std::string& ranks, std::vector<std::string> extra = {}) {
+  std::string d = base() + name;
+  fs::remove_all(d);
+  write(d + "/seq/graph.0.hlo", seq);
+  write(d + "/ranks/graph.0.hlo", ranks);
+  std::vector<std::string> args = {"check", d + "/seq", d + "/ranks"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return run(args);
+}
+
+const std::string kHloMlpSeq = hlo({"%x = f32[4,8]{1,0} parameter(0)", "%w1 = f32[8,16]{1,0} parameter(1)", "%w2 = f32[16,8]{1,0} parameter(2)",
+                                    "%h = f32[4,16]{1,0} dot(%x, %w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+                                    "%g = f32[4,16]{1,0} logistic(%h)", "%m = f32[4,16]{1,0} multiply(%h, %g)",
+                                    "%y = f32[4,8]{1,0} dot(%m, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}"});
+
+std::string hlo_mlp_rank(bool reduce) {
+  std::vector<std::string> b = {"%x = f32[4,8]{1,0} parameter(0)", "%w1 = f32[8,8]{1,0} parameter(1)", "%w2 = f32[8,8]{1,0} parameter(2)",
+                                "%h = f32[4,8]{1,0} dot(%x, %w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+                                "%g = f32[4,8]{1,0} logistic(%h)", "%m = f32[4,8]{1,0} multiply(%h, %g)",
+                                "%y = f32[4,8]{1,0} dot(%m, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}"};
+  if (reduce) b.push_back("%ar = f32[4,8]{1,0} all-reduce(%y), replica_groups={{0,1}}, to_apply=%add");
+  return hlo(b, reduce ? "" : ", replica_count=2");
+}
+
+}  // namespace
+
+TEST_CASE("import hlo: a tensor-parallel MLP is proved equivalent; a missing all-reduce is located at the model's line") {
+  Run ok = check_hlo("hlo_mlp", kHloMlpSeq, hlo_mlp_rank(true));
+  CHECK(ok.code == 0);
+  CHECK(ok.out.empty());
+  Run bug = check_hlo("hlo_mlp_bug", kHloMlpSeq, hlo_mlp_rank(false));  // the device count from the header
+  CHECK(bug.code == 1);
+  CHECK(bug.out.rfind("/h.py:106: error[value-mismatch]", 0) == 0);  // %y: the op that should have been reduced
+  CHECK(has(bug, "a reduction (AllReduce over tp) is missing after MatMul writing y"));
+  CHECK(has(bug, "ranks/graph.0.hlo:"));
+  // no collective and no header: the relation says how many devices
+  std::string plain = hlo_mlp_rank(false);
+  plain.replace(plain.find(", replica_count=2"), 17, "");
+  Run dev = check_hlo("hlo_mlp_devices", kHloMlpSeq, plain, {"--relation", relation("hlo_devices", "devices: 2\n")});
+  CHECK(dev.code == 1);
+  CHECK(has(dev, "error[value-mismatch]"));
+  Run bad_dev = check_hlo("hlo_mlp_devices_bad", kHloMlpSeq, hlo_mlp_rank(true), {"--relation", relation("hlo_devices_bad", "devices: 4\n")});
+  CHECK(bad_dev.code == 2);
+  CHECK(has(bad_dev, "`devices: 4` contradicts the module"));
+}
+
+TEST_CASE("import hlo: two formulations of each mapped op agree (and a wrong one does not)") {
+  auto pair = [](const std::string& name, const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    CAPTURE(name);
+    return check_hlo("hlo_pair_" + name, hlo(a, ", replica_count=2"), hlo(b, ", replica_count=2"));
+  };
+  // dot contracting the rhs's dim 1 = transpose, then dot
+  Run dot = pair("dot", {"%x = f32[4,8]{1,0} parameter(0)", "%w = f32[6,8]{1,0} parameter(1)", "%y = f32[4,6]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={1}"},
+                 {"%x = f32[4,8]{1,0} parameter(0)", "%w = f32[6,8]{1,0} parameter(1)", "%t = f32[8,6]{0,1} transpose(%w), dimensions={1,0}",
+                  "%y = f32[4,6]{1,0} dot(%x, %t), lhs_contracting_dims={1}, rhs_contracting_dims={0}"});
+  CHECK(dot.code == 0);
+  // batched dot = reshape, dot per batch via batch dims
+  Run bdot = pair("bdot",
+                  {"%x = f32[2,4,8]{2,1,0} parameter(0)", "%w = f32[2,8,3]{2,1,0} parameter(1)",
+                   "%y = f32[2,4,3]{2,1,0} dot(%x, %w), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={1}"},
+                  {"%x = f32[2,4,8]{2,1,0} parameter(0)", "%w = f32[2,8,3]{2,1,0} parameter(1)", "%wt = f32[2,3,8]{2,1,0} transpose(%w), dimensions={0,2,1}",
+                   "%y2 = f32[2,3,4]{2,1,0} dot(%wt, %x), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={2}",
+                   "%y = f32[2,4,3]{2,1,0} transpose(%y2), dimensions={0,2,1}"});
+  CHECK(bdot.code == 0);
+  // reduce(add) of a broadcast along a new dim = 3 * x
+  Run red = pair("reduce", {"%x = f32[4]{0} parameter(0)", "%c = f32[] constant(3)", "%b = f32[4]{0} broadcast(%c), dimensions={}", "%y = f32[4]{0} multiply(%x, %b)"},
+                 {"%x = f32[4]{0} parameter(0)", "%b = f32[4,3]{1,0} broadcast(%x), dimensions={0}", "%z = f32[] constant(0)",
+                  "%y = f32[4]{0} reduce(%b, %z), dimensions={1}, to_apply=%add"});
+  CHECK(red.code == 0);
+  // select(compare GT) = maximum; LT picks the minimum (wrong)
+  std::vector<std::string> mx = {"%x = f32[4]{0} parameter(0)", "%y = f32[4]{0} parameter(1)", "%m = f32[4]{0} maximum(%x, %y)"};
+  auto sel = [](const char* dir) {
+    return std::vector<std::string>{"%x = f32[4]{0} parameter(0)", "%y = f32[4]{0} parameter(1)", std::string("%p = pred[4]{0} compare(%x, %y), direction=") + dir,
+                                    "%m = f32[4]{0} select(%p, %x, %y)"};
+  };
+  Run gt = pair("select", mx, sel("GT"));
+  CHECK(gt.code == 0);
+  CHECK(!has(gt, "error"));
+  Run lt = pair("select_bad", mx, sel("LT"));
+  CHECK(lt.code == 1);
+  CHECK(has(lt, "/h.py:102: error[value-mismatch]"));  // the compare, whose mask the spec never computes
+  // slice and concatenate back = x; reshape there and back = x; convert f32 -> f32 = x
+  Run cat = pair("concat", {"%x = f32[4,6]{1,0} parameter(0)", "%y = f32[4,6]{1,0} negate(%x)"},
+                 {"%x = f32[4,6]{1,0} parameter(0)", "%a = f32[4,2]{1,0} slice(%x), slice={[0:4], [0:2]}", "%b = f32[4,4]{1,0} slice(%x), slice={[0:4], [2:6]}",
+                  "%c = f32[4,6]{1,0} concatenate(%a, %b), dimensions={1}", "%r = f32[24]{0} reshape(%c)", "%s = f32[4,6]{1,0} reshape(%r)",
+                  "%v = f32[4,6]{1,0} convert(%s)", "%y = f32[4,6]{1,0} negate(%v)"});
+  CHECK(cat.code == 0);
+  // gather of rows at iota = the rows (IndexSelect); a broadcast to a new leading dim
+  Run ga = pair("gather", {"%x = f32[5,3]{1,0} parameter(0)", "%y = f32[5,3]{1,0} exponential(%x)"},
+                {"%x = f32[5,3]{1,0} parameter(0)", "%i = s32[5]{0} iota(), iota_dimension=0",
+                 "%g = f32[5,3]{1,0} gather(%x, %i), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,3}",
+                 "%y = f32[5,3]{1,0} exponential(%g)"});
+  CHECK(ga.code == 0);
+  // the softmax as XLA writes it (max, subtract, exp, sum, divide) and the rest of the unary table
+  std::vector<std::string> sm = {"%x = f32[2,4]{1,0} parameter(0)", "%ninf = f32[] constant(-inf)",
+                                 "%mx = f32[2]{0} reduce(%x, %ninf), dimensions={1}, to_apply=%max", "%mb = f32[2,4]{1,0} broadcast(%mx), dimensions={0}",
+                                 "%d = f32[2,4]{1,0} subtract(%x, %mb)", "%e = f32[2,4]{1,0} exponential(%d)", "%z = f32[] constant(0)",
+                                 "%s = f32[2]{0} reduce(%e, %z), dimensions={1}, to_apply=%add", "%sb = f32[2,4]{1,0} broadcast(%s), dimensions={0}",
+                                 "%p = f32[2,4]{1,0} divide(%e, %sb)", "%q = f32[2,4]{1,0} sine(%p)", "%k = f32[2,4]{1,0} cosine(%q)",
+                                 "%l = f32[2,4]{1,0} add(%k, %p)", "%t = f32[2,4]{1,0} sqrt(%l)", "%u = f32[2,4]{1,0} rsqrt(%t)", "%v = f32[2,4]{1,0} log(%u)"};
+  Run soft = pair("softmax", sm, sm);
+  CHECK(soft.code == 0);
+  CHECK(!has(soft, "error"));
+}
+
+TEST_CASE("import hlo: located errors for unreadable modules and unmapped opcodes") {
+  std::string ok = hlo({"%x = f32[4]{0} parameter(0)", "%y = f32[4]{0} negate(%x)"}, ", replica_count=2");
+  Run unknown = check_hlo("hlo_unknown", ok, hlo({"%x = f32[4]{0} parameter(0)", "%y = c64[4]{0} fft(%x), fft_type=FFT, fft_length={4}"}, ", replica_count=2"));
+  CHECK(unknown.code == 2);
+  CHECK(has(unknown, "ranks/graph.0.hlo:"));
+  CHECK(has(unknown, "unknown element type 'c64'"));
+  Run unmapped = check_hlo("hlo_unmapped", ok, hlo({"%x = f32[4]{0} parameter(0)", "%y = f32[4]{0} cbrt(%x)"}, ", replica_count=2"));
+  CHECK(unmapped.code == 2);
+  CHECK(has(unmapped, "ranks/graph.0.hlo:17:3: error: unsupported op 'cbrt' (node y)"));
+  Run malformed = check_hlo("hlo_malformed", ok, hlo({"%x = f32[4]{0} parameter(0)", "%y f32[4]{0} negate(%x)"}, ", replica_count=2"));
+  CHECK(malformed.code == 2);
+  CHECK(has(malformed, "ranks/graph.0.hlo:17:"));
+  CHECK(has(malformed, "expected '=' after the instruction name"));
+  Run shape = check_hlo("hlo_contradicts", ok, hlo({"%x = f32[4]{0} parameter(0)", "%y = f32[5]{0} negate(%x)"}, ", replica_count=2"));
+  CHECK(shape.code == 2);
+  CHECK(has(shape, "ranks/graph.0.hlo:17:3: error: the annotation f32[5] contradicts negate, which gives shape [4] here"));
+  Run dot = check_hlo("hlo_contradicts_dot", hlo({"%x = f32[4,2]{1,0} parameter(0)", "%w = f32[3,5]{1,0} parameter(1)", "%y = f32[4,2]{1,0} negate(%x)"}, ", replica_count=2"),
+                      hlo({"%x = f32[4,2]{1,0} parameter(0)", "%w = f32[3,5]{1,0} parameter(1)", "%y = f32[4,5]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}"},
+                          ", replica_count=2"));
+  CHECK(dot.code == 2);
+  CHECK(has(dot, "error: dot's contracting dims differ: f32[4, 2] x f32[3, 5]"));
+  std::string cut = ok.substr(0, ok.rfind('}'));
+  Run trunc = check_hlo("hlo_truncated", ok, cut);
+  CHECK(trunc.code == 2);
+  CHECK(has(trunc, "error: the ENTRY computation does not end (a truncated file?)"));
+  Run cut_line = check_hlo("hlo_truncated_line", ok, ok.substr(0, ok.find("negate(") + 9));
+  CHECK(cut_line.code == 2);
+  CHECK(has(cut_line, "ranks/graph.0.hlo:17:"));
+  Run none = check_hlo("hlo_none", ok, "x = 1\n");
+  CHECK(none.code == 2);
+  CHECK(has(none, "no `HloModule` header: not HLO module text"));
+  Run arr = check_hlo("hlo_array", ok, hlo({"%x = f32[4]{0} parameter(0)", "%c = f32[4]{0} constant({1, 2, 3, 4})", "%y = f32[4]{0} add(%x, %c)"}, ", replica_count=2"));
+  CHECK(arr.code == 2);
+  CHECK(has(arr, "holds an array literal, which is not supported yet"));
+}
+
+TEST_CASE("import hlo: `spmdcheck import hlo` writes the program, located at the model's line") {
+  std::string d = base() + "hlo_cli";
+  fs::remove_all(d);
+  write(d + "/seq/graph.0.hlo", kHloMlpSeq);
+  write(d + "/ranks/graph.0.hlo", hlo_mlp_rank(true));
+  std::string out = d + "/out.yaml";
+  Run r = run({"import", "hlo", d + "/seq", d + "/ranks", "-o", out});
+  CHECK(r.code == 0);
+  Program p = load_program_file(out);
+  CHECK(p.local_view);
+  CHECK(p.has_spec);
+  std::ifstream in(out);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  CHECK(ss.str().find("AllReduce") != std::string::npos);
+  CHECK(ss.str().find("/h.py:107") != std::string::npos);
+  Run e = run({"equiv", out});
+  CHECK(e.code == 0);
 }
