@@ -77,6 +77,57 @@ void elementwise(Ctx& c, const std::string& op) {
   (void)s;
 }
 
+// divide(e, broadcast(reduce_add(e, d))) with e = exponential(subtract(x, broadcast(reduce_max(x, d)))): XLA's
+// softmax along d. The max only keeps exp in range (exp(x - m) / sum exp(x - m) is softmax(x) for every m), so
+// the divide is Softmax(x, d) and the max, read by nothing else, is dropped: a max reduction would make the value
+// check's verdict a choice by value. Reshapes that keep the shape are looked through.
+const Node* softmax_input(Ctx& c, int& dim) {
+  auto def = [&](const PyVal& v) -> const Node* {
+    const Node* n = c.producer(v);
+    while (n && (n->target == "reshape" || n->target == "bitcast" || n->target == "copy") && n->args.size() == 1 && n->type) {
+      const Node* m = c.producer(n->args[0]);
+      if (!m || !m->type || m->type->shape != n->type->shape) break;
+      n = m;
+    }
+    return n;
+  };
+  auto kw = [](const Node* n, const char* k) { const PyVal* v = n->kwarg(k); return v ? v->s : std::string(); };
+  auto one_dim = [&](const Node* r, const char* reducer, double init) -> int {  // reduce over one dim with its identity
+    if (!r || r->target != "reduce" || r->args.size() != 2 || kw(r, "reducer") != reducer) return -1;
+    const Node* i = c.producer(r->args[1]);
+    if (!i || i->target != "constant" || i->args.empty() || i->args[0].f != init) return -1;
+    std::string d = kw(r, "dimensions");
+    if (d.size() < 3 || d.find(',') != std::string::npos) return -1;
+    return std::atoi(d.c_str() + 1);
+  };
+  // broadcast(r) back over dim d: dimensions = every dim but d, in order
+  auto back = [&](const Node* b, int d, std::size_t rank) -> const Node* {
+    if (!b || b->target != "broadcast" || b->args.size() != 1) return nullptr;
+    std::string want = "{";
+    for (std::size_t i = 0, k = 0; i < rank; ++i)
+      if (static_cast<int>(i) != d) want += (k++ ? "," : "") + std::to_string(i);
+    if (kw(b, "dimensions") != want + "}") return nullptr;
+    return def(b->args[0]);
+  };
+  const Node& n = c.node();
+  if (n.args.size() != 2 || !n.type) return nullptr;
+  std::size_t rank = n.type->shape.size();
+  const Node* e = def(n.args[0]);
+  if (!e || e->target != "exponential" || e->args.size() != 1) return nullptr;
+  const Node* s = def(e->args[0]);
+  if (!s || s->target != "subtract" || s->args.size() != 2) return nullptr;
+  // the sum: reduce_add(e) over d, broadcast back
+  const Node* sb = c.producer(n.args[1]);
+  int d = -1;
+  for (int k = 0; k < static_cast<int>(rank) && d < 0; ++k)
+    if (const Node* r = back(sb, k, rank); r && one_dim(r, "add", 0) == k && r->args[0].s == n.args[0].s) d = k;
+  if (d < 0) return nullptr;
+  const Node* mx = back(c.producer(s->args[1]), d, rank);
+  if (one_dim(mx, "maximum", -HUGE_VAL) != d || mx->args[0].s != s->args[0].s) return nullptr;
+  dim = d;
+  return s;
+}
+
 void unary(Ctx& c, const std::string& op) {
   const Value& x = c.T("x");
   c.emit(op, {x.ir}, {c.out()});
@@ -361,7 +412,15 @@ const Row kRows[] = {
     {"add", "x, y", [](Ctx& c) { elementwise(c, "Add"); }},
     {"subtract", "x, y", [](Ctx& c) { elementwise(c, "Sub"); }},
     {"multiply", "x, y", [](Ctx& c) { elementwise(c, "Multiply"); }},
-    {"divide", "x, y", [](Ctx& c) { elementwise(c, "Div"); }},
+    {"divide", "x, y", [](Ctx& c) {
+       int d = -1;
+       if (const Node* s = softmax_input(c, d)) {
+         const Value& x = c.tensor_at(s->args[0]);
+         c.emit("Softmax", {x.ir}, {c.out()}, {{"dim", std::to_string(d)}});
+         return c.result({type_of(c).dtype, x.type.shape});
+       }
+       elementwise(c, "Div");
+     }},
     {"maximum", "x, y", [](Ctx& c) { elementwise(c, "Maximum"); }},
     {"minimum", "x, y", [](Ctx& c) { elementwise(c, "Minimum"); }},
     {"negate", "x", [](Ctx& c) { unary(c, "Neg"); }},

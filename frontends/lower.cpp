@@ -126,6 +126,7 @@ class Lowering {
   std::unordered_map<std::string, std::vector<std::string>> getitems_;  // tuple node -> the getitem reading part k
   std::unordered_map<std::string, std::string> undefined_;             // name -> why it cannot be used
   std::set<std::string> needed_;
+  std::unordered_map<std::string, const Node*> nodes_;  // graph name -> its node
   std::vector<EOp> ops_;
   std::set<std::string> used_names_;
   int tmp_ = 0;
@@ -152,7 +153,7 @@ class Lowering {
 Lowered Lowering::run() {
   // Which nodes the compared outputs (and the collectives) need, and which tuple parts are read.
   for (const auto& r : o_.roots) needed_.insert(r);
-  std::unordered_map<std::string, const Node*> by_name;
+  std::unordered_map<std::string, const Node*>& by_name = nodes_;
   for (const auto& n : g_.nodes) by_name[n.name] = &n;
   // Every collective is kept (each rank must issue it), and so is every reader of a collective's result (a read
   // before its wait_tensor is a missing-wait whether or not a compared output needs it).
@@ -335,6 +336,12 @@ const Value& Ctx::tensor_at(const PyVal& x) const {
 }
 
 const Value& Ctx::T(std::string_view p) const { return tensor_at(v(p)); }
+
+const Node* Ctx::producer(const PyVal& x) const {
+  if (x.k != PyVal::K::Name) return nullptr;
+  auto it = l_.nodes_.find(x.s);
+  return it == l_.nodes_.end() ? nullptr : it->second;
+}
 
 std::optional<double> Ctx::constant(std::string_view p) const {
   const PyVal& x = v(p);

@@ -74,6 +74,7 @@ class Ctx {
   const PyVal& v(std::string_view p) const;           // the raw argument
   const Value& T(std::string_view p) const;           // a tensor argument
   std::optional<double> constant(std::string_view p) const;  // a lifted constant's value (never materialized)
+  const Node* producer(const PyVal& x) const;         // the graph node writing x (null for inputs and literals)
   bool is_tensor(std::string_view p) const;
   std::string t(std::string_view p) const { return T(p).ir; }
   const TensorType& ty(std::string_view p) const { return T(p).type; }

@@ -571,6 +571,22 @@ TEST_CASE("import hlo: two formulations of each mapped op agree (and a wrong one
   Run soft = pair("softmax", sm, sm);
   CHECK(soft.code == 0);
   CHECK(!has(soft, "error"));
+  // XLA's softmax is Softmax (no max reduction left: a max would make the verdict a choice by value); without the
+  // max subtracted it is the same value; a sum over the other dim is not a softmax
+  std::vector<std::string> sm2(sm.begin(), sm.begin() + 10), plain = sm2, other = sm2;
+  plain[4] = "%d = f32[2,4]{1,0} add(%x, %mb0)", plain.insert(plain.begin() + 4, "%mb0 = f32[2,4]{1,0} broadcast(%z0), dimensions={}"),
+  plain.insert(plain.begin() + 4, "%z0 = f32[] constant(0)");
+  other[7] = "%s = f32[4]{0} reduce(%e, %z), dimensions={0}, to_apply=%add", other[8] = "%sb = f32[2,4]{1,0} broadcast(%s), dimensions={1}";
+  Run nomax = pair("softmax_nomax", sm2, plain);
+  CHECK(nomax.code == 0);
+  CHECK(!has(nomax, "error"));
+  CHECK(!has(nomax, "not proved"));
+  auto imp = frontends::import_program({"hlo", base() + "hlo_pair_softmax_nomax/seq", base() + "hlo_pair_softmax_nomax/ranks", "", {}, ""});
+  CHECK(imp.yaml.find("op: Softmax, in: x, out: seq_p, dim: 1") != std::string::npos);
+  CHECK(imp.yaml.find("ReduceMax") == std::string::npos);
+  Run wrong = pair("softmax_other_dim", sm2, other);
+  CHECK(wrong.code == 1);
+  CHECK(has(wrong, "error[value-mismatch]"));
 }
 
 TEST_CASE("import hlo: located errors for unreadable modules and unmapped opcodes") {
