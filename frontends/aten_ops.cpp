@@ -17,16 +17,7 @@ using Attrs = std::vector<std::pair<std::string, std::string>>;
 Operand operand(Ctx& c, std::string_view p, const std::string& dtype) {
   const PyVal& x = c.v(p);
   Operand o;
-  if (x.k == PyVal::K::Name) {
-    const Value& v = c.T(p);
-    if (v.scalar && v.type.shape.empty()) {
-      o.num = *v.scalar;
-      o.dtype = v.type.dtype;
-      return o;
-    }
-    o.t = v.ir, o.shape = v.type.shape, o.dtype = v.type.dtype;
-    return o;
-  }
+  if (x.k == PyVal::K::Name) return tensor_operand(c.T(p));
   if (!x.is_num()) c.fail_at(x, "argument '" + std::string(p) + "' of " + c.node().target + " must be a tensor or a number");
   bool int_data = dtype == "i64" || dtype == "i32" || dtype == "i8";
   if (!x.expr.empty() || (int_data && x.k == PyVal::K::Int && x.i > 1)) {  // a rank-varying int, or an int that may be a size (a vocab bound)

@@ -13,21 +13,12 @@
 #include <sstream>
 
 #include "frontends/custom_ops_builtin.h"
+#include "frontends/yaml_util.h"
 #include "ir/op_table.h"
 
 namespace spmd::frontends {
 
 namespace {
-
-Loc loc_of(const YAML::Node& n) {
-  auto m = n.Mark();
-  return {static_cast<std::uint32_t>(m.line + 1), static_cast<std::uint32_t>(m.column + 1)};
-}
-
-std::string scalar(const YAML::Node& n, const std::string& file, const std::string& what) {
-  if (!n.IsScalar()) throw ImportError(file, loc_of(n), what + " must be a scalar");
-  return n.Scalar();
-}
 
 // A template attribute value: a scalar as written, or a flow list of scalars.
 std::string value_text(const YAML::Node& n, const std::string& file) {

@@ -7,19 +7,11 @@
 #include <set>
 #include <sstream>
 
+#include "frontends/yaml_util.h"
+
 namespace spmd::frontends {
 
 namespace {
-
-Loc loc_of(const YAML::Node& n) {
-  auto m = n.Mark();
-  return {static_cast<std::uint32_t>(m.line + 1), static_cast<std::uint32_t>(m.column + 1)};
-}
-
-std::string scalar(const YAML::Node& n, const std::string& file, const std::string& what) {
-  if (!n.IsScalar()) throw ImportError(file, loc_of(n), what + " must be a scalar");
-  return n.Scalar();
-}
 
 double number(const YAML::Node& n, const std::string& file, const std::string& what) {
   std::string s = scalar(n, file, what);

@@ -305,7 +305,8 @@ void Loader::load_op(N item) {
       std::vector<std::string> allowed = {"op", "in", "out"};
       for (const auto& a : info.attrs) allowed.push_back(a.name);
       std::vector<std::string> attrs;
-      for (const auto& a : info.attrs) attrs.push_back(a.name);
+      for (const auto& a : info.attrs)
+        if (a.name != "at") attrs.push_back(a.name);  // (every op's source origin, written by the importer)
       fail(k, "unknown attribute '" + key + "' for " + where + suggestion(key, allowed) + " (" + where + " takes: " +
                   join(attrs) + ")");
     }
