@@ -343,7 +343,7 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
       if (r == reducers.end()) throw ImportError(file, nloc, "to_apply=%" + ta->s + " is not a computation defined before this instruction");
       n.kwargs.emplace_back("reducer", str_val(r->second));
     }
-    if (opcode == "all-reduce" || opcode == "reduce-scatter" || opcode == "all-gather") {
+    if (opcode == "all-reduce" || opcode == "all-reduce-start" || opcode == "reduce-scatter" || opcode == "all-gather") {
       // replica_groups={{0,1},{2,3}}: the device groups
       if (const PyVal* rg = n.kwarg("replica_groups")) {
         std::vector<std::int64_t> grp;

@@ -387,7 +387,8 @@ void gather(Ctx& c) {
   reshaped(c, p, t.shape);
 }
 
-void all_reduce(Ctx& c) {
+// all-reduce; all-reduce-start (async: its result is read only after the all-reduce-done naming it)
+void all_reduce(Ctx& c, bool async) {
   const Value& x = c.T("x");
   std::string r = attr(c, "reducer");
   const char* red = r == "add" ? "sum" : r == "maximum" ? "max" : r == "minimum" ? "min" : nullptr;
@@ -395,8 +396,22 @@ void all_reduce(Ctx& c) {
   PyVal g;
   g.k = PyVal::K::Str;
   g.s = "replicas";
-  c.emit("AllReduce", {x.ir}, {c.out()}, {{"axis", c.axis_of_group(g)}, {"reduce", red}});
+  Attrs at = {{"axis", c.axis_of_group(g)}, {"reduce", red}};
+  std::string h = "h_" + c.out();
+  if (async) at.emplace_back("handle", h);
+  c.emit("AllReduce", {x.ir}, {c.out()}, at);
   c.result({type_of(c).dtype, x.type.shape});
+  if (async) c.set_handle(0, h);
+}
+
+// all-reduce-done(%start): the wait that completes the start
+void all_reduce_done(Ctx& c) {
+  const Value& x = c.T("x");
+  if (x.handle.empty()) c.fail("all-reduce-done of '" + c.node().args[0].s + "', which is not an all-reduce-start");
+  c.emit("Wait", {}, {}, {{"handle", x.handle}});
+  Value v = x;
+  v.handle.clear();
+  c.alias(0, v);
 }
 
 const Row kRows[] = {
@@ -455,7 +470,9 @@ const Row kRows[] = {
     {"concatenate", "x, dimensions, **", concatenate},
     {"reduce", "x, init, dimensions, reducer", reduce},
     {"gather", "x, indices, offset_dims, collapsed_slice_dims, start_index_map, index_vector_dim, slice_sizes, indices_are_sorted=false", gather},
-    {"all-reduce", "x, replica_groups, reducer", all_reduce},
+    {"all-reduce", "x, replica_groups, reducer", [](Ctx& c) { all_reduce(c, false); }},
+    {"all-reduce-start", "x, replica_groups, reducer", [](Ctx& c) { all_reduce(c, true); }},
+    {"all-reduce-done", "x", all_reduce_done},
 };
 
 }  // namespace

@@ -12,7 +12,7 @@ namespace spmd::frontends {
 namespace {
 
 bool is_collective(const std::string& target) {
-  return target.rfind("_c10d_functional.", 0) == 0 || target == "all-reduce" || target == "all-gather" || target == "reduce-scatter" ||
+  return target.rfind("_c10d_functional.", 0) == 0 || target == "all-reduce" || target == "all-reduce-start" || target == "all-gather" || target == "reduce-scatter" ||
          target == "all-to-all" || target == "collective-permute";
 }
 
@@ -162,7 +162,7 @@ Lowered Lowering::run() {
     if (is_collective(n.target)) collective_results.insert(n.name);
   for (auto it = g_.nodes.rbegin(); it != g_.nodes.rend(); ++it) {
     const Node& n = *it;
-    bool keep = needed_.count(n.name) || (o_.keep_collectives && (is_collective(n.target) || n.target == "_c10d_functional.wait_tensor.default"));
+    bool keep = needed_.count(n.name) || (o_.keep_collectives && (is_collective(n.target) || n.target == "_c10d_functional.wait_tensor.default" || n.target == "all-reduce-done"));
     if (o_.keep_collectives && !keep)
       for (const auto& r : node_refs(n)) keep |= collective_results.count(r) > 0;
     if (!keep) continue;

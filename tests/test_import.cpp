@@ -644,3 +644,26 @@ TEST_CASE("import hlo: `spmdcheck import hlo` writes the program, located at the
   Run e = run({"equiv", out});
   CHECK(e.code == 0);
 }
+
+TEST_CASE("import hlo: all-reduce-start / all-reduce-done go through the temporal checks; a use before the done is a missing-wait") {
+  auto rank = [](bool early) {
+    std::vector<std::string> b = {"%x = f32[4,8]{1,0} parameter(0)", "%w1 = f32[8,8]{1,0} parameter(1)", "%w2 = f32[8,8]{1,0} parameter(2)",
+                                  "%h = f32[4,8]{1,0} dot(%x, %w1), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+                                  "%g = f32[4,8]{1,0} logistic(%h)", "%m = f32[4,8]{1,0} multiply(%h, %g)",
+                                  "%y = f32[4,8]{1,0} dot(%m, %w2), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+                                  "%s = f32[4,8]{1,0} all-reduce-start(%y), replica_groups={{0,1}}, to_apply=%add"};
+    if (early) b.push_back("%n = f32[4,8]{1,0} negate(%s)");
+    b.push_back("%d = f32[4,8]{1,0} all-reduce-done(%s)");
+    b.push_back(early ? "%t = (f32[4,8]{1,0}, f32[4,8]{1,0}) tuple(%d, %n)" : "%t = f32[4,8]{1,0} copy(%d)");
+    return hlo(b);
+  };
+  Run ok = check_hlo("hlo_async", kHloMlpSeq, rank(false));
+  CHECK(ok.code == 0);
+  CHECK(ok.out.empty());
+  Run early = check_hlo("hlo_async_early", kHloMlpSeq, rank(true), {"--relation", relation("hlo_async_early", "outputs: {y: d}\n")});
+  CHECK(early.code == 1);
+  CHECK(has(early, "/h.py:108: error[missing-wait]: Neg reads s"));
+  Run done = check_hlo("hlo_done_alone", kHloMlpSeq, hlo({"%x = f32[4,8]{1,0} parameter(0)", "%d = f32[4,8]{1,0} all-reduce-done(%x)"}, ", replica_count=2"));
+  CHECK(done.code == 2);
+  CHECK(has(done, "all-reduce-done of 'x', which is not an all-reduce-start"));
+}
