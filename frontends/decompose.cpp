@@ -2,6 +2,8 @@
 // temporary comparison decompositions (see decompose.h), permutations as swaps, sigmoid.
 #include "frontends/decompose.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <numeric>
 
@@ -62,22 +64,35 @@ std::vector<std::int64_t> binary(Ctx& c, const std::string& op, const Operand& a
   return broadcast_shape(a.shape, b.shape, c);
 }
 
-// Cast((a - b + K) / K, i64): 1 where a >= b, else 0.
-std::string ge_of(Ctx& c, const Operand& a, const Operand& b, std::vector<std::int64_t>& shape) {
+// Integer data: min(max(a - b + 1, 0), 1), exact for integers and no cast (which the value check counts as a choice
+// by value); else Cast((a - b + K) / K, i64). 1 where a >= b, else 0.
+bool integral(const Operand& o) {
+  if (o.num) return std::floor(*o.num) == *o.num && std::abs(*o.num) < 1e15;
+  return o.dtype == "i64" || o.dtype == "i32" || o.dtype == "i8" || o.dtype == "bool";
+}
+
+std::string ge_of(Ctx& c, const Operand& a, const Operand& b, std::vector<std::int64_t>& shape, bool exact) {
+  const bool ints = exact && integral(a) && integral(b);
+  const double k = ints ? 1 : kCmp;
   std::string d = c.tmp("d"), q = c.tmp("q"), r = c.tmp("g");
   if (b.num) {
-    c.emit("Add", {a.t}, {d}, {{"scalar", num_text(kCmp - *b.num)}});
+    c.emit("Add", {a.t}, {d}, {{"scalar", num_text(k - *b.num)}});
     shape = a.shape;
   } else if (a.num) {
     std::string n = c.tmp("n");
     c.emit("Neg", {b.t}, {n});
-    c.emit("Add", {n}, {d}, {{"scalar", num_text(*a.num + kCmp)}});
+    c.emit("Add", {n}, {d}, {{"scalar", num_text(*a.num + k)}});
     shape = b.shape;
   } else {
     std::string s = c.tmp("s");
     c.emit("Sub", {a.t, b.t}, {s});
-    c.emit("Add", {s}, {d}, {{"scalar", num_text(kCmp)}});
+    c.emit("Add", {s}, {d}, {{"scalar", num_text(k)}});
     shape = broadcast_shape(a.shape, b.shape, c);
+  }
+  if (ints) {
+    c.emit("Maximum", {d}, {q}, {{"scalar", "0"}});
+    c.emit("Minimum", {q}, {r}, {{"scalar", "1"}});
+    return r;
   }
   c.emit("Div", {d}, {q}, {{"scalar", num_text(kCmp)}});
   c.emit("Cast", {q}, {r}, {{"dtype", "i64"}});
@@ -91,16 +106,23 @@ std::string not_of(Ctx& c, const std::string& x, const std::string& out) {
   return out;
 }
 
-std::vector<std::int64_t> compare_into(Ctx& c, const std::string& kind, const Operand& a, const Operand& b, const std::string& o) {
+std::vector<std::int64_t> compare_into(Ctx& c, const std::string& kind, const Operand& a, const Operand& b, const std::string& o, bool exact) {
   std::vector<std::int64_t> shape;
   if (kind == "ge" || kind == "lt") {
-    std::string g = ge_of(c, a, b, shape);
+    std::string g = ge_of(c, a, b, shape, exact);
     if (kind == "ge") c.emit("Reshape", {g}, {o}, {{"shape", shape_text(shape)}});
     else not_of(c, g, o);
   } else if (kind == "le" || kind == "gt") {  // a <= b is b >= a
-    std::string g = ge_of(c, b, a, shape);
+    std::string g = ge_of(c, b, a, shape, exact);
     if (kind == "le") c.emit("Reshape", {g}, {o}, {{"shape", shape_text(shape)}});
     else not_of(c, g, o);
+  } else if (exact && integral(a) && integral(b)) {  // eq, ne of integers: ne = min(max(a - b, b - a), 1), eq = 1 - ne
+    std::string d = c.tmp("d"), n = c.tmp("n"), m = c.tmp("m"), z = c.tmp("z");
+    shape = binary(c, "Sub", a, b, d, false);
+    c.emit("Neg", {d}, {n});
+    c.emit("Maximum", {d, n}, {m});
+    c.emit("Minimum", {m}, {kind == "ne" ? o : z}, {{"scalar", "1"}});
+    if (kind == "eq") not_of(c, z, o);
   } else {  // eq, ne: Cast(a - b, bool)
     std::string d = c.tmp("d");
     shape = binary(c, "Sub", a, b, d, false);

@@ -306,20 +306,14 @@ void compare(Ctx& c) {
   if (kind.empty()) c.fail("compare direction '" + dir + "' is not supported");
   const Value& a = c.T("x");
   const Value& b = c.T("y");
-  c.result({"bool", compare_into(c, kind, tensor_operand(a), tensor_operand(b), c.out())});
+  c.result({"bool", compare_into(c, kind, tensor_operand(a), tensor_operand(b), c.out(), true)});
 }
 
 void logical(Ctx& c, bool is_and) {
   const Value& a = c.T("x");
   const Value& b = c.T("y");
   if (a.type.dtype != "bool") return elementwise(c, is_and ? "Minimum" : "Maximum");  // bitwise ops of integers are not mapped
-  if (is_and) {
-    c.emit("Multiply", {a.ir, b.ir}, {c.out()});
-  } else {
-    std::string s = c.tmp("s");
-    c.emit("Add", {a.ir, b.ir}, {s});
-    c.emit("Cast", {s}, {c.out()}, {{"dtype", "bool"}});
-  }
+  c.emit(is_and ? "Multiply" : "Maximum", {a.ir, b.ir}, {c.out()});  // 0/1 masks: and is the product, or the max
   c.result({"bool", a.type.shape});
 }
 
