@@ -64,19 +64,30 @@ void compare(Ctx& c, const std::string& kind) {
 }
 
 void logical(Ctx& c, const std::string& kind) {
+  // bitwise ops are the logical ones on bool masks only; logical ops read any other dtype as nonzero
+  const bool bitwise = c.node().target.rfind("aten.bitwise_", 0) == 0;
+  auto mask = [&](const char* p) {
+    const Value& v = c.T(p);
+    if (v.type.dtype == "bool") return v.ir;
+    if (bitwise) c.fail(c.node().target + " of " + type_text(v.type) + " is not supported yet (only of bool masks)");
+    std::string m = c.tmp("b");
+    c.emit("Cast", {v.ir}, {m}, {{"dtype", "bool"}});
+    return m;
+  };
   const Value& a = c.T("self");
   if (kind == "not") {
-    not_of(c, a.ir, c.out());
+    not_of(c, mask("self"), c.out());
     c.result({"bool", a.type.shape});
     return;
   }
   const Value& b = c.T("other");
   auto shape = broadcast_shape(a.type.shape, b.type.shape, c);
+  std::string ma = mask("self"), mb = mask("other");
   if (kind == "and") {
-    c.emit("Multiply", {a.ir, b.ir}, {c.out()});
+    c.emit("Multiply", {ma, mb}, {c.out()});
   } else {
     std::string s = c.tmp("s");
-    c.emit("Add", {a.ir, b.ir}, {s});
+    c.emit("Add", {ma, mb}, {s});
     c.emit("Cast", {s}, {c.out()}, {{"dtype", "bool"}});
   }
   c.result({"bool", shape});

@@ -312,7 +312,8 @@ void compare(Ctx& c) {
 void logical(Ctx& c, bool is_and) {
   const Value& a = c.T("x");
   const Value& b = c.T("y");
-  if (a.type.dtype != "bool") return elementwise(c, is_and ? "Minimum" : "Maximum");  // bitwise ops of integers are not mapped
+  if (a.type.dtype != "bool" || b.type.dtype != "bool")
+    c.fail(std::string("bitwise ") + (is_and ? "and" : "or") + " of " + type_text(a.type) + " and " + type_text(b.type) + " is not supported yet (only of pred masks)");
   c.emit(is_and ? "Multiply" : "Maximum", {a.ir, b.ir}, {c.out()});  // 0/1 masks: and is the product, or the max
   c.result({"bool", a.type.shape});
 }

@@ -188,6 +188,11 @@ TEST_CASE("import: two formulations of each mapped op agree (and a wrong one doe
        {R"(a: "b8[4, 6]" = torch.ops.aten.ge.Scalar(i, 1))", R"(b: "b8[4, 6]" = torch.ops.aten.lt.Scalar(i, 3))",
         R"(o: "b8[4, 6]" = torch.ops.aten.bitwise_and.Tensor(a, b))", R"(w: "f32[4, 6]" = torch.ops.aten.where.self(o, y, x))"},
        "w", "w"},
+      // logical ops read other dtypes as nonzero: logical_or(i, i - 1) is true everywhere (one of them is nonzero)
+      {"logical_nonzero", m, {R"(w: "f32[4, 6]" = torch.ops.aten.clone.default(x))"},
+       {R"(d: "i64[4, 6]" = torch.ops.aten.sub.Tensor(i, 1))", R"(o: "b8[4, 6]" = torch.ops.aten.logical_or.default(i, d))",
+        R"(a: "b8[4, 6]" = torch.ops.aten.logical_and.default(o, o))", R"(w: "f32[4, 6]" = torch.ops.aten.where.self(a, x, y))"},
+       "w", "w"},
       {"permute_vs_transposes", R"(x: "f32[2, 3, 4]")", {R"(p: "f32[4, 2, 3]" = torch.ops.aten.permute.default(x, [2, 0, 1]))"},
        {R"(a: "f32[4, 3, 2]" = torch.ops.aten.transpose.int(x, 0, 2))", R"(p: "f32[4, 2, 3]" = torch.ops.aten.transpose.int(a, 1, 2))"}, "p", "p"},
       {"views", R"(x: "f32[2, 3, 4]")",
@@ -329,6 +334,11 @@ TEST_CASE("import: located errors for unreadable graphs and unmapped ops") {
   Run mm = check("contradicts_mm", mm_ok, {fx(R"(x: "f32[4, 2]", w: "f32[3, 5]")", {R"(n: "f32[4, 5]" = torch.ops.aten.mm.default(x, w))"}, "n")});
   CHECK(mm.code == 2);
   CHECK(has(mm, "error: contracting dims differ: f32[4, 2] x f32[3, 5]"));
+  // a bitwise op of integers (only bool masks are mapped)
+  std::string iok = fx(R"(x: "i64[4]")", {R"(n: "i64[4]" = torch.ops.aten.neg.default(x))"}, "n");
+  Run bits = check("bitwise_int", iok, {fx(R"(x: "i64[4]")", {R"(n: "i64[4]" = torch.ops.aten.bitwise_and.Tensor(x, x))"}, "n")});
+  CHECK(bits.code == 2);
+  CHECK(has(bits, "ranks/fw.g0.r0.py:6:9: error: aten.bitwise_and.Tensor of i64[4] is not supported yet (only of bool masks)"));
   // a truncated file
   std::string cut = ok.substr(0, ok.find("        return"));
   Run trunc = check("truncated", ok, {cut});
@@ -642,6 +652,10 @@ TEST_CASE("import hlo: located errors for unreadable modules and unmapped opcode
   Run none = check_hlo("hlo_none", ok, "x = 1\n");
   CHECK(none.code == 2);
   CHECK(has(none, "no `HloModule` header: not HLO module text"));
+  Run bits = check_hlo("hlo_bitwise", hlo({"%x = s32[4]{0} parameter(0)", "%y = s32[4]{0} negate(%x)"}, ", replica_count=2"),
+                       hlo({"%x = s32[4]{0} parameter(0)", "%y = s32[4]{0} and(%x, %x)"}, ", replica_count=2"));
+  CHECK(bits.code == 2);
+  CHECK(has(bits, "ranks/graph.0.hlo:17:3: error: bitwise and of i32[4] and i32[4] is not supported yet (only of pred masks)"));
   Run arr = check_hlo("hlo_array", ok, hlo({"%x = f32[4]{0} parameter(0)", "%c = f32[4]{0} constant({1, 2, 3, 4})", "%y = f32[4]{0} add(%x, %c)"}, ", replica_count=2"));
   CHECK(arr.code == 2);
   CHECK(has(arr, "holds an array literal, which is not supported yet"));
