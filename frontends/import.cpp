@@ -398,7 +398,15 @@ ImportResult import_program(const ImportOptions& opt) {
 
   // ---- outputs compared ----
   std::vector<std::pair<std::string, std::string>> outs = rel.outputs;
-  if (outs.empty()) {  // default: the first value each graph returns
+  if (outs.empty() && opt.format == "hlo") {  // default (HLO): every value the module returns, by position
+    if (seq.outputs.size() != ranks[0].outputs.size())
+      throw ImportError(ranks[0].file, ranks[0].return_loc,
+                        "the module returns " + std::to_string(ranks[0].outputs.size()) + " values and the sequential one " + std::to_string(seq.outputs.size()) +
+                            ": name the compared ones in the relation file (outputs: {SEQ: RANKS})");
+    for (std::size_t i = 0; i < seq.outputs.size(); ++i)
+      if (seq.outputs[i].k == PyVal::K::Name && ranks[0].outputs[i].k == PyVal::K::Name) outs.emplace_back(seq.outputs[i].s, ranks[0].outputs[i].s);
+  }
+  if (outs.empty()) {  // default (FX): the first value each graph returns (the rest are saved for the backward)
     auto first = [](const Graph& g) -> std::string {
       for (const auto& v : g.outputs)
         if (v.k == PyVal::K::Name) return v.s;

@@ -442,6 +442,10 @@ TEST_CASE("import corpus: GPT at tensor parallel 2, 4, 8 against 1 and the HLO L
     CHECK(r.code == 0);
     CHECK(r.out.empty());  // proved equivalent (no value-unproved warning)
   }
+  // the corpus's broken variant: the K block sliced from Q's columns (every returned value is compared: the KV cache)
+  Run broken = run({"check", corpus + "/aws_llama/tp1_layer1", corpus + "/aws_llama/tp2_layer1.broken", "--relation", rel + "aws_llama.yaml", "--reduce"});
+  CHECK(broken.code == 1);
+  CHECK(has(broken, "error[value-mismatch]"));
   struct Bug {
     const char* dir;
     const char* seq;
@@ -518,6 +522,20 @@ TEST_CASE("import hlo: a tensor-parallel MLP is proved equivalent; a missing all
   Run dev = check_hlo("hlo_mlp_devices", kHloMlpSeq, plain, {"--relation", relation("hlo_devices", "devices: 2\n")});
   CHECK(dev.code == 1);
   CHECK(has(dev, "error[value-mismatch]"));
+  // every value the module returns is compared (a KV cache beside the logits), by position
+  auto two = [](const std::string& s, const char* second) {
+    std::string t = s.substr(0, s.rfind("ROOT "));
+    std::string last = s.substr(s.rfind("ROOT ") + 5);
+    std::string name = last.substr(0, last.find(' '));
+    return t + last.substr(0, last.find('\n') + 1).insert(0, "") + "  %n2 = f32[4,8]{1,0} " + second + "(%x)\n  ROOT %t = (f32[4,8]{1,0}, f32[4,8]{1,0}) tuple(" + name + ", %n2)\n}\n";
+  };
+  Run both = check_hlo("hlo_two_outputs", two(kHloMlpSeq, "negate"), two(hlo_mlp_rank(true), "negate"));
+  CHECK(both.code == 0);
+  CHECK(both.out.empty());
+  Run second = check_hlo("hlo_two_outputs_bad", two(kHloMlpSeq, "negate"), two(hlo_mlp_rank(true), "exponential"));
+  CHECK(second.code == 1);
+  CHECK(has(second, "error[value-mismatch]"));
+  CHECK(has(second, "n2"));
   Run bad_dev = check_hlo("hlo_mlp_devices_bad", kHloMlpSeq, hlo_mlp_rank(true), {"--relation", relation("hlo_devices_bad", "devices: 4\n")});
   CHECK(bad_dev.code == 2);
   CHECK(has(bad_dev, "`devices: 4` contradicts the module"));
