@@ -450,19 +450,44 @@ ImportResult import_program(const ImportOptions& opt) {
   res.ranks = n_ranks;
   std::vector<Lowered> plans;
   std::vector<EOp> prologue;  // the relation's rank inputs, cut from the sequential inputs
+  std::vector<EOp> spec_blocks;  // the same blocks in the spec, every rank's in rank order (what the ranks' input reads as S(d))
   for (const auto& [name, ir] : rank_input_ir) {
     if (auto b = blocked.find(name); b != blocked.end()) {  // rank r: chunk r of each block, concatenated
       std::vector<std::string> parts;
       std::int64_t at = 0, n = static_cast<std::int64_t>(n_ranks);
+      const std::string dim = std::to_string(b->second->dim);
       for (std::size_t k = 0; k < b->second->sizes.size(); ++k) {
         std::int64_t len = b->second->sizes[k] / n;
         std::string ix = "axis_index(" + axis + ")";
         std::string lo = std::to_string(at) + " + " + std::to_string(len) + "*" + ix, hi = std::to_string(at + len) + " + " + std::to_string(len) + "*" + ix;
         parts.push_back(name + "~b" + std::to_string(k));
-        prologue.push_back({"Slice", {name}, {parts.back()}, {{"dim", std::to_string(b->second->dim)}, {"start", lo}, {"end", hi}}, ""});
+        prologue.push_back({"Slice", {name}, {parts.back()}, {{"dim", dim}, {"start", lo}, {"end", hi}}, ""});
         at += b->second->sizes[k];
       }
-      prologue.push_back({"Concat", parts, {ir}, {{"dim", std::to_string(b->second->dim)}}, ""});
+      prologue.push_back({"Concat", parts, {ir}, {{"dim", dim}}, ""});
+      // in the spec: [Q0 K0 V0 | Q1 K1 V1 | ...], so localization finds the ranks' input matched (read as S(d)) and
+      // blames the first op after it that goes wrong
+      if (n_ranks <= 8 && b->second->sizes.size() <= 8) {
+        std::vector<std::string> whole;  // block k whole (what the ranks' chunks of it read as S(d))
+        std::int64_t a = 0;
+        for (std::size_t k = 0; k < b->second->sizes.size(); ++k) {
+          whole.push_back("seq_" + name + "~b" + std::to_string(k));
+          spec_blocks.push_back({"Slice", {name}, {whole.back()}, {{"dim", dim}, {"start", std::to_string(a)}, {"end", std::to_string(a + b->second->sizes[k])}}, ""});
+          a += b->second->sizes[k];
+        }
+        std::vector<std::string> ranks_parts;
+        for (std::int64_t r = 0; r < n; ++r) {
+          std::vector<std::string> ps;
+          for (std::size_t k = 0; k < b->second->sizes.size(); ++k) {
+            std::int64_t len = b->second->sizes[k] / n;
+            ps.push_back("seq_" + name + "~b" + std::to_string(k) + "_" + std::to_string(r));
+            spec_blocks.push_back({"Slice", {whole[k]}, {ps.back()}, {{"dim", dim}, {"start", std::to_string(len * r)}, {"end", std::to_string(len * (r + 1))}}, ""});
+          }
+          ranks_parts.push_back("seq_" + name + "~r" + std::to_string(r));
+          spec_blocks.push_back({"Concat", ps, {ranks_parts.back()}, {{"dim", dim}}, ""});
+        }
+        spec_blocks.push_back({"Concat", ranks_parts, {"seq_" + name + "~blocks"}, {{"dim", dim}}, ""});
+      }
       continue;
     }
     if (!rel.rank_inputs.count(name)) continue;  // a cut: an input of its own
@@ -522,6 +547,7 @@ ImportResult import_program(const ImportOptions& opt) {
   std::set<std::string> spec_roots, plan_roots;
   for (const auto& l : links) spec_roots.insert(l.spec), plan_roots.insert(l.plan);
   drop_dead_ops(spec.ops, spec_roots);
+  spec.ops.insert(spec.ops.begin(), spec_blocks.begin(), spec_blocks.end());  // (read by nothing: kept for localization)
   std::vector<std::vector<EOp>> plan_ops;
   for (auto& p : plans) {
     std::vector<EOp> ops = prologue;
