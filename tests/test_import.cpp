@@ -721,3 +721,37 @@ TEST_CASE("import hlo: all-reduce-start / all-reduce-done go through the tempora
   CHECK(done.code == 2);
   CHECK(has(done, "all-reduce-done of 'x', which is not an all-reduce-start"));
 }
+
+TEST_CASE("import hlo: a fused QKV weight sharded block by block (relation `blocked:`)") {
+  // seq: w = [Q (8) | K (2) | V (2)]; each of 2 devices holds [Q_r (4) | K_r (1) | V_r (1)]
+  auto mod = [](const char* w, const char* y, const std::vector<std::string>& slices, const std::string& header) {
+    std::vector<std::string> b = {"%x = f32[2,4]{1,0} parameter(0)", std::string("%w = ") + w + " parameter(1)",
+                                  std::string("%y = ") + y + " dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}"};
+    b.insert(b.end(), slices.begin(), slices.end());
+    std::string q = slices[0].substr(0, slices[0].find(' ')), k = slices[1].substr(0, slices[1].find(' '));
+    std::string tq = slices[0].substr(slices[0].find("= ") + 2, slices[0].find(' ', slices[0].find("= ") + 2) - slices[0].find("= ") - 2);
+    std::string tk = slices[1].substr(slices[1].find("= ") + 2, slices[1].find(' ', slices[1].find("= ") + 2) - slices[1].find("= ") - 2);
+    b.push_back("%t = (" + tq + ", " + tk + ") tuple(" + q + ", " + k + ")");
+    return hlo(b, header);
+  };
+  std::string seq = mod("f32[4,12]{1,0}", "f32[2,12]{1,0}", {"%q = f32[2,8]{1,0} slice(%y), slice={[0:2], [0:8]}", "%k = f32[2,2]{1,0} slice(%y), slice={[0:2], [8:10]}"}, "");
+  auto rank = [&](const char* kslice) {
+    return mod("f32[4,6]{1,0}", "f32[2,6]{1,0}", {"%q = f32[2,4]{1,0} slice(%y), slice={[0:2], [0:4]}", std::string("%k = f32[2,1]{1,0} slice(%y), slice={[0:2], ") + kslice + "}"},
+               ", replica_count=2");
+  };
+  std::string rel = relation("blocked", "blocked:\n  - {shape: [4, 12], dim: 1, sizes: [8, 2, 2]}\n");
+  Run ok = check_hlo("hlo_blocked", seq, rank("[4:5]"), {"--relation", rel});
+  CHECK(ok.code == 0);
+  CHECK(ok.out.empty());
+  Run bad = check_hlo("hlo_blocked_bad", seq, rank("[0:1]"), {"--relation", rel});  // K taken from Q's columns
+  CHECK(bad.code == 1);
+  CHECK(has(bad, "error[value-mismatch]"));
+  Run sum = check_hlo("hlo_blocked_sum", seq, rank("[4:5]"), {"--relation", relation("blocked_sum", "blocked:\n  - {shape: [4, 12], dim: 1, sizes: [8, 2, 1]}\n")});
+  CHECK(sum.code == 2);
+  CHECK(has(sum, "blocked_sum.relation.yaml:2:"));
+  CHECK(has(sum, "the blocks' sizes do not add up to the dim"));
+  // without the relation, w [4, 12] held as [4, 6] is inferred S(1) (contiguous halves): not what the ranks compute
+  Run none = check_hlo("hlo_blocked_none", seq, rank("[4:5]"));
+  CHECK(none.code == 1);
+  CHECK(has(none, "error[value-mismatch]"));
+}
