@@ -117,6 +117,9 @@ void Deriver::vjp() {
     case OpKind::Stack: return concat_vjp(true);
     case OpKind::Pad: return pad_vjp();
     case OpKind::Arange: return;  // no inputs: never reached with one that needs a gradient
+    case OpKind::Full: return;
+    case OpKind::Sin:
+    case OpKind::Cos: no_vjp("its VJP is not derived yet; write the backward by hand in `backward:`");
     case OpKind::RoPE: return rope_vjp();
     case OpKind::IndexSelect:
       no_vjp("its VJP (an IndexAdd into zeros of x's shape) is not derived yet; write the backward by hand in `backward:`");

@@ -88,6 +88,7 @@ std::string display_name(const std::string& path) { return path == "-" ? "<stdin
 
 std::optional<std::string> input_text(const std::string& path, const Options& opt) {
   if (path == "-") return opt.stdin_text ? *opt.stdin_text : std::string();
+  if (auto it = opt.imported.find(path); it != opt.imported.end()) return it->second;
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
   std::ostringstream ss;
@@ -97,6 +98,7 @@ std::optional<std::string> input_text(const std::string& path, const Options& op
 
 Program load_input(const std::string& path, const Options& opt) {
   if (path == "-") return load_program_string(opt.stdin_text ? *opt.stdin_text : std::string(), display_name(path));
+  if (auto it = opt.imported.find(path); it != opt.imported.end()) return load_program_string(it->second, path);
   return load_program_file(path);
 }
 
@@ -181,6 +183,7 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
     for (auto& d : check_equivalence(r.program).diags) r.diags.push_back(std::move(d));
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   annotate_instances(r.program, r.diags);
+  annotate_origins(r.program, display_name(path), r.diags);
   return r;
 }
 

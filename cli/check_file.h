@@ -4,6 +4,7 @@
 // diagnostics (sorted and capped), the schedule when there is one, and the load error when it failed.
 #pragma once
 #include <iosfwd>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@ struct Options {
   std::string trace;      // --trace FILE: a Chrome trace of the (first) schedule checked
   bool backward = false;  // --backward: derive and check the backward even without `train: true`
   std::optional<std::string> stdin_text;  // the text of standard input, read once when a file argument is `-`
+  std::map<std::string, std::string> imported;  // programs imported in memory (`check SEQ_DIR RANKS_DIR`), by the name shown
 };
 
 struct FileResult {

@@ -25,6 +25,7 @@
 #include "cli/schema.h"
 #include "cli/render.h"
 #include "cli/run.h"
+#include "frontends/frontends.h"
 #include "ir/loader.h"
 #include "schedules/schedule.h"
 #include "ir/printer.h"
@@ -94,7 +95,51 @@ int cmd_backward(const std::string& path, const Options& opt, std::ostream& out)
 }
 
 
-int cmd_check(const std::vector<std::string>& files, const std::string& format, const Options& opt, bool color, std::ostream& out) {
+// Captured graphs to a program (docs/import.md); nullopt after printing the located error.
+std::optional<frontends::ImportResult> import_graphs(const frontends::ImportOptions& io, std::ostream& out) {
+  try {
+    return frontends::import_program(io);
+  } catch (const frontends::ImportError& e) {
+    out << render_load_error(e.file, LoadError(e.loc, e.what()));
+    return std::nullopt;
+  }
+}
+
+// `spmdcheck import fx|hlo SEQ RANKS -o OUT`
+int cmd_import(const frontends::ImportOptions& io, const std::string& out_path, std::ostream& out, std::ostream& err) {
+  auto r = import_graphs(io, out);
+  if (!r) return kBadInput;
+  if (out_path == "-") {
+    out << r->yaml;
+    return kClean;
+  }
+  if (!write_file(out_path, r->yaml, err)) return kBadInput;
+  out << fmt::format("{}: {} ranks, {} ({} plan ops), spec {} ops\n", out_path, r->ranks, r->local_view ? "one local-view program" : "per-rank programs",
+                     r->plan_ops, r->spec_ops);
+  return kClean;
+}
+
+// `spmdcheck check SEQ_DIR RANKS_DIR`: two folders of graphs are imported first (FX dumps, or HLO with .hlo files).
+bool is_graph_folder(const std::string& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec);
+}
+
+int cmd_check(std::vector<std::string> files, const std::string& format, Options opt, bool color, std::ostream& out, frontends::ImportOptions io = {}) {
+  if (files.size() == 2 && is_graph_folder(files[0]) && is_graph_folder(files[1])) {
+    io.seq = files[0], io.ranks = files[1];
+    io.format = "fx";
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(files[1], ec))
+      if (e.path().extension() == ".hlo") io.format = "hlo";
+    auto r = import_graphs(io, out);
+    if (!r) return kBadInput;
+    std::string name = fs::path(files[1]).lexically_normal().string();
+    while (name.size() > 1 && name.back() == '/') name.pop_back();
+    name += ".imported.yaml";
+    opt.imported[name] = r->yaml;
+    files = {name};
+  }
   int code = kClean;
   nlohmann::json all = nlohmann::json::array();
   std::vector<FileResult> kept;  // --format sarif renders every file at the end
@@ -324,6 +369,7 @@ int cmd_equiv(const std::vector<std::string>& files, std::uint64_t seed, const O
     eo.seed = seed;
     EquivResult r = check_equivalence(p, eo);
     annotate_instances(p, r.diags);
+    annotate_origins(p, f, r.diags);
     out << render_text(f, r.diags);
     out << f << ": " << equiv_verdict_name(r.verdict) << ": " << r.message << "\n";
     if (r.verdict == EquivVerdict::Mismatch) code = std::max(code, static_cast<int>(kFindings));
@@ -359,6 +405,26 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                       "waits for its receive); overrides the file's `p2p_model`, default rendezvous")
         ->check(CLI::IsMember({"eager", "rendezvous"}));
     check->add_flag("--backward", opt.backward, "derive the backward from `loss:` and check it too (as `train: true`)");
+    frontends::ImportOptions io;  // `check SEQ_DIR RANKS_DIR` and `import`
+    check->add_option("--relation", io.relation, "with SEQ_DIR RANKS_DIR: the relation file (docs/import.md)");
+    check->add_option("--ops", io.ops_files, "with SEQ_DIR RANKS_DIR: more custom-op mapping files");
+    check->add_option("--graph", io.graph, "with SEQ_DIR RANKS_DIR: which dump of each folder (fw, bw, both, both.g0)");
+    check->add_flag("--reduce", io.reduce, "with SEQ_DIR RANKS_DIR: check at small values of the named sizes (every division kept exact)");
+    auto* import = app.add_subcommand("import", "read captured graphs (PyTorch FX print_readable text, XLA HLO text) into a program with `spec:` (docs/import.md)");
+    import->require_subcommand(1);
+    std::string import_out;
+    for (const char* fmt_name : {"fx", "hlo"}) {
+      auto* s = import->add_subcommand(fmt_name, std::string(fmt_name) == "fx" ? "GraphModule.print_readable() dumps, one file per rank (fw.g0.r0.py ...)"
+                                                                              : "HLO module text (as_text(), XLA dumps): one SPMD module");
+      s->add_option("seq", io.seq, "the sequential graph's folder (or file)")->required();
+      s->add_option("ranks", io.ranks, "the ranks' graphs' folder (or file)")->required();
+      s->add_option("--relation", io.relation, "the relation file (mesh axes, placements, outputs, constants)");
+      s->add_option("--ops", io.ops_files, "more custom-op mapping files (after frontends/custom_ops.yaml)");
+      s->add_option("--graph", io.graph, "which dump of each folder (fw, bw, both, both.g0)");
+      s->add_flag("--reduce", io.reduce, "write the named sizes at small values that keep every division exact (the graphs' values in comments)");
+      s->add_option("-o,--output", import_out, "the program to write (- for standard output)")->required();
+      s->callback([&io, fmt_name] { io.format = fmt_name; });
+    }
     std::string bwd_file;
     auto* backward = app.add_subcommand("backward", "print FILE with its derived backward (`backward:`) as YAML");
     backward->add_option("file", bwd_file, "program file (declares `loss:`)")->required();
@@ -438,7 +504,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       opt.stdin_text = ss.str();
     }
     bool color = use_color(color_mode, out);
-    if (*check) return cmd_check(files, format, opt, color, out);
+    if (*check) return cmd_check(files, format, opt, color, out, io);
+    if (*import) return cmd_import(io, import_out, out, err);
     if (*explain) {
       if (explain_op >= 0) filter.op = explain_op;
       if (explain->count("--op") && explain_op < 0) {

@@ -9,8 +9,12 @@ namespace {
 
 std::string where(const std::string& file, Loc l) {
   if (l.line == 0) return file;
+  if (l.col == 0) return fmt::format("{}:{}", file, l.line);  // a source line without a column (an imported op's)
   return fmt::format("{}:{}:{}", file, l.line, l.col);
 }
+
+// A diagnostic or note names its own file when it is elsewhere (an imported op's model source or graph).
+const std::string& file_of(const std::string& program, const std::string& own) { return own.empty() ? program : own; }
 
 std::string_view severity_name(Severity s) {
   switch (s) {
@@ -26,8 +30,10 @@ std::string_view severity_name(Severity s) {
 std::string render_text(const std::string& file, const std::vector<Diagnostic>& diags) {
   std::string s;
   for (const auto& d : diags) {
-    s += fmt::format("{}: {}[{}]: {}\n", where(file, d.loc), severity_name(d.severity), check_name(d.id), d.message);
-    for (const auto& n : d.notes) s += fmt::format("{}: note: {}\n", where(file, n.loc.line ? n.loc : d.loc), n.message);
+    s += fmt::format("{}: {}[{}]: {}\n", where(file_of(file, d.file), d.loc), severity_name(d.severity), check_name(d.id), d.message);
+    for (const auto& n : d.notes)
+      s += n.loc.line ? fmt::format("{}: note: {}\n", where(file_of(file, n.file), n.loc), n.message)
+                      : fmt::format("{}: note: {}\n", where(file_of(file, d.file), d.loc), n.message);
   }
   return s;
 }
@@ -42,11 +48,12 @@ nlohmann::json render_json(const std::string& file, const std::vector<Diagnostic
     nlohmann::json notes = nlohmann::json::array();
     for (const auto& n : d.notes) {
       Loc l = n.loc.line ? n.loc : d.loc;
-      notes.push_back({{"file", file}, {"line", l.line}, {"column", l.col}, {"message", n.message}});
+      const std::string& nf = n.loc.line ? file_of(file, n.file) : file_of(file, d.file);
+      notes.push_back({{"file", nf}, {"line", l.line}, {"column", l.col}, {"message", n.message}});
     }
     arr.push_back({{"id", std::string(check_name(d.id))},
                    {"severity", std::string(severity_name(d.severity))},
-                   {"file", file},
+                   {"file", file_of(file, d.file)},
                    {"line", d.loc.line},
                    {"column", d.loc.col},
                    {"message", d.message},

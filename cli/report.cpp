@@ -196,7 +196,9 @@ std::string diag_html(const Diagnostic& d, const std::set<std::string>& drawn) {
     s += "<ul>";
     for (const auto& n : d.notes) {
       bool fix = n.message.rfind("fix: ", 0) == 0;
-      s += fmt::format("<li{}>{}: {}</li>", fix ? " class=\"fix\"" : "", line_link(n.loc.line ? n.loc : d.loc), esc(n.message));
+      // a note in another file (an imported op's model source or graph) is shown as file:line, not linked
+      std::string where = !n.file.empty() && n.loc.line ? esc(fmt::format("{}:{}", n.file, n.loc.line)) : line_link(n.loc.line ? n.loc : d.loc);
+      s += fmt::format("<li{}>{}: {}</li>", fix ? " class=\"fix\"" : "", where, esc(n.message));
     }
     s += "</ul>";
   }
@@ -444,7 +446,18 @@ std::string report_html(const FileResult& r, const SpatialTypes* types, const st
       for (const auto& v : o.outs)
         if (v.type && v.type->ok) drawn.insert(v.name);
   }
-  for (const auto& d : r.diags) place(d.loc, diag_html(d, drawn)), ++ndiag;
+  for (const auto& d : r.diags) {
+    Loc l = d.loc;  // a diagnostic moved to an imported op's source line sits at the op in this file
+    if (!d.file.empty()) {
+      l = {};
+      for (const auto& n : d.notes)
+        if (n.file.empty() && n.loc.line) {
+          l = n.loc;
+          break;
+        }
+    }
+    place(l, diag_html(d, drawn)), ++ndiag;
+  }
   auto lines = split_lines(source);
   std::string src = "<section id=\"program\"><h2>Program</h2>";
   for (const auto& u : unplaced) src += u;

@@ -101,11 +101,12 @@ nlohmann::json render_sarif(const std::vector<SarifFile>& files, const std::stri
     }
     if (!f.diags) continue;
     for (const auto& d : *f.diags) {
-      nlohmann::json r = result(f.file, check_name(d.id), d.severity, d.loc, d.message);
+      nlohmann::json r = result(d.file.empty() ? f.file : d.file, check_name(d.id), d.severity, d.loc, d.message);
       nlohmann::json related = nlohmann::json::array();
       int k = 0;
       for (const auto& n : d.notes) {
-        nlohmann::json l = location(f.file, n.loc.line ? n.loc : d.loc);
+        const std::string& nf = n.loc.line ? (n.file.empty() ? f.file : n.file) : (d.file.empty() ? f.file : d.file);
+        nlohmann::json l = location(nf, n.loc.line ? n.loc : d.loc);
         l["id"] = k++;
         l["message"] = {{"text", n.message}};
         related.push_back(l);

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <unordered_map>
 #include <sstream>
 #include <utility>
@@ -408,7 +409,12 @@ bool any_reading(const Setup& s, const std::vector<Val>& ranks, bool pending, co
   if (!equiv_detail::held_pieces(s.inst.mesh, ranks, held, sizes, &first)) return false;
   for (const Placements& pl : readings(s.p, *first, pending)) {
     Assembled a = assemble_pieces(s.p, sizes, held, pl, o);
-    if (a.ok && found(a.t)) return true;
+    if (!a.ok) continue;
+    if constexpr (std::is_invocable_v<Found, const Tensor&, const Placements&>) {
+      if (found(a.t, pl)) return true;
+    } else if (found(a.t)) {
+      return true;
+    }
   }
   return false;
 }
@@ -461,15 +467,38 @@ int layout_equal(const Setup& s, bool zigzag, const Tensor& t, const Tensor& wan
   return r;
 }
 
-// The model value `v` equals under some reading (and layout, layout_equal), if any.
-const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks, bool zigzag = false) {
+// The model value `v` equals under some reading (and layout, layout_equal), if any, and the reading when `how` is
+// given; else a block of a model value (one dim cut into k equal blocks: a microbatch of the batch, read on one rank
+// of an imported per-rank graph).
+const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks, bool zigzag = false, Placements* how = nullptr) {
   if (ranks.empty()) return nullptr;  // (per-rank plans: only the ranks that hold the value are read)
   OracleOptions quiet = s.oo;
   quiet.rtol = kRtol, quiet.atol = kAtol;
   const SpecValue* hit = nullptr;
-  any_reading(s, ranks, true, quiet, [&](const Tensor& t) {
+  any_reading(s, ranks, true, quiet, [&](const Tensor& t, const Placements& pl) {
     for (const auto& sv : table)
-      if (layout_equal(s, zigzag, t, *sv.t) == 1) return hit = &sv, true;
+      if (layout_equal(s, zigzag, t, *sv.t) == 1) {
+        if (how) *how = pl;
+        return hit = &sv, true;
+      }
+    return false;
+  });
+  if (hit) return hit;
+  any_reading(s, ranks, false, quiet, [&](const Tensor& t, const Placements& pl) {
+    for (const auto& sv : table) {
+      const Shape& big = sv.t->shape;
+      if (big.size() != t.shape.size()) continue;
+      int d = -1;
+      for (std::size_t i = 0; i < big.size(); ++i)
+        if (big[i] != t.shape[i]) d = d < 0 && t.shape[i] > 0 && big[i] % t.shape[i] == 0 ? static_cast<int>(i) : -2;
+      if (d < 0) continue;
+      std::int64_t n = t.shape[static_cast<std::size_t>(d)], k = big[static_cast<std::size_t>(d)] / n;
+      for (std::int64_t b = 0; b < k && k <= 64; ++b)
+        if (same_value(t, slice(*sv.t, d, b * n, (b + 1) * n))) {
+          if (how) *how = pl;
+          return hit = &sv, true;
+        }
+    }
     return false;
   });
   return hit;
@@ -511,9 +540,9 @@ bool generated_op(const Setup& s, int oi) { return s.pair && static_cast<std::si
 // spec sees them: concatenated along a dim (the microbatch split), summed or averaged (a loss or a gradient per
 // microbatch), or one of them when all agree; then by placement over the mesh. Other ops: their value alone.
 const SpecValue* match_op(const Setup& s, const std::vector<SpecValue>& table, const Run& run, int oi, const std::vector<int>& instances,
-                          const std::vector<Val>& merged, bool zigzag = false) {
+                          const std::vector<Val>& merged, bool zigzag = false, Placements* how = nullptr) {
   const auto& own = run.plan_vals[static_cast<std::size_t>(oi)];
-  if (instances.size() < 2) return match(s, table, merged, zigzag);
+  if (instances.size() < 2) return match(s, table, merged, zigzag, how);
   std::size_t ranks = own[0].size();
   int rank = -1;
   for (const Val& v : own[0])
@@ -525,7 +554,7 @@ const SpecValue* match_op(const Setup& s, const std::vector<SpecValue>& table, c
     if (k == 0 || mb != s.pair->mb[static_cast<std::size_t>(instances[k - 1])]) by_mb.emplace_back();
     by_mb.back().push_back(instances[k]);
   }
-  if (by_mb.size() < 2) return match(s, table, merged, zigzag);
+  if (by_mb.size() < 2) return match(s, table, merged, zigzag, how);
   // A scalar of the backward (the gradient of a microbatch's loss) is read as the same value in every microbatch (the
   // dual of a loss read as their sum): summed, the gradients of wrongly scaled losses could add up to the right one.
   bool same_only = rank == 0 && static_cast<std::size_t>(oi) < s.pair->derived.size() && s.pair->derived[static_cast<std::size_t>(oi)];
@@ -590,6 +619,9 @@ struct Culprit {
   int spec_op = -1;    // the model op it should have matched
   int frontier = -1;   // the first op on the way whose value matches no model value, when it is not `op`
   NameId named = -1;   // when `op` is a lineage point: the model's name it differs from
+  // An input of `op` that matches a model value only as a pending sum (a missing reduction before `op`).
+  NameId pending_in = -1, pending_spec = -1;
+  std::string pending_axes;
 };
 
 // Of the ops of several per-rank programs that compute one value (`op` and its peers), the one whose ranks hold pieces
@@ -665,7 +697,8 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   // values in zigzag order: made by LoadBalance, or by hand in the local view (each rank slices its two chunks)
   bool zigzag = p.local_view || std::any_of(p.ops.begin(), p.ops.end(), [](const Op& op) { return op.kind == OpKind::LoadBalance; });
   std::vector<const SpecValue*> matched(p.ops.size(), nullptr);
-  std::vector<char> good(p.ops.size(), 0);
+  std::vector<char> good(p.ops.size(), 0), konst(p.ops.size(), 0);
+  std::vector<Placements> how(p.ops.size());
   std::vector<int> position(p.ops.size(), -1);
   for (std::size_t k = 0; k < run.plan_order.size(); ++k) position[static_cast<std::size_t>(run.plan_order[k])] = static_cast<int>(k);
   // A pipelined plan: an op of the one-microbatch step has an instance per microbatch, matched together (match_op).
@@ -695,12 +728,14 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   std::unordered_map<int, const SpecValue*> family_match;
   for (int oi : run.plan_order) {
     auto o = static_cast<std::size_t>(oi);
+    // a constant (computed from no input: a rank's offset, a Full) has no counterpart to match and is never blamed first
+    konst[o] = std::all_of(producers[o].begin(), producers[o].end(), [&](int q) { return q >= 0 && konst[static_cast<std::size_t>(q)]; });
     if (!in_cone[o] || run.plan_vals[o].empty()) continue;
     int f = family_of(oi);
     if (auto it = family_match.find(f); f >= 0 && it != family_match.end()) matched[o] = it->second;
-    else matched[o] = match_op(s, table, run, oi, instances(oi), values_of(oi), zigzag);
+    else matched[o] = match_op(s, table, run, oi, instances(oi), values_of(oi), zigzag, &how[o]);
     if (f >= 0) family_match[f] = matched[o];
-    good[o] = matched[o] != nullptr;
+    good[o] = matched[o] != nullptr || konst[o];
   }
   int frontier = -1, fallback = -1;
   for (int oi : run.plan_order) {
@@ -716,6 +751,9 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   for (std::size_t oi = 0; oi < s.model.ops.size(); ++oi)
     for (NameId n : s.model.outs(s.model.ops[oi])) counterpart[static_cast<std::size_t>(n)] = n;
   for (const auto& l : p.lineage) counterpart[static_cast<std::size_t>(l.plan)] = l.spec;
+  std::vector<char> counterpart_by_link(p.names.size(), 0);  // a compared output only (no same name, no lineage: pair)
+  for (const auto& [pl, sp] : links)
+    if (counterpart[static_cast<std::size_t>(pl)] < 0) counterpart_by_link[static_cast<std::size_t>(pl)] = 1;
   for (const auto& [pl, sp] : links) counterpart[static_cast<std::size_t>(pl)] = sp;
   int named = -1;
   for (int oi : run.plan_order) {
@@ -745,6 +783,23 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
     if (!match_op(s, own, run, oi, instances(oi), vals, zigzag)) named = oi, c.named = want;
   }
   int first = frontier >= 0 ? frontier : fallback;
+  // The compared output's own writer is no lineage point of its own: an earlier op whose inputs match and whose value
+  // matches nothing is where the plan goes wrong (a spec that shares no intermediate name, as an imported one).
+  // An input that matches a model value only as a pending sum: a reduction is missing before the op that reads it.
+  auto pending_input = [&](int o) {
+    for (std::size_t i = 0; i < producers[static_cast<std::size_t>(o)].size() && c.pending_in < 0; ++i) {
+      int q = producers[static_cast<std::size_t>(o)][i];
+      if (q < 0 || !matched[static_cast<std::size_t>(q)]) continue;
+      std::string axes;
+      for (std::size_t a = 0; a < p.mesh.size(); ++a)
+        if (how[static_cast<std::size_t>(q)][a].is_p()) axes += (axes.empty() ? "" : ", ") + p.mesh[a].name;
+      if (!axes.empty()) c.pending_in = p.ins(p.ops[static_cast<std::size_t>(o)])[i], c.pending_spec = matched[static_cast<std::size_t>(q)]->name, c.pending_axes = axes;
+    }
+  };
+  if (named >= 0) pending_input(named);
+  if (named >= 0 && c.pending_in < 0 && frontier >= 0 && position[static_cast<std::size_t>(frontier)] < position[static_cast<std::size_t>(named)] && named == last &&
+      counterpart_by_link[static_cast<std::size_t>(p.outs(p.ops[static_cast<std::size_t>(named)])[0])])
+    named = -1, c.named = -1;
   c.op = named >= 0 ? named : first >= 0 ? first : last;
   // A pipeline's values are per microbatch and read as families, a per-rank plan's names are its programs' own (an
   // imported graph's): there the frontier, when it comes first, is the op.
@@ -764,17 +819,31 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   c.op = refine(c.op);
   c.frontier = refine(c.frontier);
   const Op& op = p.ops[static_cast<std::size_t>(c.op)];
+  if (c.pending_in < 0) pending_input(c.op);
   // The model op it should have matched: one writing the same name (or linked by lineage), else one of the same
   // kind reading what this op's inputs matched, else the one writing the compared output.
   NameId out0 = p.outs(op).empty() ? -1 : p.outs(op)[0];
   for (const auto& l : p.lineage)
     if (l.plan == out0) out0 = l.spec;
+  for (const auto& [pl, sp] : links)
+    if (pl == out0) out0 = sp;
   if (out0 >= 0) c.spec_op = s.model_last[static_cast<std::size_t>(out0)];  // the op that writes its final value
-  if (c.spec_op < 0) {
+  if (c.spec_op < 0) {  // a model op of the same kind reading what this op's inputs matched, else one reading any of it
+    for (int pass = 0; pass < 2 && c.spec_op < 0; ++pass)
     for (std::size_t mi = 0; mi < s.model.ops.size() && c.spec_op < 0; ++mi) {
       const Op& mo = s.model.ops[mi];
-      if (mo.kind != op.kind) continue;
       auto mins = s.model.ins(mo);
+      if (pass == 1) {
+        bool any = false;
+        for (std::size_t i = 0; i < producers[static_cast<std::size_t>(c.op)].size(); ++i) {
+          int q = producers[static_cast<std::size_t>(c.op)][i];
+          NameId want = q < 0 ? p.ins(op)[i] : matched[static_cast<std::size_t>(q)] ? matched[static_cast<std::size_t>(q)]->name : -1;
+          any |= want >= 0 && std::find(mins.begin(), mins.end(), want) != mins.end();
+        }
+        if (any) c.spec_op = static_cast<int>(mi);
+        continue;
+      }
+      if (mo.kind != op.kind) continue;
       bool all = mins.size() == producers[static_cast<std::size_t>(c.op)].size();
       for (std::size_t i = 0; all && i < mins.size(); ++i) {
         int q = producers[static_cast<std::size_t>(c.op)][i];
@@ -871,6 +940,40 @@ bool stays_real(Setup& s, Run& r, const Link& l) {
 
 // A difference found in trial `ts`: value-mismatch (the doubles differ: a counterexample, the first plan op that goes
 // wrong), or value-unproved (only the field lanes differ).
+// The axes on which the plan's output of `l`, read as a pending sum there, equals the spec's value ("" when none
+// does, or the run fails): a missing reduction.
+std::string pending_axes(Setup& s, const Link& l, std::uint64_t ts, std::int64_t& work) {
+  int w = s.plan_last[static_cast<std::size_t>(l.plan)];
+  if (w < 0) return {};
+  std::unique_ptr<Run> rec;
+  try {
+    rec = run_once(s, ts, false, true, work);
+  } catch (const BudgetError&) {
+    return {};
+  }
+  if (!rec->failure.empty() || static_cast<std::size_t>(w) >= rec->plan_vals.size()) return {};
+  auto outs = s.p.outs(s.p.ops[static_cast<std::size_t>(w)]);
+  const Val& want = rec->model->at(0, l.spec);
+  if (!want.defined) return {};
+  for (std::size_t k = 0; k < outs.size() && k < rec->plan_vals[static_cast<std::size_t>(w)].size(); ++k) {
+    if (outs[k] != l.plan) continue;
+    const auto& ranks = rec->plan_vals[static_cast<std::size_t>(w)][k];
+    OracleOptions quiet = s.oo;
+    quiet.rtol = kRtol, quiet.atol = kAtol;
+    std::string found;
+    any_reading(s, ranks, true, quiet, [&](const Tensor& t, const Placements& pl) {
+      std::string axes;
+      for (std::size_t a = 0; a < s.p.mesh.size(); ++a)
+        if (pl[a].is_p()) axes += (axes.empty() ? "" : ", ") + s.p.mesh[a].name;
+      if (axes.empty() || t.shape != want.t.shape || !same_value(t, want.t)) return false;
+      found = axes;
+      return true;
+    });
+    if (!found.empty()) return found;
+  }
+  return {};
+}
+
 EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work, EquivResult& res) {
   const Program& p = s.p;
   const Link& bad = links[diff.link];
@@ -880,6 +983,19 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   d.tensor = p.name(bad.plan);
   if (diff.kind == DiffKind::Form) {
     d.message = diff.what;
+    // An output the ranks hold as summands of the spec's value (a row-parallel layer without its all-reduce): the
+    // reduction is missing after the op that wrote it, which is where the diagnostic goes.
+    if (std::string axes = pending_axes(s, bad, ts, work); !axes.empty()) {
+      int w = s.plan_last[static_cast<std::size_t>(bad.plan)];
+      const Op& op = p.ops[static_cast<std::size_t>(w)];
+      d.loc = op.loc;
+      d.op = w;
+      d.message = fmt::format("{}; the ranks hold summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing after {}",
+                              diff.what, p.name(bad.spec), axes, axes, op_text(s, false, op));
+      if (int m = s.model_last[static_cast<std::size_t>(bad.spec)]; m >= 0)
+        d.notes.push_back({s.model.ops[static_cast<std::size_t>(m)].loc, "the spec computes it whole here: " + op_text(s, true, s.model.ops[static_cast<std::size_t>(m)])});
+      d.notes.push_back({bad.loc, fmt::format("output {} is compared here, read by its placement", p.name(bad.plan))});
+    }
     res.verdict = EquivVerdict::Mismatch;
     res.message = d.message;
     res.diags.push_back(std::move(d));
@@ -949,11 +1065,21 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
     d.message = fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, {}", rdiff->what, op_text(s, false, op),
                             c.named >= 0 ? "whose value differs from the spec's " + p.name(c.named) + " by every placement"
                                          : std::string("whose value matches no value of the spec"));
+    if (c.pending_in >= 0)
+      d.message += fmt::format("; it reads {}, which holds summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing before it",
+                               p.name(c.pending_in), p.name(c.pending_spec), c.pending_axes, c.pending_axes);
+    // The compared output's writer holding summands of the spec's value (ranks that disagree on an R output, a
+    // row-parallel layer without its all-reduce): the reduction is missing after it.
+    std::string out_axes;
+    if (c.pending_in < 0 && c.op == s.plan_last[static_cast<std::size_t>(shown.plan)]) out_axes = pending_axes(s, shown, ts, work);
+    if (!out_axes.empty())
+      d.message += fmt::format("; the ranks hold summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing after {}",
+                               p.name(shown.spec), out_axes, out_axes, op_text(s, false, op));
     if (c.spec_op >= 0) {
       const Op& mo = s.model.ops[static_cast<std::size_t>(c.spec_op)];
-      d.notes.push_back({mo.loc, "the spec computes it here: " + op_text(s, true, mo)});
+      d.notes.push_back({mo.loc, (out_axes.empty() ? "the spec computes it here: " : "the spec computes it whole here: ") + op_text(s, true, mo)});
     }
-    if (c.frontier >= 0) {
+    if (c.frontier >= 0 && c.pending_in < 0) {  // (a pending input already says where: the reduction before op)
       const Op& fo = p.ops[static_cast<std::size_t>(c.frontier)];
       d.notes.push_back({fo.loc, fmt::format("the first value on the way with no counterpart in the spec is {}: the difference arises between there and line {}",
                                              op_text(s, false, fo), op.loc.line)});

@@ -376,6 +376,9 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::Stack:
     case OpKind::Pad:
     case OpKind::Arange:
+    case OpKind::Full:
+    case OpKind::Sin:
+    case OpKind::Cos:
     case OpKind::RoPE:
     case OpKind::IndexSelect:
     case OpKind::IndexAdd:

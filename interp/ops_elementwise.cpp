@@ -42,7 +42,7 @@ Num Runner::scalar_of(const Op& op) const {
   return e < 0 ? Num(op.attrs.number) : Num(static_cast<double>(eval(e, "the scalar of " + std::string(op_name(op.kind)))));
 }
 
-// SiLU, GELU, ReLU, Sigmoid, Cast, LossScale, Neg, Exp, Log, Sqrt, Rsqrt, Not: a function of each element.
+// SiLU, GELU, ReLU, Sigmoid, Cast, LossScale, Neg, Exp, Log, Sqrt, Rsqrt, Sin, Cos, Not: a function of each element.
 void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   const OpAttrs& at = op.attrs;
@@ -71,6 +71,8 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
       const Num one = 1.0;  // made here: a constant's lanes are set only while the lanes are on
       return one / (one + exp(-x));
     });
+  else if (k == OpKind::Sin) map([](const Num& x) { return sin(x); });
+  else if (k == OpKind::Cos) map([](const Num& x) { return cos(x); });
   else if (k == OpKind::Not) map([this, oi](const Num& x) { return decide(oi, x.d == 0, x, nullptr); });
   else map([](const Num& x) { return x; });
   std::string t = was_finite ? leaves_reals(true, v.t, {}, taint) : taint;

@@ -1,6 +1,6 @@
 // interp/ops_tensor.cpp - the numeric oracle: the tensor ops of issue 10.
 //
-// Ops: Slice, Split, Concat, Stack, Pad, Arange, RoPE, IndexSelect, IndexAdd. Each rank runs what a per-rank
+// Ops: Slice, Split, Concat, Stack, Pad, Arange, Full, RoPE, IndexSelect, IndexAdd. Each rank runs what a per-rank
 // program runs on its local piece: an op on a dim sharded over some axes cuts, joins or pads the local block
 // with the offsets divided by the shard count (a local program's view), so a cut that is not the whole dim
 // gives the interleaved result a real run gives, never the global one.
@@ -171,6 +171,19 @@ void Runner::arange(int oi, std::int64_t r, const std::string& taint) {
   check_size(o.gshape);
   o.t = Tensor(o.gshape);
   for (std::int64_t i = 0; i < end - start; ++i) o.t.data[static_cast<std::size_t>(i)] = static_cast<double>(start + i);
+  set_out(oi, r, 0, std::move(o), taint);
+}
+
+// Full: every element `value` (an exact constant), replicated.
+void Runner::full(int oi, std::int64_t r, const std::string& taint) {
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  Val o;
+  for (ExprId e : p_.shapes[op.attrs.shape]) o.gshape.push_back(eval(e, "a dim of a Full"));
+  o.mask.assign(o.gshape.size(), 0);
+  check_size(o.gshape);
+  o.t = Tensor(o.gshape);
+  const Num v(op.attrs.has_number ? op.attrs.number : 0.0);
+  std::fill(o.t.data.begin(), o.t.data.end(), v);
   set_out(oi, r, 0, std::move(o), taint);
 }
 

@@ -454,6 +454,8 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::GELU:
     case OpKind::ReLU:
     case OpKind::Cast:
+    case OpKind::Sin:
+    case OpKind::Cos:
     case OpKind::LossScale: return pointwise(oi, r, taint);
     case OpKind::FP8Quantize: return fp8_quantize(oi, r, taint);
     case OpKind::FP8Dequantize: return fp8_dequantize(oi, r, taint);
@@ -491,6 +493,7 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::Stack: return concat_op(oi, r, c, taint, true);
     case OpKind::Pad: return pad_op(oi, r, c, taint);
     case OpKind::Arange: return arange(oi, r, taint);
+    case OpKind::Full: return full(oi, r, taint);
     case OpKind::RoPE: return rope(oi, r, c, taint);
     case OpKind::IndexSelect: return index_select(oi, r, taint);
     case OpKind::IndexAdd: return index_add(oi, r, c, taint);

@@ -276,6 +276,7 @@ class Runner {
   void concat_op(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint, bool stack);
   void pad_op(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void arange(int oi, std::int64_t r, const std::string& taint);
+  void full(int oi, std::int64_t r, const std::string& taint);
   void rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void index_select(int oi, std::int64_t r, const std::string& taint);
   void index_add(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);

@@ -18,6 +18,7 @@ enum class Severity : std::uint8_t { Error, Warning, Note };
 struct Note {
   Loc loc;
   std::string message;
+  std::string file{};  // empty: the program's file (an imported op's note may name the model's source or its graph)
 };
 
 // A fix in machine-readable form (docs/format.md, "JSON output"): ops to write into the file. `yaml` holds
@@ -46,6 +47,7 @@ struct Diagnostic {
   std::vector<Note> notes; // related places; a note whose message starts with "fix: " suggests the fix
   std::vector<std::string> ranks{};  // the ranks involved, e.g. {pp: 0} (per-rank programs)
   Fix fix{};               // the `fix:` note in machine-readable form, when it is an insert or a replace
+  std::string file{};      // empty: the program's file; else where `loc` is (an imported op's source line)
 };
 
 // A program that cannot be read: YAML syntax, unknown op or key, bad attribute... (exit code 2).

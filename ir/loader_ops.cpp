@@ -310,7 +310,8 @@ void Loader::load_op(N item) {
       std::vector<std::string> allowed = {"op", "in", "out"};
       for (const auto& a : info.attrs) allowed.push_back(a.name);
       std::vector<std::string> attrs;
-      for (const auto& a : info.attrs) attrs.push_back(a.name);
+      for (const auto& a : info.attrs)
+        if (a.name != "at") attrs.push_back(a.name);  // (every op's source origin, written by the importer)
       fail(k, "unknown attribute '" + key + "' for " + where + suggestion(key, allowed) + " (" + where + " takes: " +
                   join(attrs) + ")");
     }
@@ -495,6 +496,12 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       return;
     case AttrType::Name:
       if (!v.IsScalar() || v.Scalar().empty()) fail(v, what + " must be a name");
+      if (n == "at") {
+        if (v.Scalar().size() > 4096) fail(v, what + " is longer than 4096 characters");
+        a.at = static_cast<std::uint32_t>(p_.origins.size());
+        p_.origins.push_back(v.Scalar());
+        return;
+      }
       (n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : n == "for" || n == "event" ? a.sync : a.stream) =
           n == "stream" || n == "label" || n == "for" ? p_.intern(v.Scalar()) : name_id(v.sv());
       return;

@@ -48,6 +48,7 @@ std::vector<AttrSpec> parse_attr_specs(std::string_view text) {
     out.push_back(std::move(a));
   }
   out.push_back({"stream", AttrType::Name, false, {}});
+  out.push_back({"at", AttrType::Name, false, {}});
   return out;
 }
 
@@ -188,7 +189,7 @@ std::string ops_markdown() {
   std::ostringstream o;
   o << "# Ops\n\nGenerated from `ir/ops.def` by `spmdcheck ops --markdown`; do not edit by hand "
        "(a test fails when this file is stale).\n\n"
-       "Every op also takes `stream: NAME`. Attributes marked **required** must be given. "
+       "Every op also takes `stream: NAME` and `at: ORIGIN` (an imported op's source line, docs/import.md). Attributes marked **required** must be given. "
        "Ops in the category *not supported yet* are recognized and rejected with a located error.\n";
   OpCategory last = OpCategory::later;
   bool first = true;
@@ -200,7 +201,7 @@ std::string ops_markdown() {
     }
     std::string attrs;
     for (const auto& a : info.attrs) {
-      if (a.name == "stream") continue;
+      if (a.name == "stream" || a.name == "at") continue;
       attrs += (attrs.empty() ? "" : ", ") + std::string("`") + a.name + "` (" + attr_type_name(a) + (a.required ? ", required" : "") + ")";
     }
     std::string operands(info.operands);
@@ -223,7 +224,7 @@ std::string ops_text() {
       << info.operands << "), out: " << arity(info.min_out, info.max_out) << "\n";
     std::string attrs;
     for (const auto& a : info.attrs) {
-      if (a.name == "stream") continue;
+      if (a.name == "stream" || a.name == "at") continue;
       attrs += (attrs.empty() ? "" : ", ") + a.name + (a.required ? "!" : "") + ": " + attr_type_name(a);
     }
     if (!attrs.empty()) o << "    attrs: " << attrs << "\n";

@@ -78,6 +78,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     case AttrType::DType: return a.has_dtype ? std::optional(std::string(dtype_name(a.dtype))) : std::nullopt;
     case AttrType::Shape: return a.shape != kNoIndex ? std::optional(p.shape_str(p.shapes[a.shape])) : std::nullopt;
     case AttrType::Name: {
+      if (n == "at") return a.at != kNoIndex ? std::optional("\"" + p.origins[a.at] + "\"") : std::nullopt;
       NameId id = n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : n == "for" || n == "event" ? a.sync : a.stream;
       return id >= 0 ? std::optional(p.name(id)) : std::nullopt;
     }

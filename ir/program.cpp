@@ -197,4 +197,78 @@ void annotate_instances(const Program& p, std::vector<Diagnostic>& diags) {
   }
 }
 
+namespace {
+
+struct OriginEntry {
+  std::string file, text;
+  Loc loc;
+};
+
+// "path:line[:col] [text] | path:line[:col] [text] | ..." (entries without a line number are skipped).
+std::vector<OriginEntry> parse_origin(const std::string& s) {
+  std::vector<OriginEntry> out;
+  std::size_t a = 0;
+  while (a <= s.size()) {
+    std::size_t bar = s.find(" | ", a);
+    std::string e = s.substr(a, bar == std::string::npos ? std::string::npos : bar - a);
+    std::size_t sp = e.find(' ');
+    std::string where = e.substr(0, sp), text = sp == std::string::npos ? "" : e.substr(sp + 1);
+    auto num = [](const std::string& t) { return !t.empty() && t.size() < 10 && t.find_first_not_of("0123456789") == std::string::npos; };
+    std::size_t c1 = where.rfind(':');
+    if (c1 != std::string::npos && num(where.substr(c1 + 1))) {
+      OriginEntry o;
+      o.text = text;
+      std::size_t c2 = where.rfind(':', c1 - 1);
+      if (c2 != std::string::npos && c2 < c1 && num(where.substr(c2 + 1, c1 - c2 - 1))) {
+        o.file = where.substr(0, c2);
+        o.loc = {static_cast<std::uint32_t>(std::stoul(where.substr(c2 + 1, c1 - c2 - 1))), static_cast<std::uint32_t>(std::stoul(where.substr(c1 + 1)))};
+      } else {
+        o.file = where.substr(0, c1);
+        o.loc = {static_cast<std::uint32_t>(std::stoul(where.substr(c1 + 1))), 0};
+      }
+      if (!o.file.empty() && o.loc.line) out.push_back(std::move(o));
+    }
+    if (bar == std::string::npos) break;
+    a = bar + 3;
+  }
+  return out;
+}
+
+}  // namespace
+
+void annotate_origins(const Program& p, const std::string& file, std::vector<Diagnostic>& diags) {
+  if (p.origins.empty()) return;
+  std::unordered_map<std::uint32_t, std::uint32_t> at_line;  // a line of this file -> the `at:` of the op written there
+  for (const auto* list : {&p.ops, &p.spec_ops, &p.backward, &p.grad_sync})
+    for (const Op& op : *list)
+      if (op.attrs.at != kNoIndex) at_line.emplace(op.loc.line, op.attrs.at);
+  for (auto& d : diags) {
+    for (auto& n : d.notes) {
+      if (!n.file.empty()) continue;
+      auto it = at_line.find(n.loc.line);
+      if (it == at_line.end()) continue;
+      auto es = parse_origin(p.origins[it->second]);
+      if (es.empty()) continue;
+      std::string also;
+      for (std::size_t k = 1; k < es.size(); ++k) also += (also.empty() ? "" : "; ") + es[k].file + ":" + std::to_string(es[k].loc.line) + (es[k].text.empty() ? "" : " " + es[k].text);
+      n.message += " [" + file + ":" + std::to_string(n.loc.line) + (also.empty() ? "" : "; " + also) + "]";
+      n.file = es[0].file;
+      n.loc = es[0].loc;
+    }
+    if (!d.file.empty()) continue;
+    auto it = at_line.find(d.loc.line);
+    if (it == at_line.end()) continue;
+    auto es = parse_origin(p.origins[it->second]);
+    if (es.empty()) continue;
+    std::vector<Note> front;
+    for (std::size_t k = 1; k < es.size(); ++k) front.push_back({es[k].loc, "in the captured graph" + (es[k].text.empty() ? "" : ": " + es[k].text), es[k].file});
+    front.push_back({d.loc, "imported as this op"});
+    for (auto& n : d.notes)  // notes the check placed at the op itself now read at its source line
+      if (n.file.empty() && n.loc.line == d.loc.line) n.file = es[0].file, n.loc = es[0].loc;
+    d.notes.insert(d.notes.begin(), front.begin(), front.end());
+    d.file = es[0].file;
+    d.loc = es[0].loc;
+  }
+}
+
 }  // namespace spmd

@@ -139,6 +139,7 @@ struct OpAttrs {
   NameId handle = -1, stream = -1, group = -1;  // group: a batched point-to-point group (batch_isend_irecv)
   NameId matches = -1, label = -1;              // Recv: the name its Send must send; Step: its label (e.g. 1F3)
   NameId sync = -1;                              // WaitStream: the stream waited for (`for`); RecordEvent / WaitEvent: the event
+  std::uint32_t at = kNoIndex;                    // `at:` (an imported op's origin): index into Program::origins
   double number = 0;                   // scalar / scale / p / eps
   Placement to{}, from{};
   ReduceOp rop = ReduceOp::Sum;
@@ -296,6 +297,10 @@ struct Program {
   std::vector<SpecLink> spec_outputs;  // compared: each plan output with its spec tensor
   std::vector<SpecLink> lineage;       // intermediate correspondences (equal names are implicit)
 
+  // `at:` of imported ops (docs/import.md): "file:line[:col] [text] | file:line[:col] [text] | ...", the first
+  // entry the op's place in the model's source, the others notes (the captured graph's line).
+  std::vector<std::string> origins;
+
   bool has_expect = false;
   std::vector<std::string> expect;         // check IDs, as written
   Loc expect_loc;
@@ -329,5 +334,9 @@ struct Program {
 // 80 ...") at the line that expanded it; a diagnostic inside an included file moves to that line and keeps the
 // included position in its message.
 void annotate_instances(const Program& p, std::vector<Diagnostic>& diags);
+
+// Moves each diagnostic (and note) at an op with `at:` to the first place `at:` names (the model's source line),
+// keeping the other places and the op's line in this file as notes (docs/import.md, "Diagnostics").
+void annotate_origins(const Program& p, const std::string& file, std::vector<Diagnostic>& diags);
 
 }  // namespace spmd

@@ -293,6 +293,7 @@ class Checker {
   void concat_op(bool stack);
   void pad_op();
   void arange();
+  void full();
   void rope();
   void index_select();
   void index_add();

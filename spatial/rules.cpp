@@ -660,7 +660,9 @@ void Checker::apply() {
     case OpKind::Sigmoid: return math_unary();
     case OpKind::SiLU:
     case OpKind::GELU:
-    case OpKind::ReLU: return nonlinear();
+    case OpKind::ReLU:
+    case OpKind::Sin:
+    case OpKind::Cos: return nonlinear();
     case OpKind::FP8Quantize: return fp8_quantize();
     case OpKind::Step: return step_rule();
     case OpKind::Dropout: return dropout();
@@ -720,6 +722,7 @@ void Checker::apply() {
     case OpKind::Stack: return concat_op(true);
     case OpKind::Pad: return pad_op();
     case OpKind::Arange: return arange();
+    case OpKind::Full: return full();
     case OpKind::RoPE: return rope();
     case OpKind::IndexSelect: return index_select();
     case OpKind::IndexAdd: return index_add();

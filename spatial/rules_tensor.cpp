@@ -212,6 +212,14 @@ void Checker::arange() {
   for (int a = 0; a < axes(); ++a) o.pl[static_cast<std::size_t>(a)] = Placement::r();
 }
 
+// Full: a constant of the given shape, the same on every rank.
+void Checker::full() {
+  Value& o = out();
+  set_shape(o, p_.shapes[at().shape]);
+  o.dtype = at().has_dtype ? at().dtype : DType::F32;
+  for (int a = 0; a < axes(); ++a) o.pl[static_cast<std::size_t>(a)] = Placement::r();
+}
+
 // Positions and indices carry no gradient, so an I one is as good as R (no invariant-mix with them).
 void Checker::rope() {
   const Value& x = in(0);

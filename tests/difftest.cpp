@@ -474,7 +474,9 @@ class Gen {
       emit("Exp", {xn}, {e});
       return emit(f, {e.name}, {o});
     };
-    switch (rng_.below(14)) {
+    switch (rng_.below(16)) {
+      case 14: return emit("Sin", {xn}, {o});
+      case 15: return emit("Cos", {xn}, {o});
       case 9: return emit("Neg", {xn}, {o});
       case 10: return emit("Exp", {xn}, {o});
       case 11: return after_exp("Log");

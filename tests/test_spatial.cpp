@@ -30,6 +30,9 @@ TEST_CASE("partial-misuse: bias before the AllReduce, nonlinear ops and norms on
   CHECK(ids(row_linear("  - {op: AllReduce, in: [y_partial], out: y0, axis: tp}\n  - {op: GELU, in: [y0], out: y}")) == none());
   CHECK(ids(row_linear("  - {op: GELU, in: [y_partial], out: y0}\n  - {op: AllReduce, in: [y0], out: y, axis: tp}")) == one("partial-misuse"));
   CHECK(ids(row_linear("  - {op: SiLU, in: [y_partial], out: y0}\n  - {op: AllReduce, in: [y0], out: y, axis: tp}")) == one("partial-misuse"));
+  CHECK(ids(row_linear("  - {op: Sin, in: [y_partial], out: y0}\n  - {op: AllReduce, in: [y0], out: y, axis: tp}")) == one("partial-misuse"));
+  CHECK(ids(row_linear("  - {op: Cos, in: [y_partial], out: y0}\n  - {op: AllReduce, in: [y0], out: y, axis: tp}")) == one("partial-misuse"));
+  CHECK(ids(row_linear("  - {op: AllReduce, in: [y_partial], out: y0, axis: tp}\n  - {op: Sin, in: [y0], out: y1}\n  - {op: Cos, in: [y1], out: y}")) == none());
   CHECK(ids(row_linear("  - {op: Softmax, in: [y_partial], out: y0}\n  - {op: AllReduce, in: [y0], out: y, axis: tp}")) == one("partial-misuse"));
   CHECK(ids(row_linear("  - {op: LayerNorm, in: [y_partial, b, b], out: y0}\n  - {op: AllReduce, in: [y0], out: y, axis: tp}")) ==
         one("partial-misuse"));
