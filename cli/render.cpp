@@ -26,14 +26,14 @@ std::string_view severity_name(Severity s) {
 std::string render_text(const std::string& file, const std::vector<Diagnostic>& diags) {
   std::string s;
   for (const auto& d : diags) {
-    s += fmt::format("{}: {}[{}]: {}\n", where(file, d.loc), severity_name(d.severity), check_name(d.id), d.message);
-    for (const auto& n : d.notes) s += fmt::format("{}: note: {}\n", where(file, n.loc.line ? n.loc : d.loc), n.message);
+    s += fmt::format("{}: {}[{}]: {}\n", where(file, d.loc), severity_name(d.severity), check_name(d.id), printable(d.message));
+    for (const auto& n : d.notes) s += fmt::format("{}: note: {}\n", where(file, n.loc.line ? n.loc : d.loc), printable(n.message));
   }
   return s;
 }
 
 std::string render_load_error(const std::string& file, const LoadError& e) {
-  return fmt::format("{}: error: {}\n", where(file, e.loc), e.what());
+  return fmt::format("{}: error: {}\n", where(file, shown_loc(e.loc)), e.what());
 }
 
 nlohmann::json render_json(const std::string& file, const std::vector<Diagnostic>& diags) {

@@ -274,7 +274,7 @@ int Loader::axis_index(N k, const std::string& what) {
   const std::string& name = k.Scalar();
   for (std::size_t i = 0; i < p_.mesh.size(); ++i)
     if (p_.mesh[i].name == name) return static_cast<int>(i);
-  fail(k, what + " names axis '" + name + "', which the mesh lacks" + suggestion(name, p_.axis_names()) +
+  fail(k, what + " names axis '" + excerpt(name) + "', which the mesh lacks" + suggestion(name, p_.axis_names()) +
               " (mesh axes: " + join(p_.axis_names()) + ")");
 }
 
@@ -550,6 +550,7 @@ Program load_tree(const std::string& text, const std::string& filename) {
 }
 
 Program load(const std::string& text, const std::string& filename) {
+  require_utf8(text);  // the JSON reader would pass bytes through that libyaml rejects
   if (looks_like_json(text)) {
     try {
       return load_streaming(*json_events(text), filename, text.size());

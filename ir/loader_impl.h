@@ -45,7 +45,7 @@ inline std::string kind_of(N n) {
   if (n.IsMap()) return "a mapping";
   if (n.IsSequence()) return "a list";
   if (n.IsNull()) return "nothing";
-  return "'" + n.Scalar() + "'";
+  return "'" + excerpt(n.sv()) + "'";
 }
 
 // Iterates a mapping, rejecting duplicate and unknown keys. `fn(key, value)`.
