@@ -13,6 +13,7 @@
 #include "autograd/autograd.h"
 #include "cli/render.h"
 #include "ir/loader.h"
+#include "ir/source_file.h"
 #include "interp/interp.h"
 #include "temporal/temporal.h"
 
@@ -52,17 +53,14 @@ void check_schedule(FileResult& r, const Options& opt, std::ostream* dot) {
 
 std::string display_name(const std::string& path) { return path == "-" ? "<stdin>" : path; }
 
-std::optional<std::string> input_text(const std::string& path, const Options& opt) {
-  if (path == "-") return opt.stdin_text ? *opt.stdin_text : std::string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+std::string input_text(const std::string& path, const Options& opt) {
+  if (path != "-") return read_input_file(path, is_csv(path) ? kMaxCsvBytes : kMaxInputBytes);
+  if (opt.stdin_error) throw *opt.stdin_error;
+  return opt.stdin_text.value_or("");
 }
 
 Program load_input(const std::string& path, const Options& opt) {
-  if (path == "-") return load_program_string(opt.stdin_text ? *opt.stdin_text : std::string(), display_name(path));
+  if (path == "-") return load_program_string(input_text(path, opt), display_name(path));
   return load_program_file(path);
 }
 
