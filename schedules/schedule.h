@@ -17,9 +17,12 @@
 
 namespace spmd {
 
-// Lowering makes about four ops per action, so a schedule has at most kMaxOps / 4 actions (checked
-// before anything is allocated: by the generators from their parameters, by the CSV reader per cell).
-inline constexpr std::size_t kMaxScheduleActions = kMaxOps / 4;
+// Lowering makes about four ops per action, and checking a lowered schedule takes about 1 KB per action: at
+// most 500,000 actions keeps a schedule from a two-line program under 1 GiB (2,500,000 took 2.3 GiB). Checked
+// before anything is allocated: by the generators from their parameters, by the CSV reader per cell (and at
+// most 4 cells per action, bubbles included).
+inline constexpr std::size_t kMaxScheduleActions = 500'000;
+inline constexpr std::size_t kMaxScheduleCells = 4 * kMaxScheduleActions;
 
 enum class ActionType : std::uint8_t { F, I, W, B, SendF, RecvF, SendB, RecvB, Unshard, Reshard, ReduceGrad, OverlapFB };
 
