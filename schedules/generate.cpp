@@ -131,6 +131,11 @@ Schedule generate_schedule(const std::string& kind, int p, int m, int v) {
     throw std::invalid_argument(fmt::format("{} with {} stages, {} microbatches{} has {} actions, more than the {} a schedule may have (each is "
                                             "lowered to about 4 ops and checked in about 1 KB); use fewer microbatches or stages",
                                             k, p * v, m, v > 1 ? fmt::format(" ({} virtual per rank)", v) : "", actions, kMaxScheduleActions));
+  if (actions * p > kMaxScheduleRankActions)
+    throw std::invalid_argument(fmt::format("{} on {} ranks with {} microbatches has {} ranks x {} actions = {}, more than the {} the deadlock check "
+                                            "can afford (its vector clocks grow with both: each rank hears of every rank before it); use fewer "
+                                            "ranks or microbatches",
+                                            k, p, m, p, actions, actions * p, kMaxScheduleRankActions));
   Schedule s;
   s.source = fmt::format("{} ({} ranks, {} microbatches{})", k, p, m, v > 1 ? fmt::format(", {} virtual stages", v) : "");
   for (int r = 0; r < p; ++r) {

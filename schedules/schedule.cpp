@@ -153,6 +153,10 @@ class CsvParser {
           if (++actions > kMaxScheduleActions)
             fail(a.loc, fmt::format("the schedule has more than {} actions (each is lowered to about 4 ops and checked in about 1 KB)",
                                     kMaxScheduleActions));
+          if (static_cast<std::int64_t>(actions * lines.size()) > kMaxScheduleRankActions)
+            fail(a.loc, fmt::format("the schedule has {} rows (pipeline ranks), so it may have at most {} actions: the deadlock check affords {} "
+                                    "ranks x actions (its vector clocks grow with both: each rank hears of every rank before it)",
+                                    lines.size(), kMaxScheduleRankActions / static_cast<std::int64_t>(lines.size()), kMaxScheduleRankActions));
           s.has_comms |= a.type == ActionType::SendF || a.type == ActionType::RecvF || a.type == ActionType::SendB || a.type == ActionType::RecvB;
           row.push_back(a);
         }

@@ -23,6 +23,10 @@ namespace spmd {
 // most 4 cells per action, bubbles included).
 inline constexpr std::size_t kMaxScheduleActions = 500'000;
 inline constexpr std::size_t kMaxScheduleCells = 4 * kMaxScheduleActions;
+// The deadlock check's vector clocks: along a pipeline each rank hears of every rank before it, so checking
+// costs about 3.5 bytes per (rank, action) pair (GPipe on 8,192 ranks, 3 microbatches: 4 x 10^8 pairs, 1.4 GiB;
+// on 65,536 ranks it ran out of memory). At most 2 x 10^8 pairs keeps it under 1 GiB.
+inline constexpr std::int64_t kMaxScheduleRankActions = 200'000'000;
 
 enum class ActionType : std::uint8_t { F, I, W, B, SendF, RecvF, SendB, RecvB, Unshard, Reshard, ReduceGrad, OverlapFB };
 

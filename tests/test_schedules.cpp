@@ -72,6 +72,25 @@ TEST_CASE("the legacy BW token and malformed actions are located errors") {
   CHECK(err("0F0,,0B0\n\n").empty());  // bubbles and trailing empty lines are fine
 }
 
+TEST_CASE("a CSV's rows x actions are bounded while it is read (the deadlock check's vector clocks grow with both)") {
+  // 20,000 rows: at most 10,000 actions. The 10,001st (on the last row) is the located error; 10,000 parse.
+  auto table = [](int first_row_actions) {
+    std::string t;
+    for (int i = 0; i < first_row_actions; ++i) t += i ? ",0F0" : "0F0";
+    t += std::string(19'998, '\n') + "\n0B0\n";
+    return t;
+  };
+  CHECK(parse_schedule_csv(table(9'999), "t.csv").rows.size() == 20'000);
+  try {
+    parse_schedule_csv(table(10'000), "t.csv");
+    FAIL("10,001 actions on 20,000 rows must be rejected");
+  } catch (const LoadError& e) {
+    CHECK(e.loc.line == 20'000);
+    CHECK(e.loc.col == 1);
+    CHECK(std::string(e.what()).find("at most 10000 actions") != std::string::npos);
+  }
+}
+
 TEST_CASE("generated schedules pass over a grid of stages, microbatches and virtual stages") {
   for (const char* kind : {"GPipe", "1F1B", "ZBH1", "Interleaved1F1B"})
     for (int p : {1, 2, 3, 4, 8})
