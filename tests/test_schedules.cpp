@@ -72,7 +72,7 @@ TEST_CASE("the legacy BW token and malformed actions are located errors") {
   CHECK(err("0F0,,0B0\n\n").empty());  // bubbles and trailing empty lines are fine
 }
 
-TEST_CASE("a CSV's rows x actions are bounded while it is read (the deadlock check's vector clocks grow with both)") {
+TEST_CASE("a CSV's cells and rows x actions are bounded while it is read (the deadlock check's vector clocks grow with both)") {
   // 20,000 rows: at most 10,000 actions. The 10,001st (on the last row) is the located error; 10,000 parse.
   auto table = [](int first_row_actions) {
     std::string t;
@@ -88,6 +88,14 @@ TEST_CASE("a CSV's rows x actions are bounded while it is read (the deadlock che
     CHECK(e.loc.line == 20'000);
     CHECK(e.loc.col == 1);
     CHECK(std::string(e.what()).find("at most 10000 actions") != std::string::npos);
+  }
+  // Empty cells are counted too, while the row is read (60 million commas took 2.5 GiB before the action count).
+  try {
+    parse_schedule_csv("0F0" + std::string(2'000'000, ',') + "0B0\n", "t.csv");
+    FAIL("2,000,001 cells must be rejected");
+  } catch (const LoadError& e) {
+    CHECK(e.loc.line == 1);
+    CHECK(std::string(e.what()).find("more than 2000000 cells") != std::string::npos);
   }
 }
 
