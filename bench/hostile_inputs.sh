@@ -71,6 +71,7 @@ open("expect_huge.yaml", "w").write("# expect-error: 99999999999999999999:1: x\n
 open("ranks.yaml", "w").write("mesh: {pp: 256, dp: 257}\ntensors: {x: {shape: [4]}}\nprograms:\n  - ranks: {pp: 0, dp: 0}\n    ops: [{op: GELU, in: [x], out: y}]\n  - ranks: {}\n    ops: [{op: GELU, in: [x], out: y}]\n")
 open("stages.yaml", "w").write("mesh: {pp: 65537}\nschedule: {kind: GPipe, axis: pp, microbatches: 1}\n")
 open("deep_pipeline.yaml", "w").write("mesh: {pp: 65536}\nschedule: {kind: GPipe, axis: pp, microbatches: 3}\n")
+open("deep_pipeline_1mb.yaml", "w").write("mesh: {pp: 10000}\nschedule: {kind: GPipe, axis: pp, microbatches: 1}\n")
 open("long_schedule.yaml", "w").write("mesh: {pp: 4}\nschedule: {kind: 1F1B, axis: pp, microbatches: 312500}\n")
 open("scaled.yaml", "w").write("# a comment\nmesh: {tp: 4}\nsizes:\n  B: 64\n  H: 36\ntensors:\n  x: {shape: [B, H], placement: {tp: S(1)}, uneven: true}\n\nops:\n  - {op: Concat, in: [x, x], out: c, dim: 1}\n  - {op: AllGather, in: [c], out: y, axis: tp, dim: 1}\noutputs: {y: {}}\n")
 EOF
@@ -121,6 +122,7 @@ case_ "CSV with 60 million empty cells" /dev/null check commas.csv
 case_ "programs distinguishing 65,792 ranks" /dev/null check ranks.yaml
 case_ "schedule on 65,537 pipeline ranks" /dev/null check stages.yaml
 case_ "GPipe on 65,536 ranks, 3 microbatches" /dev/null check deep_pipeline.yaml
+case_ "GPipe on 10,000 ranks, 1 microbatch" /dev/null check deep_pipeline_1mb.yaml
 case_ "1F1B with 2,500,000 actions (2 lines)" /dev/null check long_schedule.yaml
 case_ "run: scaled copy of an uneven program" /dev/null run scaled.yaml
 rm -f fifo.yaml tree/sub/pipe.yaml sparse.yaml

@@ -136,6 +136,10 @@ Schedule generate_schedule(const std::string& kind, int p, int m, int v) {
                                             "can afford (its vector clocks grow with both: each rank hears of every rank before it); use fewer "
                                             "ranks or microbatches",
                                             k, p, m, p, actions, actions * p, kMaxScheduleRankActions));
+  if (p > kMaxScheduleRanks)
+    throw std::invalid_argument(fmt::format("{} on {} ranks: the deadlock check affords at most {} pipeline ranks (once a rank has heard of every "
+                                            "rank, its vector clock holds them all: memory grows with the square of the ranks); use fewer ranks",
+                                            k, p, kMaxScheduleRanks));
   Schedule s;
   s.source = fmt::format("{} ({} ranks, {} microbatches{})", k, p, m, v > 1 ? fmt::format(", {} virtual stages", v) : "");
   for (int r = 0; r < p; ++r) {

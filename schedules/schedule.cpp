@@ -128,9 +128,11 @@ class CsvParser {
     }
     while (!lines.empty() && lines.back().find_first_not_of(" \t,") == std::string::npos) lines.pop_back();
     if (lines.empty()) fail({1, 1}, "empty schedule: expected one row of actions per pipeline rank");
-    if (lines.size() > static_cast<std::size_t>(kMaxRepresentatives))
-      fail({static_cast<std::uint32_t>(kMaxRepresentatives + 1), 1},
-           fmt::format("the schedule has {} rows (pipeline ranks); at most {} are supported", lines.size(), kMaxRepresentatives));
+    if (lines.size() > static_cast<std::size_t>(kMaxScheduleRanks))
+      fail({static_cast<std::uint32_t>(kMaxScheduleRanks + 1), 1},
+           fmt::format("the schedule has {} rows (pipeline ranks); at most {} are supported (the deadlock check's vector clocks grow with "
+                       "the square of the ranks)",
+                       lines.size(), kMaxScheduleRanks));
     std::size_t cells = 0, actions = 0;  // bounded while reading: a 64 MiB file of commas would be 64 million empty cells
     for (std::size_t r = 0; r < lines.size(); ++r) {
       const std::string& ln = lines[r];

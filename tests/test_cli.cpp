@@ -195,10 +195,11 @@ TEST_CASE("robustness: invalid UTF-8 echoed in JSON, oversized schedules and CSV
   CHECK(s.code == 2);
   CHECK(s.out.find("\"line\": 2") != std::string::npos);
   std::string rows;
-  for (int r = 0; r < 65537; ++r) rows += "0F0\n";
+  for (int r = 0; r < 4097; ++r) rows += "0F0\n";
   Run c = run({"check", "--format", "json", write_tmp("rows.csv", rows)});
   CHECK(c.code == 2);
-  CHECK(c.out.find("at most 65536 are supported") != std::string::npos);
+  CHECK(c.out.find("the schedule has 4097 rows (pipeline ranks); at most 4096 are supported") != std::string::npos);
+  CHECK(c.out.find("\"line\": 4097") != std::string::npos);
 }
 
 // ---- explain, report, schema, SARIF and the CLI conventions (issue 13) ---------------------------
