@@ -72,6 +72,12 @@ open("ranks.yaml", "w").write("mesh: {pp: 256, dp: 257}\ntensors: {x: {shape: [4
 open("stages.yaml", "w").write("mesh: {pp: 65537}\nschedule: {kind: GPipe, axis: pp, microbatches: 1}\n")
 open("deep_pipeline.yaml", "w").write("mesh: {pp: 65536}\nschedule: {kind: GPipe, axis: pp, microbatches: 3}\n")
 open("deep_pipeline_1mb.yaml", "w").write("mesh: {pp: 10000}\nschedule: {kind: GPipe, axis: pp, microbatches: 1}\n")
+n = 8000  # per-rank programs: a chain of sends to the last rank and back (1.4 MB; the clocks grow with the square of the ranks)
+chain = "- {ranks: {a: 0}, ops: [{op: Send, in: [x], peer: {a: 1}},{op: Recv, out: z, peer: {a: 1}}]}\n"
+chain += "".join(f"- {{ranks: {{a: {i}}}, ops: [{{op: Recv, out: y, peer: {{a: {i-1}}}}},{{op: Send, in: [y], peer: {{a: {i+1}}}}},"
+                 f"{{op: Recv, out: z, peer: {{a: {i+1}}}}},{{op: Send, in: [z], peer: {{a: {i-1}}}}}]}}\n" for i in range(1, n - 1))
+chain += f"- {{ranks: {{a: {n-1}}}, ops: [{{op: Recv, out: y, peer: {{a: {n-2}}}}},{{op: Send, in: [y], peer: {{a: {n-2}}}}}]}}\n"
+open("rank_chain.yaml", "w").write(f"mesh: {{a: {n}}}\ntensors: {{x: {{shape: [4]}}}}\nprograms:\n" + chain)
 open("long_schedule.yaml", "w").write("mesh: {pp: 4}\nschedule: {kind: 1F1B, axis: pp, microbatches: 312500}\n")
 open("scaled.yaml", "w").write("# a comment\nmesh: {tp: 4}\nsizes:\n  B: 64\n  H: 36\ntensors:\n  x: {shape: [B, H], placement: {tp: S(1)}, uneven: true}\n\nops:\n  - {op: Concat, in: [x, x], out: c, dim: 1}\n  - {op: AllGather, in: [c], out: y, axis: tp, dim: 1}\noutputs: {y: {}}\n")
 EOF
@@ -120,6 +126,7 @@ case_ "a missing file" /dev/null check missing.yaml
 case_ "CSV with a 1 MB cell" /dev/null check cell.csv
 case_ "CSV with 60 million empty cells" /dev/null check commas.csv
 case_ "programs distinguishing 65,792 ranks" /dev/null check ranks.yaml
+case_ "per-rank chain through 8,000 ranks and back" /dev/null check rank_chain.yaml
 case_ "schedule on 65,537 pipeline ranks" /dev/null check stages.yaml
 case_ "GPipe on 65,536 ranks, 3 microbatches" /dev/null check deep_pipeline.yaml
 case_ "GPipe on 10,000 ranks, 1 microbatch" /dev/null check deep_pipeline_1mb.yaml
