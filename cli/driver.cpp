@@ -184,8 +184,10 @@ void collect(const std::string& path, std::vector<TestInput>& files) {
     fs::directory_iterator it(d, ec), end;
     for (; !ec && it != end; it.increment(ec)) {
       std::error_code e2;
-      if (it->symlink_status(e2).type() == fs::file_type::directory) dirs.push_back(it->path());  // a link to a directory is not followed
-      else if (auto ext = it->path().extension(); ext == ".yaml" || ext == ".yml") found.push_back({it->path().string(), {}});  // CSV files carry no expect:
+      if (it->symlink_status(e2).type() == fs::file_type::directory)
+        dirs.push_back(it->path());  // a link to a directory is not followed
+      else if (auto ext = it->path().extension(); ext == ".yaml" || ext == ".yml")
+        found.push_back({it->path().string(), {}});  // CSV files carry no expect:
     }
     if (ec) found.push_back({d.string(), "cannot read the directory: " + ec.message()});
   }
@@ -214,7 +216,8 @@ ExpectedError read_expected_error(const std::string& text) {
     e.present = true;
     auto number = [&](const auto& g, std::uint32_t& v) {
       auto r = std::from_chars(&*g.first, &*g.first + g.length(), v);
-      if (r.ec != std::errc() || v == 0) e.bad = "`# expect-error:` gives position " + std::string(m[1]) + ":" + std::string(m[2]) + ", not a line and column of a file";
+      if (r.ec != std::errc() || v == 0)
+        e.bad = "`# expect-error:` gives position " + std::string(m[1]) + ":" + std::string(m[2]) + ", not a line and column of a file";
     };
     number(m[1], e.line);
     number(m[2], e.col);
@@ -311,8 +314,7 @@ int cmd_report(const std::string& path, const std::string& output, const Options
   std::string text;  // the source shown on the page; none for a file that is not a readable program (a device, too large)
   try {
     text = input_text(path, opt);
-  } catch (const LoadError&) {
-  }
+  } catch (const LoadError&) {}
   std::string html = report_html(r, r.load_failed || r.schedule ? nullptr : &types, text, kVersion);
   if (output == "-") out << html;
   else if (!write_file(output, html, err)) return kBadInput;
@@ -326,9 +328,12 @@ int cmd_run(const std::vector<std::string>& files, const RunOptions& opt, const 
   bool skipped = false;
   for (const auto& f : files) {
     RunReport r;
-    if (f != "-") r = run_program_file(f, opt);
-    else if (in.stdin_error) r.load_error = in.stdin_error;
-    else r = run_program_text(in.stdin_text.value_or(""), display_name(f), opt);
+    if (f != "-")
+      r = run_program_file(f, opt);
+    else if (in.stdin_error)
+      r.load_error = in.stdin_error;
+    else
+      r = run_program_text(in.stdin_text.value_or(""), display_name(f), opt);
     out << render_run(display_name(f), r);
     if (r.load_error) code = std::max(code, static_cast<int>(kBadInput));
     else if (r.oracle.verdict == OracleVerdict::Differ || r.oracle.verdict == OracleVerdict::GlobalError) code = std::max(code, static_cast<int>(kFindings));

@@ -42,8 +42,8 @@ std::vector<std::uint8_t> shard_pattern(const Program& p, const SpatialTypes& t)
   return out;
 }
 
-std::set<std::string> spatial_ids(const Program& p, const RunOptions& o, std::vector<std::optional<Placements>>* inferred, std::string* first_op = nullptr,
-                                  std::vector<std::uint8_t>* pattern = nullptr) {
+std::set<std::string> spatial_ids(const Program& p, const RunOptions& o, std::vector<std::optional<Placements>>* inferred,
+                                  std::string* first_op = nullptr, std::vector<std::uint8_t>* pattern = nullptr) {
   SpatialOptions so;
   SpatialTypes types;
   so.z3_timeout_ms = o.z3_timeout_ms;

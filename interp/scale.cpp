@@ -70,7 +70,7 @@ std::optional<std::string> with_sizes(const std::string& yaml_text, const std::m
     if (it == values.end()) continue;
     std::string digits = std::to_string(it->second);
     if (digits.size() > e.len) return std::nullopt;  // only smaller sizes: the text never moves
-    digits.resize(e.len, ' ');                        // `H: 8   ` keeps every later column where it was
+    digits.resize(e.len, ' ');                       // `H: 8   ` keeps every later column where it was
     out.replace(e.at, e.len, digits);
   }
   return out;

@@ -31,11 +31,20 @@ std::string printable(std::string_view s, std::size_t max) {
     }
     static const char hex[] = "0123456789abcdef";
     switch (c) {
-      case 0: out += "\\0"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default: out += std::string("\\x") + hex[c >> 4] + hex[c & 15];
+      case 0:
+        out += "\\0";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        out += std::string("\\x") + hex[c >> 4] + hex[c & 15];
     }
   }
   if (i < s.size()) {

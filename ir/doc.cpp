@@ -447,14 +447,22 @@ void require_utf8(const std::string& text) {
     // The length of the sequence and the range of its second byte (which excludes overlong forms and surrogates).
     std::size_t len = 0;
     unsigned char lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c == 0xE0) len = 3, lo = 0xA0;
-    else if (c >= 0xE1 && c <= 0xEC) len = 3;
-    else if (c == 0xED) len = 3, hi = 0x9F;
-    else if (c >= 0xEE && c <= 0xEF) len = 3;
-    else if (c == 0xF0) len = 4, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3) len = 4;
-    else if (c == 0xF4) len = 4, hi = 0x8F;
+    if (c >= 0xC2 && c <= 0xDF)
+      len = 2;
+    else if (c == 0xE0)
+      len = 3, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEC)
+      len = 3;
+    else if (c == 0xED)
+      len = 3, hi = 0x9F;
+    else if (c >= 0xEE && c <= 0xEF)
+      len = 3;
+    else if (c == 0xF0)
+      len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3)
+      len = 4;
+    else if (c == 0xF4)
+      len = 4, hi = 0x8F;
     bool ok = len && i + len <= n && b[i + 1] >= lo && b[i + 1] <= hi;
     for (std::size_t k = 2; ok && k < len; ++k) ok = b[i + k] >= 0x80 && b[i + k] <= 0xBF;
     if (!ok) {
@@ -464,8 +472,9 @@ void require_utf8(const std::string& text) {
              static_cast<std::uint32_t>(i - line_start + 1)};
       static const char hex[] = "0123456789abcdef";
       std::string byte = std::string("0x") + hex[c >> 4] + hex[c & 15];
-      throw LoadError(at, "invalid UTF-8: " + (len ? "the character that starts here (byte " + byte + ") is cut short or malformed"
-                                                   : "byte " + byte + " here cannot start a character") +
+      throw LoadError(at, "invalid UTF-8: " +
+                              (len ? "the character that starts here (byte " + byte + ") is cut short or malformed"
+                                   : "byte " + byte + " here cannot start a character") +
                               " (a program file must be UTF-8)");
     }
     i += len;

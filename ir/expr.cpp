@@ -337,10 +337,10 @@ class Parser {
     if (big) {
       std::string_view digits = s_.substr(start, pos_ - start);
       std::string shown = digits.size() <= 24 ? std::string(digits)
-                                               : std::string(digits.substr(0, 8)) + "..." + std::string(digits.substr(digits.size() - 4)) + " (" +
-                                                     std::to_string(digits.size()) + " digits)";
-      throw ExprError(start, "size " + std::string(negative ? "-" : "") + shown + " is too large" + (negative ? " in magnitude" : "") +
-                                 " (the limit is 2^40)");
+                                              : std::string(digits.substr(0, 8)) + "..." + std::string(digits.substr(digits.size() - 4)) + " (" +
+                                                    std::to_string(digits.size()) + " digits)";
+      throw ExprError(
+          start, "size " + std::string(negative ? "-" : "") + shown + " is too large" + (negative ? " in magnitude" : "") + " (the limit is 2^40)");
     }
     return pool_.constant(v);
   }

@@ -94,7 +94,7 @@ inline const std::vector<std::string> kTopKeys = {"name", "description", "mesh",
 // Bounds on module expansion (docs/format.md, "Limits"): checked before an instance is expanded, so a small
 // file cannot expand into more memory or time than a large one (nested `repeat` multiplies).
 inline constexpr int kMaxModuleDepth = 64;              // instances inside instances
-inline constexpr std::int64_t kMaxExpansion = 250'000;    // ops and instances that `use:` and `repeat:` produce
+inline constexpr std::int64_t kMaxExpansion = 250'000;  // ops and instances that `use:` and `repeat:` produce
 
 // A module: a named op list with formal inputs and outputs, parameters and per-instance tensors.
 struct Module {
@@ -104,8 +104,8 @@ struct Module {
   Loc include_at;          // for an included module: the program's `include` entry that brought it in
   bool expanding = false;  // being expanded (a module that uses itself is an error)
   std::size_t uses = 0;
-  std::int64_t size = 0;   // ops and nested instances one instance expands to (capped just above kMaxExpansion)
-  int index = 0;           // in the order modules are written (check_module_graph)
+  std::int64_t size = 0;  // ops and nested instances one instance expands to (capped just above kMaxExpansion)
+  int index = 0;          // in the order modules are written (check_module_graph)
 };
 
 // The names of one module instance: formals map to actuals, every other name gets the instance's prefix.

@@ -76,9 +76,12 @@ void Loader::load_includes(N n) {
   };
   auto entries = [](N list) {
     std::vector<N> items;
-    if (list.IsScalar()) items.push_back(list);
-    else if (list.IsSequence()) for (N x : list) items.push_back(x);
-    else fail(list, "`include` must be a file name or a list of them (relative to this file), e.g. include: [llama_block.yaml]");
+    if (list.IsScalar())
+      items.push_back(list);
+    else if (list.IsSequence())
+      for (N x : list) items.push_back(x);
+    else
+      fail(list, "`include` must be a file name or a list of them (relative to this file), e.g. include: [llama_block.yaml]");
     return items;
   };
   // One frame per file on the chain (the program first), walked with an explicit stack: a chain of thousands
@@ -203,7 +206,7 @@ void Loader::check_module_graph() {
       if (!use.IsScalar() || use.sv().find('$') != std::string_view::npos) continue;
       auto it = modules_.find(use.Scalar());
       if (it == modules_.end()) continue;  // reported when an instance expands it
-      --m->size;  // counted with its instances below
+      --m->size;                           // counted with its instances below
       std::int64_t times = 1;
       if (N r = item["repeat"]; !r.IsScalar() || !parse_int(r.sv(), times) || times < 1) times = 1;
       edges[static_cast<std::size_t>(m->index)].push_back({it->second.index, use, times});
@@ -372,8 +375,7 @@ void Loader::instantiate(Module& m, N item, const std::string& prefix, const std
     // into their own file, so a message stays one line however deep the modules nest.
     const bool named = wrapped_;
     wrapped_ = true;
-    if (!m.file.empty())
-      throw LoadError(item.loc(), "in " + m.file + ":" + where(e.loc) + ": " + e.what() + (named ? "" : " (in " + label + ")"));
+    if (!m.file.empty()) throw LoadError(item.loc(), "in " + m.file + ":" + where(e.loc) + ": " + e.what() + (named ? "" : " (in " + label + ")"));
     if (named) throw;
     throw LoadError(e.loc, std::string(e.what()) + " (in " + label + ", expanded at line " + std::to_string(item.loc().line) + ")");
   }
@@ -392,8 +394,10 @@ void Loader::claim(NameId id, N at, std::string_view written) {
   const std::uint32_t me = 2 + scopes_.back().serial;
   if (owner_.size() <= static_cast<std::size_t>(id)) owner_.resize(std::max<std::size_t>(static_cast<std::size_t>(id) + 1, owner_.size() * 2), 0);
   std::uint32_t& o = owner_[static_cast<std::size_t>(id)];
-  if (o == 0) o = me;
-  else if (o != me) clash(id, at, written);
+  if (o == 0)
+    o = me;
+  else if (o != me)
+    clash(id, at, written);
 }
 
 void Loader::clash(NameId id, N at, std::string_view written) {
@@ -408,12 +412,12 @@ void Loader::clash(NameId id, N at, std::string_view written) {
       if (t.name == id && !l.line) l = t.loc, other = "the program's tensor declared at line " + std::to_string(l.line);
     for (const Op& op : p_.ops)
       for (NameId x : p_.outs(op))
-        if (x == id && !l.line) l = op.loc, other = "written by the program's " + std::string(op_name(op.kind)) + " at line " + std::to_string(l.line);
+        if (x == id && !l.line)
+          l = op.loc, other = "written by the program's " + std::string(op_name(op.kind)) + " at line " + std::to_string(l.line);
     if (other.empty()) other = "a name of the program";
   }
-  fail(at, "'" + p_.name(id) + "' (the name '" + std::string(written) + "' of instance '" + s.prefix + "' of module " +
-                                            s.module->name + ") is also " + other +
-                                            ": the two would silently be one tensor; rename one (an instance's own names are '<instance>.<name>')");
+  fail(at, "'" + p_.name(id) + "' (the name '" + std::string(written) + "' of instance '" + s.prefix + "' of module " + s.module->name +
+               ") is also " + other + ": the two would silently be one tensor; rename one (an instance's own names are '<instance>.<name>')");
 }
 
 }  // namespace spmd::load_detail

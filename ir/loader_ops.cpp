@@ -450,8 +450,12 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       return;
     case AttrType::Name:
       if (!v.IsScalar() || v.Scalar().empty()) fail(v, what + " must be a name");
-      (n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : n == "for" || n == "event" ? a.sync : a.stream) =
-          n == "stream" || n == "label" || n == "for" ? p_.intern(v.Scalar()) : name_id(v.sv(), v);
+      (n == "handle"                ? a.handle
+       : n == "group"               ? a.group
+       : n == "matches"             ? a.matches
+       : n == "label"               ? a.label
+       : n == "for" || n == "event" ? a.sync
+                                    : a.stream) = n == "stream" || n == "label" || n == "for" ? p_.intern(v.Scalar()) : name_id(v.sv(), v);
       return;
     case AttrType::Names:
       a.handles = static_cast<std::uint32_t>(p_.name_lists.size());

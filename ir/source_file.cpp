@@ -40,7 +40,7 @@ std::string read_input_file(const std::string& path, std::size_t cap) {
 }
 
 std::string read_input_stream(std::istream& in, const std::string& name, int fd, std::size_t cap) {
-  struct stat st{};
+  struct stat st {};
   if (fd >= 0 && ::fstat(fd, &st) == 0) {
     if (S_ISREG(st.st_mode) && static_cast<std::size_t>(st.st_size) > cap)
       throw LoadError({}, name + " has " + mib(static_cast<std::size_t>(st.st_size)) + ", more than the limit of " + mib(cap));

@@ -77,8 +77,8 @@ class CsvParser {
       std::string word = s.substr(i, 64);
       while (!word.empty() && std::isdigit(static_cast<unsigned char>(word.back()))) word.pop_back();
       auto best = did_you_mean(word, names);
-      fail(l, fmt::format("`{}`: unknown action type `{}`{} (types: F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD)",
-                          cell, excerpt(word, 24), best ? fmt::format("; did you mean {}?", *best) : ""));
+      fail(l, fmt::format("`{}`: unknown action type `{}`{} (types: F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD)", cell,
+                          excerpt(word, 24), best ? fmt::format("; did you mean {}?", *best) : ""));
     }
     i += std::string(t->text).size();
     if (t->type == ActionType::B && i < s.size() && s[i] == 'W')

@@ -418,7 +418,8 @@ TEST_CASE("hostile inputs (issue 23): every command checks a file's kind and siz
     CHECK(u.code == 2);
     CHECK(u.out.find(f + ":1:1: error: ") != std::string::npos);
   }
-  CHECK(run({"check", sparse}).out.find("sparse.yaml:1:1: error: '" + sparse + "' has 2048 MiB, more than the limit of 1024 MiB") != std::string::npos);
+  CHECK(run({"check", sparse}).out.find("sparse.yaml:1:1: error: '" + sparse + "' has 2048 MiB, more than the limit of 1024 MiB") !=
+        std::string::npos);
   CHECK(run({"check", dir + "/missing.yaml"}).out.find("missing.yaml:1:1: error: cannot open file") != std::string::npos);
   // `test` of a directory holding a FIFO named .yaml: a FAIL for that file, not a hang.
   Run t = run({"test", dir});
@@ -488,7 +489,8 @@ TEST_CASE("hostile inputs (issue 23): messages show what was written, bounded an
   CHECK(c.out.size() < 1000);
   // The JSON reader refuses what the YAML reader refuses: bytes that are not UTF-8, at the same place.
   std::string json = write_tmp("hostile_utf8.json", "{\"mesh\": {\"tp\": 2}, \"ops\": [{\"op\": \"GELU\", \"in\": [\"x\xff\"], \"out\": \"y\"}]}\n");
-  std::string yaml = write_tmp("hostile_utf8.yaml", "{\"mesh\": {\"tp\": 2}, \"ops\": [{\"op\": \"GELU\", \"in\": [\"x\xff\"], \"out\": \"y\"}]} # yaml\n");
+  std::string yaml =
+      write_tmp("hostile_utf8.yaml", "{\"mesh\": {\"tp\": 2}, \"ops\": [{\"op\": \"GELU\", \"in\": [\"x\xff\"], \"out\": \"y\"}]} # yaml\n");
   Run j = run({"check", json}), y = run({"check", yaml});
   CHECK(j.code == 2);
   CHECK(y.code == 2);
@@ -508,10 +510,11 @@ TEST_CASE("run: a scaled copy keeps every shard's divisibility and the file's li
   CHECK(u.out.find("scaled copy with B = 4, H = 12") != std::string::npos);
   // The copy is the file with its sizes rewritten in place: the failing Slice is on line 10 of this file (the
   // copy was re-emitted by a YAML writer, which put it on line 8).
-  std::string sliced = write_tmp("run_scaled_lines.yaml",
-                                 "# a comment\nmesh: {tp: 4}\nsizes:\n  B: 64    # batch\n  H: 72\ntensors:\n  x: {shape: [B, H], placement: {tp: S(1)}}\n\n"
-                                 "ops:\n  - {op: Slice, in: [x], out: a, dim: 1, start: 0, end: H/2}\n"
-                                 "  - {op: AllGather, in: [a], out: y, axis: tp, dim: 1}\noutputs: {y: {}}\n");
+  std::string sliced =
+      write_tmp("run_scaled_lines.yaml",
+                "# a comment\nmesh: {tp: 4}\nsizes:\n  B: 64    # batch\n  H: 72\ntensors:\n  x: {shape: [B, H], placement: {tp: S(1)}}\n\n"
+                "ops:\n  - {op: Slice, in: [x], out: a, dim: 1, start: 0, end: H/2}\n"
+                "  - {op: AllGather, in: [a], out: y, axis: tp, dim: 1}\noutputs: {y: {}}\n");
   Run l = run({"run", sliced});
   CHECK(l.code == 1);
   CHECK(l.out.find("(Slice, line 10)") != std::string::npos);

@@ -193,7 +193,8 @@ TEST_CASE("module graphs: recursion, depth and size are bounded before anything 
   auto chain = [](int n, bool cycle, int use) {
     std::string t = "mesh: {tp: 2}\ntensors: {x: {shape: [4]}}\nmodules:\n";
     for (int i = 0; i < n; ++i)
-      t += "  m" + std::to_string(i) + ": {in: [a], out: [b], ops: [{use: m" + std::to_string(cycle ? (i + 1) % n : i + 1) + ", in: [a], out: [b]}]}\n";
+      t += "  m" + std::to_string(i) + ": {in: [a], out: [b], ops: [{use: m" + std::to_string(cycle ? (i + 1) % n : i + 1) +
+           ", in: [a], out: [b]}]}\n";
     if (!cycle) t += "  m" + std::to_string(n) + ": {in: [a], out: [b], ops: [{op: GELU, in: [a], out: b}]}\n";
     return t + (use ? "ops: [{use: m0, in: [x], out: [y]}]\n" : "ops: [{op: GELU, in: [x], out: y}]\n");
   };
@@ -212,8 +213,10 @@ TEST_CASE("module graphs: recursion, depth and size are bounded before anything 
   CHECK(l.line == 20003);
   // Two instances whose names meet: module o's own tensor `j.x` is instance j's tensor `x` inside o.
   std::string meet =
-      "mesh: {tp: 2}\ntensors: {x: {shape: [4]}}\nmodules:\n  n: {in: [a], out: [b], tensors: {x: {shape: [4]}}, ops: [{op: Add, in: [a, x], out: b}]}\n"
-      "  o:\n    in: [a]\n    out: [b]\n    tensors: {j.x: {shape: [4]}}\n    ops: [{use: n, name: j, in: [a], out: [b]}]\nops: [{use: o, in: [x], out: [y]}]\n";
+      "mesh: {tp: 2}\ntensors: {x: {shape: [4]}}\nmodules:\n  n: {in: [a], out: [b], tensors: {x: {shape: [4]}}, ops: [{op: Add, in: [a, x], out: "
+      "b}]}\n"
+      "  o:\n    in: [a]\n    out: [b]\n    tensors: {j.x: {shape: [4]}}\n    ops: [{use: n, name: j, in: [a], out: [b]}]\nops: [{use: o, in: [x], "
+      "out: [y]}]\n";
   CHECK(load_error(meet, &l).find("'o.j.x' (the name 'x' of instance 'o.j' of module n) is also a name of the instance expanded at line 10") !=
         std::string::npos);
   CHECK(l.line == 4);
@@ -234,7 +237,8 @@ TEST_CASE("include: each file once, a chain of a thousand files, errors at the p
   const int n = 1000;
   for (int i = 0; i < n; ++i)
     write("f" + std::to_string(i) + ".yaml", "mesh: {tp: 2}\n" + (i + 1 < n ? "include: f" + std::to_string(i + 1) + ".yaml\n" : std::string()) +
-                                                   "modules:\n  m" + std::to_string(i) + ": {in: [a], out: [b], ops: [{op: GELU, in: [a], out: b}]}\nops: []\n");
+                                                 "modules:\n  m" + std::to_string(i) +
+                                                 ": {in: [a], out: [b], ops: [{op: GELU, in: [a], out: b}]}\nops: []\n");
   std::string main = write("main.yaml", "mesh: {tp: 2}\ninclude: f0.yaml\ntensors: {x: {shape: [4]}}\nops: [{use: m999, in: [x], out: [y]}]\n");
   CHECK(load_program_file(main).ops.size() == 1);
   // The last file of the chain has an error: one line names the first two and last three files on the way.
@@ -254,9 +258,11 @@ TEST_CASE("include: each file once, a chain of a thousand files, errors at the p
   for (int i = 0; i < 40; ++i) {
     std::string next = i + 1 < 40 ? "include: [a" + std::to_string(i + 1) + ".yaml, b" + std::to_string(i + 1) + ".yaml]\n" : "";
     write("a" + std::to_string(i) + ".yaml", "mesh: {tp: 2}\n" + next + "ops: []\n");
-    write("b" + std::to_string(i) + ".yaml", "mesh: {tp: 2}\n" + next + (i == 39 ? "modules: {g: {in: [a], out: [b], ops: [{op: GELU, in: [a], out: b}]}}\n" : "") + "ops: []\n");
+    write("b" + std::to_string(i) + ".yaml",
+          "mesh: {tp: 2}\n" + next + (i == 39 ? "modules: {g: {in: [a], out: [b], ops: [{op: GELU, in: [a], out: b}]}}\n" : "") + "ops: []\n");
   }
-  CHECK(load_program_file(write("diamond.yaml", "mesh: {tp: 2}\ninclude: [a0.yaml, b0.yaml]\ntensors: {x: {shape: [4]}}\nops: [{use: g, in: [x], out: [y]}]\n"))
+  CHECK(load_program_file(
+            write("diamond.yaml", "mesh: {tp: 2}\ninclude: [a0.yaml, b0.yaml]\ntensors: {x: {shape: [4]}}\nops: [{use: g, in: [x], out: [y]}]\n"))
             .ops.size() == 1);
   std::filesystem::remove_all(dir);
 }
@@ -288,7 +294,8 @@ TEST_CASE("inputs that are not regular files, or too big, are located errors") {
   ::close(fd);
   fd = ::open("/dev/zero", O_RDONLY);
   REQUIRE(fd >= 0);
-  CHECK_THROWS_WITH_AS(read_input_stream(unread, "standard input", fd), "standard input is a device, not a program; give a file or a pipe", LoadError);
+  CHECK_THROWS_WITH_AS(read_input_stream(unread, "standard input", fd), "standard input is a device, not a program; give a file or a pipe",
+                       LoadError);
   ::close(fd);
   std::filesystem::remove(f);
 }
