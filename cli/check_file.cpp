@@ -14,6 +14,7 @@
 #include "autograd/autograd.h"
 #include "cli/render.h"
 #include "ir/loader.h"
+#include "ir/source_file.h"
 #include "interp/interp.h"
 #include "temporal/temporal.h"
 
@@ -86,18 +87,15 @@ std::optional<BlockedRank> blocked_rank(const Note& n) {
 
 std::string display_name(const std::string& path) { return path == "-" ? "<stdin>" : path; }
 
-std::optional<std::string> input_text(const std::string& path, const Options& opt) {
-  if (path == "-") return opt.stdin_text ? *opt.stdin_text : std::string();
+std::string input_text(const std::string& path, const Options& opt) {
   if (auto it = opt.imported.find(path); it != opt.imported.end()) return it->second;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  if (path != "-") return read_input_file(path, is_csv(path) ? kMaxCsvBytes : kMaxInputBytes);
+  if (opt.stdin_error) throw *opt.stdin_error;
+  return opt.stdin_text.value_or("");
 }
 
 Program load_input(const std::string& path, const Options& opt) {
-  if (path == "-") return load_program_string(opt.stdin_text ? *opt.stdin_text : std::string(), display_name(path));
+  if (path == "-") return load_program_string(input_text(path, opt), display_name(path));
   if (auto it = opt.imported.find(path); it != opt.imported.end()) return load_program_string(it->second, path);
   return load_program_file(path);
 }

@@ -27,6 +27,7 @@ struct Options {
   bool backward = false;  // --backward: derive and check the backward even without `train: true`
   std::optional<std::string> stdin_text;  // the text of standard input, read once when a file argument is `-`
   std::map<std::string, std::string> imported;  // programs imported in memory (`check SEQ_DIR RANKS_DIR`), by the name shown
+  std::optional<LoadError> stdin_error;   // why it could not be read (a device, more than the size limit)
 };
 
 struct FileResult {
@@ -51,8 +52,9 @@ std::optional<BlockedRank> blocked_rank(const Note& n);
 
 // The name a file is shown by in diagnostics ("<stdin>" for "-").
 std::string display_name(const std::string& path);
-// The raw text of an input (standard input for "-"); nullopt when it cannot be read.
-std::optional<std::string> input_text(const std::string& path, const Options& opt);
+// The raw text of an input (standard input for "-"), read as the loader reads it (a regular file of at most
+// 1 GiB, a CSV of at most 64 MiB); throws LoadError otherwise.
+std::string input_text(const std::string& path, const Options& opt);
 // Loads a program from a file or, for "-", from standard input (throws LoadError).
 Program load_input(const std::string& path, const Options& opt);
 bool is_csv(const std::string& path);

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -27,6 +28,7 @@
 #include "cli/run.h"
 #include "frontends/frontends.h"
 #include "ir/loader.h"
+#include "ir/source_file.h"
 #include "schedules/schedule.h"
 #include "ir/printer.h"
 #include "spatial/spatial.h"
@@ -41,8 +43,9 @@ bool exit_after_check = false;  // set by cli_main: the process ends when run_cl
 namespace fs = std::filesystem;
 
 bool write_file(const std::string& path, const std::string& text, std::ostream& err) {
-  std::ofstream f(path);
-  if (!f || !(f << text)) {
+  std::ofstream f(path, std::ios::binary);
+  // A full disk (or /dev/full) fails at the flush, after every `<<` succeeded into the buffer.
+  if (!f || !(f << text) || !f.flush()) {
     err << "spmdcheck: cannot write " << path << "\n";
     return false;
   }
@@ -161,6 +164,10 @@ int cmd_check(std::vector<std::string> files, const std::string& format, Options
     }
     FileResult r = check_file(path, opt, dot);
     int c = r.load_failed ? kBadInput : has_errors(r.diags) ? kFindings : kClean;
+    if (dot_file.is_open() && !dot_file.flush()) {
+      out << f << ": error: cannot write " << opt.dump_hb << " (the happens-before graph)\n";
+      c = std::max(c, static_cast<int>(kBadInput));
+    }
     if (!opt.trace.empty() && r.schedule && !write_file(opt.trace, schedule_trace(*r.schedule), out)) c = std::max(c, static_cast<int>(kBadInput));
     code = std::max(code, c);
     if (format == "json") {
@@ -169,8 +176,8 @@ int cmd_check(std::vector<std::string> files, const std::string& format, Options
         diags.push_back({{"id", "invalid-input"},
                          {"severity", "error"},
                          {"file", f},
-                         {"line", r.load_error.loc.line},
-                         {"column", r.load_error.loc.col},
+                         {"line", shown_loc(r.load_error.loc).line},
+                         {"column", shown_loc(r.load_error.loc).col},
                          {"message", r.load_error.what()},
                          {"op", nullptr},
                          {"tensor", nullptr},
@@ -206,19 +213,31 @@ int cmd_check(std::vector<std::string> files, const std::string& format, Options
   return code;
 }
 
-void collect(const std::string& path, std::vector<std::string>& files) {
+// The files `test` runs: a file as given; a directory's .yaml and .yml files, recursively, in name order. A
+// directory that cannot be read is an entry with its error (a FAIL), never skipped.
+struct TestInput {
+  std::string path, error;
+};
+void collect(const std::string& path, std::vector<TestInput>& files) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    std::vector<std::string> found;
-    for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      auto ext = it->path().extension();
-      if (it->is_regular_file() && (ext == ".yaml" || ext == ".yml")) found.push_back(it->path().string());  // CSV files carry no expect:
+  if (!fs::is_directory(path, ec)) return files.push_back({path, {}});
+  std::vector<TestInput> found;
+  std::vector<fs::path> dirs{path};
+  while (!dirs.empty()) {
+    fs::path d = std::move(dirs.back());
+    dirs.pop_back();
+    fs::directory_iterator it(d, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      std::error_code e2;
+      if (it->symlink_status(e2).type() == fs::file_type::directory)
+        dirs.push_back(it->path());  // a link to a directory is not followed
+      else if (auto ext = it->path().extension(); ext == ".yaml" || ext == ".yml")
+        found.push_back({it->path().string(), {}});  // CSV files carry no expect:
     }
-    std::sort(found.begin(), found.end());
-    files.insert(files.end(), found.begin(), found.end());
-  } else {
-    files.push_back(path);
+    if (ec) found.push_back({d.string(), "cannot read the directory: " + ec.message()});
   }
+  std::sort(found.begin(), found.end(), [](const TestInput& a, const TestInput& b) { return a.path < b.path; });
+  files.insert(files.end(), found.begin(), found.end());
 }
 
 // `# expect-error: LINE:COL: text` in a file's raw text (a malformed file cannot carry `expect:`).
@@ -226,37 +245,56 @@ struct ExpectedError {
   bool present = false;
   std::uint32_t line = 0, col = 0;
   std::string text;
+  std::string bad;  // why the line itself is malformed
 };
 
-ExpectedError read_expected_error(const std::string& path) {
+ExpectedError read_expected_error(const std::string& text) {
   ExpectedError e;
-  std::ifstream in(path);
-  std::string line;
   static const std::regex re(R"(^\s*#\s*expect-error:\s*(\d+):(\d+):\s*(.*?)\s*$)");
-  while (std::getline(in, line)) {
-    std::smatch m;
-    if (std::regex_match(line, m, re)) {
-      e.present = true;
-      e.line = static_cast<std::uint32_t>(std::stoul(m[1]));
-      e.col = static_cast<std::uint32_t>(std::stoul(m[2]));
-      e.text = m[3];
-      break;
-    }
+  for (std::size_t pos = 0; pos < text.size();) {
+    std::size_t end = std::min(text.find('\n', pos), text.size());
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    if (line.find("expect-error") == std::string_view::npos) continue;  // the regex only on candidate lines
+    std::match_results<std::string_view::const_iterator> m;
+    if (!std::regex_match(line.begin(), line.end(), m, re)) continue;
+    e.present = true;
+    auto number = [&](const auto& g, std::uint32_t& v) {
+      auto r = std::from_chars(&*g.first, &*g.first + g.length(), v);
+      if (r.ec != std::errc() || v == 0)
+        e.bad = "`# expect-error:` gives position " + std::string(m[1]) + ":" + std::string(m[2]) + ", not a line and column of a file";
+    };
+    number(m[1], e.line);
+    number(m[2], e.col);
+    e.text = m[3];
+    break;
   }
   return e;
 }
 
 int cmd_test(const std::vector<std::string>& paths, const Options& opt, std::ostream& out) {
-  std::vector<std::string> files;
+  std::vector<TestInput> files;
   for (const auto& p : paths) collect(p, files);
   int passed = 0, failed = 0;
-  for (const auto& f : files) {
-    ExpectedError ee = read_expected_error(f);
-    FileResult r = check_file(f, opt);
-    std::string why;
-    if (ee.present) {
+  for (const auto& [f, unreadable] : files) {
+    std::string why = unreadable;
+    ExpectedError ee;
+    if (why.empty()) {
+      // The file's kind and size are checked before a byte of it is read (a FIFO or /dev/zero named .yaml).
+      try {
+        ee = read_expected_error(input_text(f, opt));
+      } catch (const LoadError& e) {
+        why = "failed to load:\n  " + render_load_error(display_name(f), e);
+      }
+      if (why.empty() && !ee.bad.empty()) why = ee.bad;
+    }
+    FileResult r;
+    if (why.empty()) r = check_file(f, opt);
+    if (!why.empty()) {
+    } else if (ee.present) {
       if (!r.load_failed) why = "expected a load error, but the file loaded";
-      else if (r.load_error.loc.line != ee.line || r.load_error.loc.col != ee.col || std::string(r.load_error.what()).find(ee.text) == std::string::npos)
+      else if (shown_loc(r.load_error.loc).line != ee.line || shown_loc(r.load_error.loc).col != ee.col ||
+               std::string(r.load_error.what()).find(ee.text) == std::string::npos)
         why = fmt::format("expected load error at {}:{} containing '{}', got:\n  {}", ee.line, ee.col, ee.text, r.load_message);
     } else if (r.load_failed) {
       why = "failed to load:\n  " + r.load_message;
@@ -330,9 +368,14 @@ int cmd_report(const std::string& path, const std::string& output, const Options
     }
     if (step.built) rs = {&step.program, &step_types, step.first_backward, step.first_sync};
   }
-  std::string html = report_html(r, r.load_failed || r.schedule ? nullptr : &types, input_text(path, opt).value_or(""), kVersion, rs);
+  std::string text;  // the source shown on the page; none for a file that is not a readable program (a device, too large)
+  try {
+    text = input_text(path, opt);
+  } catch (const LoadError&) {}
+  std::string html = report_html(r, r.load_failed || r.schedule ? nullptr : &types, text, kVersion, rs);
   if (output == "-") out << html;
   else if (!write_file(output, html, err)) return kBadInput;
+  if (r.load_failed) err << r.load_message;  // on the page, and said where the command was run
   return r.load_failed ? kBadInput : has_errors(r.diags) ? kFindings : kClean;
 }
 
@@ -341,7 +384,13 @@ int cmd_run(const std::vector<std::string>& files, const RunOptions& opt, const 
   int code = kClean;
   bool skipped = false;
   for (const auto& f : files) {
-    RunReport r = f == "-" ? run_program_text(in.stdin_text.value_or(""), display_name(f), opt) : run_program_file(f, opt);
+    RunReport r;
+    if (f != "-")
+      r = run_program_file(f, opt);
+    else if (in.stdin_error)
+      r.load_error = in.stdin_error;
+    else
+      r = run_program_text(in.stdin_text.value_or(""), display_name(f), opt);
     out << render_run(display_name(f), r);
     if (r.load_error) code = std::max(code, static_cast<int>(kBadInput));
     else if (r.oracle.verdict == OracleVerdict::Differ || r.oracle.verdict == OracleVerdict::GlobalError) code = std::max(code, static_cast<int>(kFindings));
@@ -499,9 +548,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     // `-` reads standard input (once, whichever argument names it).
     auto wants_stdin = [&](const std::vector<std::string>& v) { return std::find(v.begin(), v.end(), "-") != v.end(); };
     if (wants_stdin(files) || wants_stdin(paths) || explain_file == "-" || report_file == "-" || bwd_file == "-") {
-      std::ostringstream ss;
-      ss << in.rdbuf();
-      opt.stdin_text = ss.str();
+      try {
+        opt.stdin_text = read_input_stream(in, "standard input", &in == &std::cin ? STDIN_FILENO : -1);
+      } catch (const LoadError& e) {
+        opt.stdin_error = e;  // each command reports it as it reports a file it cannot load
+      }
     }
     bool color = use_color(color_mode, out);
     if (*check) return cmd_check(files, format, opt, color, out, io);

@@ -30,16 +30,16 @@ std::string_view severity_name(Severity s) {
 std::string render_text(const std::string& file, const std::vector<Diagnostic>& diags) {
   std::string s;
   for (const auto& d : diags) {
-    s += fmt::format("{}: {}[{}]: {}\n", where(file_of(file, d.file), d.loc), severity_name(d.severity), check_name(d.id), d.message);
+    s += fmt::format("{}: {}[{}]: {}\n", where(file_of(file, d.file), d.loc), severity_name(d.severity), check_name(d.id), printable(d.message));
     for (const auto& n : d.notes)
-      s += n.loc.line ? fmt::format("{}: note: {}\n", where(file_of(file, n.file), n.loc), n.message)
-                      : fmt::format("{}: note: {}\n", where(file_of(file, d.file), d.loc), n.message);
+      s += n.loc.line ? fmt::format("{}: note: {}\n", where(file_of(file, n.file), n.loc), printable(n.message))
+                      : fmt::format("{}: note: {}\n", where(file_of(file, d.file), d.loc), printable(n.message));
   }
   return s;
 }
 
 std::string render_load_error(const std::string& file, const LoadError& e) {
-  return fmt::format("{}: error: {}\n", where(file, e.loc), e.what());
+  return fmt::format("{}: error: {}\n", where(file, shown_loc(e.loc)), e.what());
 }
 
 nlohmann::json render_json(const std::string& file, const std::vector<Diagnostic>& diags) {

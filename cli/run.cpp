@@ -20,16 +20,42 @@ namespace spmd {
 
 namespace {
 
-std::set<std::string> spatial_ids(const Program& p, const RunOptions& o, std::vector<std::optional<Placements>>* inferred, std::string* first_op = nullptr) {
+// For every value and dim cut by mesh axes: whether the dim divides evenly among its shards and whether every
+// shard holds an element. A scaled copy must keep this pattern: one whose dim no longer divides by its axis is
+// another program (torch.chunk's padded layout), whatever the checker says of it.
+std::vector<std::uint8_t> shard_pattern(const Program& p, const SpatialTypes& t) {
+  std::vector<std::uint8_t> out;
+  auto add = [&](const ValueType& v) {
+    if (!v.ok) return out.push_back(8);
+    for (int d = 0; d < v.rank; ++d) {
+      std::int64_t shards = 1;
+      for (std::size_t a = 0; a < p.mesh.size(); ++a)
+        if (v.pl[a].is_s(d)) shards *= p.exprs.is_const(p.mesh[a].size) ? p.exprs.value(p.mesh[a].size) : 0;
+      ExprId e = v.shape[static_cast<std::size_t>(d)];
+      if (shards <= 1 || !t.exprs.is_const(e)) continue;
+      std::int64_t n = t.exprs.value(e);
+      out.push_back(static_cast<std::uint8_t>(d << 2 | (n % shards == 0) << 1 | (n >= shards)));
+    }
+  };
+  for (const auto& v : t.decls) add(v);
+  for (const auto& v : t.outs) add(v);
+  return out;
+}
+
+std::set<std::string> spatial_ids(const Program& p, const RunOptions& o, std::vector<std::optional<Placements>>* inferred,
+                                  std::string* first_op = nullptr, std::vector<std::uint8_t>* pattern = nullptr) {
   SpatialOptions so;
+  SpatialTypes types;
   so.z3_timeout_ms = o.z3_timeout_ms;
   so.inferred_outputs = inferred;
+  if (pattern) so.types = &types;
   std::set<std::string> ids;
   for (const auto& d : check_spatial(p, so))
     if (d.severity == Severity::Error) {
       if (first_op && ids.empty()) *first_op = d.op >= 0 ? std::string(op_name(p.ops[static_cast<std::size_t>(d.op)].kind)) : "a declaration or output";
       ids.insert(std::string(check_name(d.id)));
     }
+  if (pattern) *pattern = shard_pattern(p, types);
   return ids;
 }
 
@@ -58,7 +84,8 @@ RunReport run_program_text(const std::string& text, const std::string& filename,
     return rep;
   }
   std::vector<std::optional<Placements>> inferred;
-  rep.checker_ids = spatial_ids(prog, opt, &inferred, &rep.first_op);
+  std::vector<std::uint8_t> pattern;
+  rep.checker_ids = spatial_ids(prog, opt, &inferred, &rep.first_op, opt.scale ? &pattern : nullptr);
   Program* run = &prog;
   Program scaled;
   if (opt.scale) {
@@ -74,7 +101,8 @@ RunReport run_program_text(const std::string& text, const std::string& filename,
         return false;
       }
       std::vector<std::optional<Placements>> inf2;
-      if (spatial_ids(cand, opt, &inf2) != rep.checker_ids) return false;
+      std::vector<std::uint8_t> pattern2;
+      if (spatial_ids(cand, opt, &inf2, nullptr, &pattern2) != rep.checker_ids || pattern2 != pattern) return false;
       scaled = std::move(cand);
       inferred = std::move(inf2);
       run = &scaled;

@@ -96,7 +96,7 @@ nlohmann::json render_sarif(const std::vector<SarifFile>& files, const std::stri
     artifacts.push_back({{"location", {{"uri", uri_of(f.file)}}}});
     if (f.load_error) {
       ok = false;
-      results.push_back(result(f.file, "invalid-input", Severity::Error, f.load_error->loc, f.load_error->what()));
+      results.push_back(result(f.file, "invalid-input", Severity::Error, shown_loc(f.load_error->loc), f.load_error->what()));
       continue;
     }
     if (!f.diags) continue;

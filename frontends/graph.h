@@ -43,7 +43,7 @@ struct PyVal {
 struct TensorType {
   std::string dtype;               // spmdcheck's dtype name (f32, bf16, i64, bool, ...)
   std::vector<std::int64_t> shape;
-  std::string symbolic;            // a dim that is not a number (u0, s0: a data-dependent or dynamic shape), else empty
+  std::string symbolic{};          // a dim that is not a number (u0, s0: a data-dependent or dynamic shape), else empty
 };
 
 // Where a node came from in the model: `# File: path:line in fn, code: ...` (FX) or metadata (HLO).

@@ -16,7 +16,8 @@ namespace spmd {
 std::map<std::string, std::int64_t> named_sizes(const std::string& yaml_text);
 
 // The text with the integer sizes under `sizes:` replaced by `values` (names not listed keep theirs);
-// nullopt when the text is not a YAML mapping with `sizes`.
+// nullopt when the text is not a YAML mapping with `sizes`, or a value would need more digits than it has. Every
+// other byte keeps its place, so line:column positions in the copy are positions in the original.
 std::optional<std::string> with_sizes(const std::string& yaml_text, const std::map<std::string, std::int64_t>& values);
 
 }  // namespace spmd

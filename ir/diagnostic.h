@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ir/op_table.h"
@@ -50,11 +51,23 @@ struct Diagnostic {
   std::string file{};      // empty: the program's file; else where `loc` is (an imported op's source line)
 };
 
+// `s` safe to print on one line: control bytes (a NUL would cut the message) escaped as \0, \n, \t, \r or \xNN;
+// longer than `max` bytes, the rest is left out and counted (a UTF-8 character is never split).
+std::string printable(std::string_view s, std::size_t max = std::string_view::npos);
+// Input text quoted in a message (a name, a cell, a value): printable and at most `max` bytes.
+inline std::string excerpt(std::string_view s, std::size_t max = 64) { return printable(s, max); }
+// A whole message, printable and at most about 4 KiB: a longer one keeps its start and its end (where the
+// reason and the fix usually are) and counts what it leaves out between them.
+std::string bounded_message(std::string_view msg);
+
 // A program that cannot be read: YAML syntax, unknown op or key, bad attribute... (exit code 2).
 struct LoadError : std::runtime_error {
   Loc loc;
-  LoadError(Loc l, const std::string& msg) : std::runtime_error(msg), loc(l) {}
+  LoadError(Loc l, const std::string& msg) : std::runtime_error(bounded_message(msg)), loc(l) {}
 };
+
+// Where a load error is shown: an error about the whole file (missing, a directory, too large) at 1:1.
+inline Loc shown_loc(Loc l) { return l.line ? l : Loc{1, 1}; }
 
 // Sorts by position and keeps at most `cap` diagnostics; returns how many were dropped.
 std::size_t sort_and_cap(std::vector<Diagnostic>& diags, std::size_t cap);

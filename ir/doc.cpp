@@ -426,6 +426,61 @@ bool is_null_text(std::string_view t) { return t.empty() || t == "~" || t == "nu
 std::unique_ptr<EventSource> yaml_events(const std::string& text) { return std::make_unique<YamlSource>(text); }
 std::unique_ptr<EventSource> json_events(const std::string& text) { return std::make_unique<JsonSource>(text); }
 
+void require_utf8(const std::string& text) {
+  const auto* b = reinterpret_cast<const unsigned char*>(text.data());
+  const std::size_t n = text.size();
+  std::size_t i = 0;
+  while (i < n) {
+    if (i + 8 <= n) {
+      std::uint64_t w;
+      std::memcpy(&w, b + i, 8);
+      if (!(w & 0x8080808080808080ull)) {
+        i += 8;
+        continue;
+      }
+    }
+    unsigned char c = b[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    // The length of the sequence and the range of its second byte (which excludes overlong forms and surrogates).
+    std::size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+      len = 2;
+    else if (c == 0xE0)
+      len = 3, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEC)
+      len = 3;
+    else if (c == 0xED)
+      len = 3, hi = 0x9F;
+    else if (c >= 0xEE && c <= 0xEF)
+      len = 3;
+    else if (c == 0xF0)
+      len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3)
+      len = 4;
+    else if (c == 0xF4)
+      len = 4, hi = 0x8F;
+    bool ok = len && i + len <= n && b[i + 1] >= lo && b[i + 1] <= hi;
+    for (std::size_t k = 2; ok && k < len; ++k) ok = b[i + k] >= 0x80 && b[i + k] <= 0xBF;
+    if (!ok) {
+      std::size_t line_start = text.rfind('\n', i ? i - 1 : 0);
+      line_start = (line_start == std::string::npos || i == 0) ? 0 : line_start + 1;
+      Loc at{static_cast<std::uint32_t>(1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(line_start), '\n')),
+             static_cast<std::uint32_t>(i - line_start + 1)};
+      static const char hex[] = "0123456789abcdef";
+      std::string byte = std::string("0x") + hex[c >> 4] + hex[c & 15];
+      throw LoadError(at, "invalid UTF-8: " +
+                              (len ? "the character that starts here (byte " + byte + ") is cut short or malformed"
+                                   : "byte " + byte + " here cannot start a character") +
+                              " (a program file must be UTF-8)");
+    }
+    i += len;
+  }
+}
+
 bool looks_like_json(const std::string& text) {
   for (char c : text) {
     if (c == ' ' || c == '\n' || c == '\r' || c == '\t') continue;
@@ -557,6 +612,7 @@ void read_with(EventSource& src, Doc& doc) {
 
 void read_document(const std::string& text, Doc& doc) {
   doc.clear();
+  require_utf8(text);
   if (looks_like_json(text)) {
     try {
       read_with(*json_events(text), doc);

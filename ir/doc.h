@@ -55,6 +55,10 @@ struct NotJson {};
 // Whether the first character that is not white space is '{' (a JSON object; the fast path is worth a try).
 bool looks_like_json(const std::string& text);
 
+// Throws LoadError at the first byte that is not UTF-8 (RFC 3629: no overlong forms, surrogates or values above
+// U+10FFFF), so the YAML and JSON readers accept exactly the same texts. Linear, eight bytes a step over ASCII.
+void require_utf8(const std::string& text);
+
 enum class NodeKind : std::uint8_t { Undefined, Null, Scalar, Seq, Map };
 
 struct DocNode {
@@ -130,6 +134,6 @@ inline constexpr int kMaxDepth = 499;
 std::uint32_t read_node(EventSource& src, Event& first, Doc& doc, int depth = 0);
 
 // Reads a whole text (one document) into `doc` (JSON fast path, else YAML); root undefined if the file is empty.
-void read_document(const std::string& text, Doc& doc);
+void read_document(const std::string& text, Doc& doc);  // require_utf8 first
 
 }  // namespace spmd

@@ -339,8 +339,10 @@ class Parser {
     for (;;) {
       skip();
       if (pos_ < s_.size() && (s_[pos_] == '*' || s_[pos_] == '/')) {
+        const std::size_t at = pos_;
         char c = s_[pos_++];
         ExprId r = atom(depth);
+        if (c == '/' && pool_.is_const(r) && pool_.value(r) == 0) throw ExprError(at, "division by zero in size expression");
         e = c == '*' ? pool_.mul(e, r) : pool_.div(e, r);
       } else {
         return e;
@@ -354,6 +356,8 @@ class Parser {
     char c = s_[pos_];
     if (c == '-') {  // unary minus: "-4" is a (non-positive) size the caller rejects by name
       ++pos_;
+      skip();
+      if (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) return pool_.sub(pool_.constant(0), number(true));
       return pool_.sub(pool_.constant(0), atom(depth + 1));
     }
     if (c == '(') {
@@ -364,16 +368,7 @@ class Parser {
       ++pos_;
       return e;
     }
-    if (std::isdigit(static_cast<unsigned char>(c))) {
-      std::size_t start = pos_;
-      std::int64_t v = 0;
-      while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) {
-        v = v * 10 + (s_[pos_] - '0');
-        if (v > kMaxSize) throw ExprError(start, "size " + std::string(s_.substr(start, 20)) + " is too large (the limit is 2^40)");
-        ++pos_;
-      }
-      return pool_.constant(v);
-    }
+    if (std::isdigit(static_cast<unsigned char>(c))) return number(false);
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
       std::size_t start = pos_;
       while (pos_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '_')) ++pos_;
@@ -397,6 +392,27 @@ class Parser {
       return *e;
     }
     throw ExprError(pos_, "unexpected '" + std::string(1, c) + "' in size expression");
+  }
+
+  // A decimal literal; one above 2^40 is named as written (with its sign), however many digits it has.
+  ExprId number(bool negative) {
+    const std::size_t start = pos_;
+    std::int64_t v = 0;
+    bool big = false;
+    while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) {
+      if (!big) v = v * 10 + (s_[pos_] - '0');
+      big |= v > kMaxSize;
+      ++pos_;
+    }
+    if (big) {
+      std::string_view digits = s_.substr(start, pos_ - start);
+      std::string shown = digits.size() <= 24 ? std::string(digits)
+                                              : std::string(digits.substr(0, 8)) + "..." + std::string(digits.substr(digits.size() - 4)) + " (" +
+                                                    std::to_string(digits.size()) + " digits)";
+      throw ExprError(
+          start, "size " + std::string(negative ? "-" : "") + shown + " is too large" + (negative ? " in magnitude" : "") + " (the limit is 2^40)");
+    }
+    return pool_.constant(v);
   }
 
   ExprPool& pool_;

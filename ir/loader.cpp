@@ -80,11 +80,9 @@ void Loader::prelude(N root) {
     p_.title = n.Scalar();
   }
   if (auto n = root["tensors"]; n.IsDefined() && !n.IsNull() && !n.streamed()) load_tensors(n);
-  if (auto n = root["include"]; n.IsDefined()) {
-    include_stack_ = {file_};
-    load_includes(n, include_stack_);
-  }
+  if (auto n = root["include"]; n.IsDefined()) load_includes(n);
   if (auto n = root["modules"]; n.IsDefined() && !n.IsNull()) load_modules(n, "");
+  if (!modules_.empty()) check_module_graph();
 }
 
 void Loader::load(N root) {
@@ -139,11 +137,13 @@ void Loader::load(N root) {
   if (auto n = root["expect"]; n.IsDefined()) load_expect(n);
 }
 
-NameId Loader::name_id(std::string_view written) {
+NameId Loader::name_id(std::string_view written, N at) {
   if (scopes_.empty()) return p_.intern(written);
   const Scope& s = scopes_.back();
   if (auto it = s.formals.find(std::string(written)); it != s.formals.end()) return it->second;
-  return p_.intern(s.prefix + "." + std::string(written));
+  NameId id = p_.intern(s.prefix + "." + std::string(written));
+  claim(id, at, written);
+  return id;
 }
 
 // ---- sizes and expressions ----------------------------------------------------------------
@@ -299,7 +299,7 @@ int Loader::axis_index(N k, const std::string& what) {
   const std::string& name = k.Scalar();
   for (std::size_t i = 0; i < p_.mesh.size(); ++i)
     if (p_.mesh[i].name == name) return static_cast<int>(i);
-  fail(k, what + " names axis '" + name + "', which the mesh lacks" + suggestion(name, p_.axis_names()) +
+  fail(k, what + " names axis '" + excerpt(name) + "', which the mesh lacks" + suggestion(name, p_.axis_names()) +
               " (mesh axes: " + join(p_.axis_names()) + ")");
 }
 
@@ -401,14 +401,15 @@ std::vector<ExprId> Loader::load_shape(N n, const What& what, std::vector<Loc>* 
 // ---- tensors ------------------------------------------------------------------------------
 void Loader::load_tensors(N n) {
   if (!n.IsMap()) fail(n, "`tensors` must be a mapping of name -> {shape, placement, ...}");
-  p_.tensors.reserve(p_.tensors.size() + n.size());
+  if (p_.tensors.empty()) p_.tensors.reserve(n.size());  // not per instance: exact growth would copy them all each time
   for_each_key(n, {}, "`tensors`", [&](N k, N v) { load_tensor(k, v); });
 }
 
 void Loader::load_tensor(N k, N v) {
   TensorDecl t;
   std::string_view name = k.sv();
-  t.name = name_id(name);
+  t.name = name_id(name, k);
+  if (scopes_.empty() && !instance_at_.empty()) claim_program_name(t.name);
   t.loc = k.loc();
   const What what("tensor '", name, "'");
   if (!v.IsMap()) fail(v.IsNull() ? k : v, what.str() + " must be a mapping like {shape: [B, H], placement: {tp: S(1)}}");
@@ -577,6 +578,7 @@ Program load_tree(const std::string& text, const std::string& filename, const Lo
 }
 
 Program load_any(const std::string& text, const std::string& filename, const LoadOptions& opt) {
+  require_utf8(text);  // the JSON reader would pass bytes through that libyaml rejects
   if (looks_like_json(text)) {
     try {
       return load_streaming(*json_events(text), filename, text.size(), opt);

@@ -45,7 +45,7 @@ inline std::string kind_of(N n) {
   if (n.IsMap()) return "a mapping";
   if (n.IsSequence()) return "a list";
   if (n.IsNull()) return "nothing";
-  return "'" + n.Scalar() + "'";
+  return "'" + excerpt(n.sv()) + "'";
 }
 
 // Iterates a mapping, rejecting duplicate and unknown keys. `fn(key, value)`.
@@ -106,13 +106,21 @@ inline const std::vector<std::string> kTopKeys = {"name", "description", "mesh",
                                                  "expect", "programs", "schedule", "train", "backward", "p2p_model",
                                                  "loss", "grad_sync", "modules", "include", "spec", "view"};
 
+// Bounds on module expansion (docs/format.md, "Limits"): checked before an instance is expanded, so a small
+// file cannot expand into more memory or time than a large one (nested `repeat` multiplies).
+inline constexpr int kMaxModuleDepth = 64;              // instances inside instances
+inline constexpr std::int64_t kMaxExpansion = 250'000;  // ops and instances that `use:` and `repeat:` produce
+
 // A module: a named op list with formal inputs and outputs, parameters and per-instance tensors.
 struct Module {
   std::string name;
   N node, in, out, params, tensors, ops;
   std::string file;        // empty: the program file; else the included file it came from
+  Loc include_at;          // for an included module: the program's `include` entry that brought it in
   bool expanding = false;  // being expanded (a module that uses itself is an error)
   std::size_t uses = 0;
+  std::int64_t size = 0;  // ops and nested instances one instance expands to (capped just above kMaxExpansion)
+  int index = 0;          // in the order modules are written (check_module_graph)
 };
 
 // The names of one module instance: formals map to actuals, every other name gets the instance's prefix.
@@ -120,6 +128,8 @@ struct Scope {
   std::unordered_map<std::string, NameId> formals;
   std::string prefix;  // "layers.37"
   std::vector<std::pair<std::string, std::string>> params;  // $name -> text
+  const Module* module = nullptr;
+  std::uint32_t serial = 0;  // the instance's number (Loader::owner_)
 };
 
 class Loader {
@@ -191,7 +201,8 @@ class Loader {
   void load_split_sizes(Op& op, N v, const std::string& what);
   void load_attr(Op& op, const AttrSpec& spec, N v, const std::string& where);
   // A tensor or handle name as written: renamed inside a module instance.
-  NameId name_id(std::string_view written);
+  // `at`: where it is written, for a clash with another instance's name (see claim).
+  NameId name_id(std::string_view written, N at = N());
   // ---- training: loss, train, backward, grad_sync ---------------------------------------------
   void load_training(N root);
   static N find_key(N map, const std::string& key);
@@ -201,8 +212,15 @@ class Loader {
   void load_outputs(N n);
   void load_expect(N n);
   // ---- modules, instances, repeat, include (ir/loader_modules.cpp) -------------------------
-  void load_includes(N n, std::vector<std::string>& stack);
+  void load_includes(N n);
   void load_modules(N n, const std::string& file);
+  // Every module's `use:` graph: a cycle is an error even in a module no op uses; sets Module::size.
+  void check_module_graph();
+  // A name an instance uses as its own (`<instance>.<name>`) that the program or another instance already
+  // declared or wrote is a clash: an error at `at` naming both (docs/format.md, "Names").
+  void claim(NameId id, N at, std::string_view written);
+  [[noreturn]] void clash(NameId id, N at, std::string_view written);
+  void claim_program_name(NameId id);  // a name the program declares or writes (once instances exist)
   void load_instance(N item);
   void instantiate(Module& m, N item, const std::string& prefix, const std::vector<NameId>& ins,
                    const std::vector<NameId>& outs, const std::vector<std::pair<std::string, std::string>>& params,
@@ -217,8 +235,15 @@ class Loader {
   std::pair<std::int64_t, ExprId> const_cache_[64] = {};  // constant(): value -> id, direct-mapped
   std::unordered_map<std::string, Module> modules_;
   std::vector<std::unique_ptr<Doc>> docs_;  // included files and parameter-substituted module bodies
-  std::vector<std::string> include_stack_;
+  std::unordered_set<std::string> included_;  // canonical paths of the files read by `include` (each read once)
+  Loc include_at_;                            // the program's `include` entry being read
+  std::size_t include_bytes_ = 0;             // text read by `include`, bounded like one input file
   std::vector<Scope> scopes_;
+  // Names of instances: NameId -> 0 (unclaimed), 1 (the program's own) or 2 + the instance's serial.
+  std::vector<std::uint32_t> owner_;
+  std::vector<Loc> instance_at_;  // serial -> the item that expanded it
+  std::int64_t expanded_ = 0;     // ops and instances produced by modules so far
+  bool wrapped_ = false;          // a load error already names the instance it came from
   std::unordered_set<std::string> prefixes_;
   std::unordered_map<std::uint32_t, std::string> labels_;  // info_name / attr_what
   std::vector<NameId> ins_, outs_;                         // load_op's scratch

@@ -452,6 +452,8 @@ bool Loader::load_op_json(RawJson& at) {
   NameId* out_ids = in_ids + n_in;
   for (int i = 0; i < n_out; ++i) ins[n_in + i] = outs[i];
   p_.intern_all({ins, static_cast<std::size_t>(n_in + n_out)}, in_ids);
+  if (!instance_at_.empty())
+    for (int i = 0; i < n_out; ++i) claim_program_name(out_ids[i]);
   p_.add_op(*target_, op, {in_ids, static_cast<std::size_t>(n_in)}, {out_ids, static_cast<std::size_t>(n_out)});
   at = s.pos();
   return true;

@@ -147,13 +147,13 @@ void Loader::load_names_into(N n, const char* key, const std::string& where, std
   if (!n.IsDefined() || n.IsNull()) return;
   if (n.IsScalar()) {
     if (n.sv().empty()) fail(n, key + where + " must name a tensor");
-    out.push_back(name_id(n.sv()));
+    out.push_back(name_id(n.sv(), n));
     return;
   }
   if (!n.IsSequence()) fail(n, key + where + " must be a list of tensor names");
   for (const auto& x : n) {
     if (!x.IsScalar() || x.sv().empty()) fail(x, key + where + " must hold tensor names, got " + kind_of(x));
-    out.push_back(name_id(x.sv()));
+    out.push_back(name_id(x.sv(), x));
   }
 }
 
@@ -174,13 +174,13 @@ std::vector<NameId> Loader::load_names(N n, const std::string& what, bool allow_
   if (!n.IsDefined() || n.IsNull()) return out;
   if (n.IsScalar() && allow_scalar) {
     if (n.sv().empty()) fail(n, what + " must name a tensor");
-    out.push_back(name_id(n.sv()));
+    out.push_back(name_id(n.sv(), n));
     return out;
   }
   if (!n.IsSequence()) fail(n, what + " must be a list of tensor names");
   for (const auto& x : n) {
     if (!x.IsScalar() || x.sv().empty()) fail(x, what + " must hold tensor names, got " + kind_of(x));
-    out.push_back(name_id(x.sv()));
+    out.push_back(name_id(x.sv(), x));
   }
   return out;
 }
@@ -197,6 +197,8 @@ void Loader::load_item(N item) {
   if (target_->size() >= kMaxOps) fail(item, "the program has more than 10,000,000 ops (the limit)");
   if (item.IsMap() && !item.key_node("op").IsDefined() && (item.key_node("use").IsDefined() || item.key_node("repeat").IsDefined()))
     return load_instance(item);
+  if (!scopes_.empty() && ++expanded_ > kMaxExpansion)
+    fail(item, "modules expand to more than " + std::to_string(kMaxExpansion) + " ops and instances (the limit)");
   load_op(item);
 }
 
@@ -354,6 +356,8 @@ void Loader::load_op(N item) {
   for (std::size_t i = 0; i < outs.size(); ++i)
     for (std::size_t j = 0; j < i; ++j)
       if (outs[i] == outs[j]) fail(item["out"], where + " writes '" + p_.name(outs[i]) + "' twice");
+  if (scopes_.empty() && !instance_at_.empty())
+    for (NameId o : outs) claim_program_name(o);
   p_.add_op(*target_, op, ins, outs);
 }
 
@@ -502,8 +506,12 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
         p_.origins.push_back(v.Scalar());
         return;
       }
-      (n == "handle" ? a.handle : n == "group" ? a.group : n == "matches" ? a.matches : n == "label" ? a.label : n == "for" || n == "event" ? a.sync : a.stream) =
-          n == "stream" || n == "label" || n == "for" ? p_.intern(v.Scalar()) : name_id(v.sv());
+      (n == "handle"                ? a.handle
+       : n == "group"               ? a.group
+       : n == "matches"             ? a.matches
+       : n == "label"               ? a.label
+       : n == "for" || n == "event" ? a.sync
+                                    : a.stream) = n == "stream" || n == "label" || n == "for" ? p_.intern(v.Scalar()) : name_id(v.sv(), v);
       return;
     case AttrType::Names:
       a.handles = static_cast<std::uint32_t>(p_.name_lists.size());

@@ -2,8 +2,11 @@
 #include "ir/source_file.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <istream>
 #include <memory>
 
 #include "ir/diagnostic.h"
@@ -31,6 +34,26 @@ std::string read_input_file(const std::string& path, std::size_t cap) {
   char buf[65536];
   while (std::size_t n = std::fread(buf, 1, sizeof buf, f.get())) {
     if (text.size() + n > cap) throw LoadError({}, "'" + path + "' has more than the limit of " + mib(cap));
+    text.append(buf, n);
+  }
+  return text;
+}
+
+std::string read_input_stream(std::istream& in, const std::string& name, int fd, std::size_t cap) {
+  struct stat st {};
+  if (fd >= 0 && ::fstat(fd, &st) == 0) {
+    if (S_ISREG(st.st_mode) && static_cast<std::size_t>(st.st_size) > cap)
+      throw LoadError({}, name + " has " + mib(static_cast<std::size_t>(st.st_size)) + ", more than the limit of " + mib(cap));
+    if ((S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) && !::isatty(fd))
+      throw LoadError({}, name + " is a device, not a program; give a file or a pipe");
+    if (S_ISDIR(st.st_mode)) throw LoadError({}, name + " is a directory, not a file");
+  }
+  std::string text;
+  text.reserve(std::min<std::size_t>(cap, std::size_t{1} << 20));
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    auto n = static_cast<std::size_t>(in.gcount());
+    if (text.size() + n > cap) throw LoadError({}, name + " has more than the limit of " + mib(cap));
     text.append(buf, n);
   }
   return text;

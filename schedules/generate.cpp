@@ -128,9 +128,21 @@ Schedule generate_schedule(const std::string& kind, int p, int m, int v) {
   // Bound the schedule before building it: F and B (and W for ZBH1) per microbatch and stage.
   std::int64_t actions = std::int64_t{p} * v * m * (k == "ZBH1" ? 3 : 2);
   if (actions > static_cast<std::int64_t>(kMaxScheduleActions))
-    throw std::invalid_argument(fmt::format("{} with {} stages, {} microbatches{} has {} actions, more than the {} a schedule may have (lowered, "
-                                            "about 4 ops each, within the {}-op limit of a program); use fewer microbatches or stages",
-                                            k, p * v, m, v > 1 ? fmt::format(" ({} virtual per rank)", v) : "", actions, kMaxScheduleActions, kMaxOps));
+    throw std::invalid_argument(
+        fmt::format("{} with {} stages, {} microbatches{} has {} actions, more than the {} a schedule may have (each is "
+                    "lowered to about 4 ops and checked in about 1 KB); use fewer microbatches or stages",
+                    k, p * v, m, v > 1 ? fmt::format(" ({} virtual per rank)", v) : "", actions, kMaxScheduleActions));
+  if (actions * p > kMaxScheduleRankActions)
+    throw std::invalid_argument(
+        fmt::format("{} on {} ranks with {} microbatches has {} ranks x {} actions = {}, more than the {} the deadlock check "
+                    "can afford (its vector clocks grow with both: each rank hears of every rank before it); use fewer "
+                    "ranks or microbatches",
+                    k, p, m, p, actions, actions * p, kMaxScheduleRankActions));
+  if (p > kMaxScheduleRanks)
+    throw std::invalid_argument(
+        fmt::format("{} on {} ranks: the deadlock check affords at most {} pipeline ranks (once a rank has heard of every "
+                    "rank, its vector clock holds them all: memory grows with the square of the ranks); use fewer ranks",
+                    k, p, kMaxScheduleRanks));
   Schedule s;
   s.source = fmt::format("{} ({} ranks, {} microbatches{})", k, p, m, v > 1 ? fmt::format(", {} virtual stages", v) : "");
   for (int r = 0; r < p; ++r) {

@@ -75,37 +75,39 @@ class CsvParser {
     if (!t) {
       std::vector<std::string> names;
       for (const auto& n : kTypes) names.push_back(n.text);
-      std::string word = s.substr(i);
+      std::string word = s.substr(i, 64);
       while (!word.empty() && std::isdigit(static_cast<unsigned char>(word.back()))) word.pop_back();
       auto best = did_you_mean(word, names);
-      fail(l, fmt::format("`{}`: unknown action type `{}`{} (types: F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD)",
-                          cell, word, best ? fmt::format("; did you mean {}?", *best) : ""));
+      fail(l, fmt::format("`{}`: unknown action type `{}`{} (types: F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD, REDUCE_GRAD)", cell,
+                          excerpt(word, 24), best ? fmt::format("; did you mean {}?", *best) : ""));
     }
     i += std::string(t->text).size();
     if (t->type == ActionType::B && i < s.size() && s[i] == 'W')
       fail(l, fmt::format("`{}`: `BW` is not an action type of PyTorch's schedule grammar (a legacy token for a combined backward); write "
                           "the full backward as {}B{} or split it into {}I{} and {}W{}",
-                          cell, a.stage, s.substr(i + 1), a.stage, s.substr(i + 1), a.stage, s.substr(i + 1)));
+                          cell, a.stage, excerpt(s.substr(i + 1), 24), a.stage, excerpt(s.substr(i + 1), 24), a.stage, excerpt(s.substr(i + 1), 24)));
     a.type = t->type;
     if (t->has_mb) {
       a.mb = number(s, i, l, cell, "microbatch");
       if (a.mb < 0) fail(l, fmt::format("`{}`: {} needs a microbatch number, e.g. {}{}0", cell, t->text, a.stage, t->text));
     }
     if (i != s.size())
-      fail(l, t->has_mb ? fmt::format("`{}`: unexpected `{}` after the microbatch", cell, s.substr(i))
-                        : fmt::format("`{}`: {} takes no microbatch (unexpected `{}`)", cell, t->text, s.substr(i)));
+      fail(l, t->has_mb ? fmt::format("`{}`: unexpected `{}` after the microbatch", cell, excerpt(s.substr(i), 24))
+                        : fmt::format("`{}`: {} takes no microbatch (unexpected `{}`)", cell, t->text, excerpt(s.substr(i), 24)));
     return a;
   }
 
-  Action action(const std::string& cell, Loc l) {
-    if (cell.front() != '(') return simple(cell, l, cell);
+  // `text`: the cell as written; messages quote at most 40 bytes of it (a cell may be a megabyte long).
+  Action action(const std::string& text, Loc l) {
+    const std::string cell = excerpt(text, 40);
+    if (text.front() != '(') return simple(text, l, cell);
     static const std::string tail = ")OVERLAP_F_B";
-    auto semi = cell.find(';');
-    if (semi == std::string::npos || cell.size() < tail.size() || cell.compare(cell.size() - tail.size(), tail.size(), tail) != 0 ||
-        semi > cell.size() - tail.size())
+    auto semi = text.find(';');
+    if (semi == std::string::npos || text.size() < tail.size() || text.compare(text.size() - tail.size(), tail.size(), tail) != 0 ||
+        semi > text.size() - tail.size())
       fail(l, fmt::format("`{}`: an overlapped pair is written (F;B)OVERLAP_F_B, e.g. (0F7;7B3)OVERLAP_F_B", cell));
-    Action f = simple(cell.substr(1, semi - 1), l, cell);
-    Action b = simple(cell.substr(semi + 1, cell.size() - tail.size() - semi - 1), l, cell);
+    Action f = simple(text.substr(1, semi - 1), l, cell);
+    Action b = simple(text.substr(semi + 1, text.size() - tail.size() - semi - 1), l, cell);
     if (f.type != ActionType::F || (b.type != ActionType::B && b.type != ActionType::I))
       fail(l, fmt::format("`{}`: OVERLAP_F_B pairs a forward (F) with a backward (B or I)", cell));
     f.type2 = b.type;
@@ -127,9 +129,12 @@ class CsvParser {
     }
     while (!lines.empty() && lines.back().find_first_not_of(" \t,") == std::string::npos) lines.pop_back();
     if (lines.empty()) fail({1, 1}, "empty schedule: expected one row of actions per pipeline rank");
-    if (lines.size() > static_cast<std::size_t>(kMaxRepresentatives))
-      fail({static_cast<std::uint32_t>(kMaxRepresentatives + 1), 1},
-           fmt::format("the schedule has {} rows (pipeline ranks); at most {} are supported", lines.size(), kMaxRepresentatives));
+    if (lines.size() > static_cast<std::size_t>(kMaxScheduleRanks))
+      fail({static_cast<std::uint32_t>(kMaxScheduleRanks + 1), 1},
+           fmt::format("the schedule has {} rows (pipeline ranks); at most {} are supported (the deadlock check's vector clocks grow with "
+                       "the square of the ranks)",
+                       lines.size(), kMaxScheduleRanks));
+    std::size_t cells = 0, actions = 0;  // bounded while reading: a 64 MiB file of commas would be 64 million empty cells
     for (std::size_t r = 0; r < lines.size(); ++r) {
       const std::string& ln = lines[r];
       std::vector<std::optional<Action>> row;
@@ -139,11 +144,22 @@ class CsvParser {
         std::string cell = ln.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
         std::size_t lead = cell.find_first_not_of(" \t");
         std::size_t col = pos + (lead == std::string::npos ? 0 : lead) + 1;
+        if (++cells > kMaxScheduleCells)
+          fail({static_cast<std::uint32_t>(r + 1), static_cast<std::uint32_t>(col)},
+               fmt::format("the schedule has more than {} cells (actions and empty cells); at most {} actions are supported", kMaxScheduleCells,
+                           kMaxScheduleActions));
         if (lead == std::string::npos) {
           row.push_back(std::nullopt);  // a bubble
         } else {
           cell = cell.substr(lead, cell.find_last_not_of(" \t") - lead + 1);
           Action a = action(cell, {static_cast<std::uint32_t>(r + 1), static_cast<std::uint32_t>(col)});
+          if (++actions > kMaxScheduleActions)
+            fail(a.loc, fmt::format("the schedule has more than {} actions (each is lowered to about 4 ops and checked in about 1 KB)",
+                                    kMaxScheduleActions));
+          if (static_cast<std::int64_t>(actions * lines.size()) > kMaxScheduleRankActions)
+            fail(a.loc, fmt::format("the schedule has {} rows (pipeline ranks), so it may have at most {} actions: the deadlock check affords {} "
+                                    "ranks x actions (its vector clocks grow with both: each rank hears of every rank before it)",
+                                    lines.size(), kMaxScheduleRankActions / static_cast<std::int64_t>(lines.size()), kMaxScheduleRankActions));
           s.has_comms |= a.type == ActionType::SendF || a.type == ActionType::RecvF || a.type == ActionType::SendB || a.type == ActionType::RecvB;
           row.push_back(a);
         }
@@ -196,8 +212,8 @@ Schedule parse_schedule_csv(const std::string& text, const std::string& source) 
         ++actions;
         if (!widest || std::max({a->stage, a->stage2}) == s.stages - 1 || std::max({a->mb, a->mb2}) == s.microbatches - 1) widest = &*a;
         if (actions > kMaxScheduleActions)
-          throw LoadError(a->loc, fmt::format("the schedule has more than {} actions (lowered, about 4 ops each, within the {}-op limit of a program)",
-                                              kMaxScheduleActions, kMaxOps));
+          throw LoadError(a->loc, fmt::format("the schedule has more than {} actions (each is lowered to about 4 ops and checked in about 1 KB)",
+                                              kMaxScheduleActions));
       }
   std::size_t table = static_cast<std::size_t>(std::max(1, s.stages)) * static_cast<std::size_t>(std::max(1, s.microbatches));
   if (table > kMaxScheduleActions && widest)
@@ -208,7 +224,7 @@ Schedule parse_schedule_csv(const std::string& text, const std::string& source) 
 }
 
 Schedule load_schedule_csv(const std::string& path) {
-  return parse_schedule_csv(read_input_file(path, std::size_t{64} << 20), path);  // refuses devices, pipes, > 64 MiB
+  return parse_schedule_csv(read_input_file(path, kMaxCsvBytes), path);  // refuses devices, pipes, > 64 MiB
 }
 
 // ---- validation --------------------------------------------------------------------------------

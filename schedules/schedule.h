@@ -17,9 +17,20 @@
 
 namespace spmd {
 
-// Lowering makes about four ops per action, so a schedule has at most kMaxOps / 4 actions (checked
-// before anything is allocated: by the generators from their parameters, by the CSV reader per cell).
-inline constexpr std::size_t kMaxScheduleActions = kMaxOps / 4;
+// Lowering makes about four ops per action, and checking a lowered schedule takes about 1 KB per action: at
+// most 500,000 actions keeps a schedule from a two-line program under 1 GiB (2,500,000 took 2.3 GiB). Checked
+// before anything is allocated: by the generators from their parameters, by the CSV reader per cell (and at
+// most 4 cells per action, bubbles included).
+inline constexpr std::size_t kMaxScheduleActions = 500'000;
+inline constexpr std::size_t kMaxScheduleCells = 4 * kMaxScheduleActions;
+// The deadlock check's vector clocks: along a pipeline each rank hears of every rank before it, so checking
+// costs about 3.5 bytes per (rank, action) pair (GPipe on 8,192 ranks, 3 microbatches: 4 x 10^8 pairs, 1.4 GiB;
+// on 65,536 ranks it ran out of memory). At most 2 x 10^8 pairs keeps it under 1 GiB.
+inline constexpr std::int64_t kMaxScheduleRankActions = 200'000'000;
+// The same clocks are dense once a rank has heard of every rank (the backward half of a pipeline), so they
+// also take about 16-27 bytes per (rank, rank) pair: GPipe on 10,000 ranks with 1 microbatch took 1.6 GiB,
+// 6,000 ranks 600-720 MiB. At most 4,096 pipeline ranks (a CSV's rows) keeps that part under 500 MiB.
+inline constexpr int kMaxScheduleRanks = 4096;
 
 enum class ActionType : std::uint8_t { F, I, W, B, SendF, RecvF, SendB, RecvB, Unshard, Reshard, ReduceGrad, OverlapFB };
 

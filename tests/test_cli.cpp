@@ -2,6 +2,9 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -149,7 +152,7 @@ TEST_CASE("--dump-hb writes the happens-before graph; an unwritable path is an i
 TEST_CASE("unbounded inputs: devices are refused with exit 2, for programs and schedule CSVs") {
   Run z = run({"check", "/dev/zero"});
   CHECK(z.code == 2);
-  CHECK(z.out.find("/dev/zero: error: '/dev/zero' is not a regular file") != std::string::npos);
+  CHECK(z.out.find("/dev/zero:1:1: error: '/dev/zero' is not a regular file") != std::string::npos);
   std::string csv = write_tmp("csv_dev_zero.yaml", "mesh: {pp: 2}\nschedule: {csv: /dev/zero, axis: pp}\n");
   Run c = run({"check", csv});
   CHECK(c.code == 2);
@@ -173,13 +176,12 @@ TEST_CASE("robustness: invalid UTF-8 echoed in JSON, oversized schedules and CSV
   CHECK(y.out.find("\"line\": 5") != std::string::npos);
   CHECK(y.out.find("\"column\": 22") != std::string::npos);
   CHECK(y.out.find("must be UTF-8") != std::string::npos);
-  // A diagnostic that echoes bytes that are not UTF-8 (the JSON fast path passes them through) still prints
-  // valid JSON: they become U+FFFD.
-  std::string bad_json = write_tmp("bad_utf8.json",
-                                   "{\"mesh\": {\"dp\": 2}, \"tensors\": {\"x\": {\"shape\": [4]}}, \"ops\": [{\"op\": \"GELU\", \"in\": [\"x\xff\xfe\"], \"out\": \"y\"}]}\n");
-  Run j = run({"check", "--format", "json", bad_json});
-  CHECK(j.code == 1);
-  CHECK(j.out.find("\"id\": \"undefined-tensor\"") != std::string::npos);
+  // A message that echoes bytes that are not UTF-8 (a schedule CSV's cell; a program must be UTF-8, JSON too)
+  // still prints valid JSON: they become U+FFFD.
+  std::string bad_csv = write_tmp("bad_utf8.csv", "0F0,0\xff\xfe\n");
+  Run j = run({"check", "--format", "json", bad_csv});
+  CHECK(j.code == 2);
+  CHECK(j.out.find("\"id\": \"invalid-input\"") != std::string::npos);
   CHECK(j.out.find("\xef\xbf\xbd") != std::string::npos);
   std::string bad_key = write_tmp("bad_utf8_key.yaml", "mesh: {dp: 2}\nops: []\nx\xff: 1\n");
   Run k = run({"check", "--format", "json", bad_key});
@@ -188,16 +190,17 @@ TEST_CASE("robustness: invalid UTF-8 echoed in JSON, oversized schedules and CSV
   // Schedules: bounded before anything is allocated.
   Run g = run({"schedule", "gen", "--kind", "Interleaved1F1B", "--stages", "4096", "--microbatches", "1048576", "--virtual", "64"});
   CHECK(g.code == 2);
-  CHECK(g.err.find("more than the 2500000 a schedule may have") != std::string::npos);
+  CHECK(g.err.find("more than the 500000 a schedule may have") != std::string::npos);
   std::string big = write_tmp("schedule_1m.yaml", "mesh: {pp: 4}\nschedule: {kind: 1F1B, microbatches: 1048576}\n");
   Run s = run({"check", "--format", "json", big});
   CHECK(s.code == 2);
   CHECK(s.out.find("\"line\": 2") != std::string::npos);
   std::string rows;
-  for (int r = 0; r < 65537; ++r) rows += "0F0\n";
+  for (int r = 0; r < 4097; ++r) rows += "0F0\n";
   Run c = run({"check", "--format", "json", write_tmp("rows.csv", rows)});
   CHECK(c.code == 2);
-  CHECK(c.out.find("at most 65536 are supported") != std::string::npos);
+  CHECK(c.out.find("the schedule has 4097 rows (pipeline ranks); at most 4096 are supported") != std::string::npos);
+  CHECK(c.out.find("\"line\": 4097") != std::string::npos);
 }
 
 // ---- explain, report, schema, SARIF and the CLI conventions (issue 13) ---------------------------
@@ -498,4 +501,127 @@ TEST_CASE("the repository stands alone: no test or example reads ../shared, run-
   CHECK(folders.count("`autograd/`") == 1);  // past the blank line that split the table
   CHECK(folders.count("`bench/`") == 1);
   CHECK(rows >= 12);
+}
+
+TEST_CASE("hostile inputs (issue 23): every command checks a file's kind and size before reading it, and says where") {
+  namespace fs = std::filesystem;
+  const std::string dir = std::string(SPMD_BINARY_DIR) + "/hostile";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string fifo = dir + "/fifo.yaml", sparse = dir + "/sparse.yaml", html = dir + "/out.html";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  std::ofstream(sparse).close();
+  fs::resize_file(sparse, std::uintmax_t{2} << 30);  // 2 GiB of holes: nothing is written to disk
+  for (const std::string& f : {std::string("/dev/zero"), fifo, sparse}) {
+    Run r = run({"report", f, "-o", html});  // used to read it whole first (a hang on the FIFO, exit 3 on /dev/zero)
+    CHECK(r.code == 2);
+    CHECK(r.err.find(f + ":1:1: error: ") != std::string::npos);
+    Run e = run({"explain", f});
+    CHECK(e.code == 2);
+    CHECK(e.err.find(f + ":1:1: error: ") != std::string::npos);  // a whole-file error is at 1:1
+    Run u = run({"run", f});
+    CHECK(u.code == 2);
+    CHECK(u.out.find(f + ":1:1: error: ") != std::string::npos);
+  }
+  CHECK(run({"check", sparse}).out.find("sparse.yaml:1:1: error: '" + sparse + "' has 2048 MiB, more than the limit of 1024 MiB") !=
+        std::string::npos);
+  CHECK(run({"check", dir + "/missing.yaml"}).out.find("missing.yaml:1:1: error: cannot open file") != std::string::npos);
+  // `test` of a directory holding a FIFO named .yaml: a FAIL for that file, not a hang.
+  Run t = run({"test", dir});
+  CHECK(t.code == 1);
+  CHECK(t.out.find("FAIL " + fifo + ": failed to load:") != std::string::npos);
+  CHECK(t.out.find("not a regular file") != std::string::npos);
+  fs::remove(fifo);
+  fs::remove(sparse);
+  // A position too large for a line number is a FAIL of that file (it was `stoul`'s internal error).
+  std::string huge = write_tmp("hostile_expect_huge.yaml", "# expect-error: 99999999999999999999:1: x\nmesh: {tp: 2}\nops: []\n");
+  Run h = run({"test", huge});
+  CHECK(h.code == 1);
+  CHECK(h.out.find("gives position 99999999999999999999:1, not a line and column") != std::string::npos);
+  // A subdirectory that cannot be read is a FAIL, not skipped (as root every directory is readable: nothing to test).
+  fs::create_directories(dir + "/locked/inner");
+  std::ofstream(dir + "/ok.yaml") << "mesh: {tp: 2}\nops: []\n";
+  ::chmod((dir + "/locked").c_str(), 0);
+  if (::access((dir + "/locked/inner").c_str(), F_OK) != 0) {
+    Run l = run({"test", dir});
+    CHECK(l.code == 1);
+    CHECK(l.out.find("PASS " + dir + "/ok.yaml") != std::string::npos);
+    CHECK(l.out.find("FAIL " + dir + "/locked: cannot read the directory") != std::string::npos);
+  } else {
+    MESSAGE("running as root: an unreadable directory cannot be made, its FAIL is not tested here");
+  }
+  ::chmod((dir + "/locked").c_str(), 0755);
+  // A write that fails at the flush (a full disk) is reported: the DOT graph, the report, the trace.
+  if (fs::exists("/dev/full")) {
+    Run d = run({"check", "--dump-hb", "/dev/full", src("examples/temporal/tp_overlap.yaml")});
+    CHECK(d.code == 2);
+    CHECK(d.out.find("cannot write /dev/full") != std::string::npos);
+    Run o = run({"report", src("examples/tp/mlp.yaml"), "-o", "/dev/full"});
+    CHECK(o.code == 2);
+    CHECK(o.err.find("cannot write /dev/full") != std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("hostile inputs (issue 23): messages show what was written, bounded and whole") {
+  // A NUL byte inside a name no longer cuts the message (load errors and findings alike).
+  Run n = run_stdin({"check", "-"}, std::string("mesh: {tp: 2}\nops:\n  - {op: \"Ge\\0LU\", in: [x], out: y}\n"));
+  CHECK(n.code == 2);
+  CHECK(n.out.find("unknown op 'Ge\\0LU'; did you mean 'GELU'?") != std::string::npos);
+  Run u = run_stdin({"check", "-"}, std::string("mesh: {tp: 2}\nops:\n  - {op: GELU, in: [\"a\\0b\"], out: y}\n"));
+  CHECK(u.code == 1);
+  CHECK(u.out.find("a\\0b") != std::string::npos);
+  CHECK(u.out.find('\0') == std::string::npos);
+  // Sizes: as written (10^400, -2^63), and a division by zero is bad input, not a divisibility finding.
+  auto size_error = [](const std::string& dim) {
+    return run_stdin({"check", "-"}, "mesh: {tp: 2}\ntensors:\n  x: {shape: [4, " + dim + "]}\nops: []\n");
+  };
+  Run big = size_error("1" + std::string(400, '0'));
+  CHECK(big.code == 2);
+  CHECK(big.out.find("size 10000000...0000 (401 digits) is too large") != std::string::npos);
+  Run neg = size_error("-9223372036854775808");
+  CHECK(neg.code == 2);
+  CHECK(neg.out.find("size -9223372036854775808 is too large in magnitude") != std::string::npos);
+  Run zero = size_error("8/0");
+  CHECK(zero.code == 2);
+  CHECK(zero.out.find("<stdin>:3:18: error: bad size expression in a dim of tensor 'x' ('8/0'): division by zero") != std::string::npos);
+  // A megabyte-long CSV cell is quoted by its first bytes.
+  std::string cell(1 << 20, 'Q');
+  Run c = run({"check", write_tmp("hostile_cell.csv", "0F0,1" + cell + "\n")});
+  CHECK(c.code == 2);
+  CHECK(c.out.find("`1QQQQQQQQQQ") != std::string::npos);
+  CHECK(c.out.find("more bytes)") != std::string::npos);
+  CHECK(c.out.size() < 1000);
+  // The JSON reader refuses what the YAML reader refuses: bytes that are not UTF-8, at the same place.
+  std::string json = write_tmp("hostile_utf8.json", "{\"mesh\": {\"tp\": 2}, \"ops\": [{\"op\": \"GELU\", \"in\": [\"x\xff\"], \"out\": \"y\"}]}\n");
+  std::string yaml =
+      write_tmp("hostile_utf8.yaml", "{\"mesh\": {\"tp\": 2}, \"ops\": [{\"op\": \"GELU\", \"in\": [\"x\xff\"], \"out\": \"y\"}]} # yaml\n");
+  Run j = run({"check", json}), y = run({"check", yaml});
+  CHECK(j.code == 2);
+  CHECK(y.code == 2);
+  CHECK(j.out.find("hostile_utf8.json:1:53: error: invalid UTF-8: byte 0xff here cannot start a character") != std::string::npos);
+  CHECK(y.out.find("hostile_utf8.yaml:1:53: error: invalid UTF-8: byte 0xff here cannot start a character") != std::string::npos);
+}
+
+TEST_CASE("run: a scaled copy keeps every shard's divisibility and the file's line numbers") {
+  // H = 36 over tp = 4 divides; the copy with H = 9 (36 / 4) would not, and it passed the checker because x is
+  // `uneven: true`: a program with another layout. H = 12 keeps the pattern.
+  std::string uneven = write_tmp("run_scaled_uneven.yaml",
+                                 "mesh: {tp: 4}\nsizes: {B: 4, H: 36}\ntensors:\n  x: {shape: [B, H], placement: {tp: S(1)}, uneven: true}\n"
+                                 "  w: {shape: [H, 8]}\nops:\n  - {op: AllGather, in: [x], out: xg, axis: tp, dim: 1}\n"
+                                 "  - {op: MatMul, in: [xg, w], out: y}\noutputs: {y: {placement: {tp: R}}}\n");
+  Run u = run({"run", uneven});
+  CHECK(u.code == 0);
+  CHECK(u.out.find("scaled copy with B = 4, H = 12") != std::string::npos);
+  // The copy is the file with its sizes rewritten in place: the failing Slice is on line 10 of this file (the
+  // copy was re-emitted by a YAML writer, which put it on line 8).
+  std::string sliced =
+      write_tmp("run_scaled_lines.yaml",
+                "# a comment\nmesh: {tp: 4}\nsizes:\n  B: 64    # batch\n  H: 72\ntensors:\n  x: {shape: [B, H], placement: {tp: S(1)}}\n\n"
+                "ops:\n  - {op: Slice, in: [x], out: a, dim: 1, start: 0, end: H/2}\n"
+                "  - {op: AllGather, in: [a], out: y, axis: tp, dim: 1}\noutputs: {y: {}}\n");
+  Run l = run({"run", sliced});
+  CHECK(l.code == 1);
+  CHECK(l.out.find("(Slice, line 10)") != std::string::npos);
+  CHECK(l.out.find("scaled copy with B = 8, H = 12") != std::string::npos);
 }

@@ -1,8 +1,12 @@
 // tests/test_loader.cpp - located errors for malformed programs (the corpus in tests/bad_input covers more).
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "ir/printer.h"
 #include "ir/source_file.h"
@@ -182,6 +186,94 @@ TEST_CASE("include takes another file's modules; errors inside it say where") {
   }
 }
 
+TEST_CASE("repeat of a module that declares tensors: expands in linear time (each instance copied the whole list: 50,000 took about 17 s)") {
+  const std::string text =
+      "mesh: {tp: 2}\ntensors: {x: {shape: [4, 8]}}\nmodules:\n  m:\n    in: [a]\n    out: [b]\n    tensors: {w: {shape: [4, 8]}}\n"
+      "    ops: [{op: Add, in: [a, w], out: b}]\nops:\n  - {repeat: 50000, use: m, name: l, in: [x], out: [y]}\n";
+  Program p = load_program_string(text, "t.yaml");
+  CHECK(p.ops.size() == 50'000);
+  CHECK(p.tensors.size() == 1 + 50'000);
+  CHECK(p.name(p.ins(p.ops[49'999])[1]) == "l.49999.w");
+}
+
+TEST_CASE("module graphs: recursion, depth and size are bounded before anything is expanded") {
+  auto chain = [](int n, bool cycle, int use) {
+    std::string t = "mesh: {tp: 2}\ntensors: {x: {shape: [4]}}\nmodules:\n";
+    for (int i = 0; i < n; ++i)
+      t += "  m" + std::to_string(i) + ": {in: [a], out: [b], ops: [{use: m" + std::to_string(cycle ? (i + 1) % n : i + 1) +
+           ", in: [a], out: [b]}]}\n";
+    if (!cycle) t += "  m" + std::to_string(n) + ": {in: [a], out: [b], ops: [{op: GELU, in: [a], out: b}]}\n";
+    return t + (use ? "ops: [{use: m0, in: [x], out: [y]}]\n" : "ops: [{op: GELU, in: [x], out: y}]\n");
+  };
+  // 63 instances inside each other load; 64 are the limit; 20,000 stop at the limit (no stack overflow).
+  Program p = load_program_string(chain(63, false, 1), "t.yaml");
+  CHECK(p.ops.size() == 1);
+  CHECK(p.name(p.outs(p.ops[0])[0]) == "y");
+  Loc l;
+  CHECK(load_error(chain(64, false, 1), &l).find("nest more than 64 levels deep") != std::string::npos);
+  std::string deep = load_error(chain(20000, false, 1), &l);
+  CHECK(deep.find("nest more than 64 levels deep") != std::string::npos);
+  CHECK(deep.size() < 1000);  // one instance named in the message, not 64 nested ones
+  // A cycle through 20,000 modules that no op uses: found without recursion, and the chain is elided.
+  std::string cyc = load_error(chain(20000, true, 0), &l);
+  CHECK(cyc.find("module 'm0' uses itself (m0 -> m1 -> m2 -> ... (19994 more) -> m19997 -> m19998 -> m19999 -> m0)") != std::string::npos);
+  CHECK(l.line == 20003);
+  // Two instances whose names meet: module o's own tensor `j.x` is instance j's tensor `x` inside o.
+  std::string meet =
+      "mesh: {tp: 2}\ntensors: {x: {shape: [4]}}\nmodules:\n  n: {in: [a], out: [b], tensors: {x: {shape: [4]}}, ops: [{op: Add, in: [a, x], out: "
+      "b}]}\n"
+      "  o:\n    in: [a]\n    out: [b]\n    tensors: {j.x: {shape: [4]}}\n    ops: [{use: n, name: j, in: [a], out: [b]}]\nops: [{use: o, in: [x], "
+      "out: [y]}]\n";
+  CHECK(load_error(meet, &l).find("'o.j.x' (the name 'x' of instance 'o.j' of module n) is also a name of the instance expanded at line 10") !=
+        std::string::npos);
+  CHECK(l.line == 4);
+  // Reading an instance's value from outside (its gradient in grad_sync, a probe) is not a clash.
+  CHECK(load_error("mesh: {tp: 2}\ntensors: {x: {shape: [4]}}\nmodules:\n  m: {in: [a], out: [b], ops: [{op: Exp, in: [a], out: h}, "
+                   "{op: Add, in: [a, h], out: b}]}\nops: [{use: m, name: i, in: [x], out: [y]}, {op: GELU, in: [i.h], out: i.h}]\n")
+            .empty());
+}
+
+TEST_CASE("include: each file once, a chain of a thousand files, errors at the program's entry") {
+  auto dir = std::filesystem::temp_directory_path() / "spmd_include_chain";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return (dir / name).string();
+  };
+  const int n = 1000;
+  for (int i = 0; i < n; ++i)
+    write("f" + std::to_string(i) + ".yaml", "mesh: {tp: 2}\n" + (i + 1 < n ? "include: f" + std::to_string(i + 1) + ".yaml\n" : std::string()) +
+                                                 "modules:\n  m" + std::to_string(i) +
+                                                 ": {in: [a], out: [b], ops: [{op: GELU, in: [a], out: b}]}\nops: []\n");
+  std::string main = write("main.yaml", "mesh: {tp: 2}\ninclude: f0.yaml\ntensors: {x: {shape: [4]}}\nops: [{use: m999, in: [x], out: [y]}]\n");
+  CHECK(load_program_file(main).ops.size() == 1);
+  // The last file of the chain has an error: one line names the first two and last three files on the way.
+  write("f999.yaml", "mesh: {tp: 2}\nmodules:\n  m999: [\n");
+  try {
+    load_program_file(main);
+    CHECK(false);
+  } catch (const LoadError& e) {
+    std::string m = e.what();
+    CHECK(e.loc.line == 2);
+    CHECK(m.find("f0.yaml:2:10: in ") != std::string::npos);
+    CHECK(m.find("... (995 more included files): ") != std::string::npos);
+    CHECK(m.find("f999.yaml:4:1: invalid YAML") != std::string::npos);
+    CHECK(m.size() < 1000);
+  }
+  // A diamond (a and b both include c) reads c once, so its module is defined once; 2^40 paths are 80 files.
+  for (int i = 0; i < 40; ++i) {
+    std::string next = i + 1 < 40 ? "include: [a" + std::to_string(i + 1) + ".yaml, b" + std::to_string(i + 1) + ".yaml]\n" : "";
+    write("a" + std::to_string(i) + ".yaml", "mesh: {tp: 2}\n" + next + "ops: []\n");
+    write("b" + std::to_string(i) + ".yaml",
+          "mesh: {tp: 2}\n" + next + (i == 39 ? "modules: {g: {in: [a], out: [b], ops: [{op: GELU, in: [a], out: b}]}}\n" : "") + "ops: []\n");
+  }
+  CHECK(load_program_file(
+            write("diamond.yaml", "mesh: {tp: 2}\ninclude: [a0.yaml, b0.yaml]\ntensors: {x: {shape: [4]}}\nops: [{use: g, in: [x], out: [y]}]\n"))
+            .ops.size() == 1);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("inputs that are not regular files, or too big, are located errors") {
   for (const char* path : {"/dev/zero", "/dev/null", "/"}) {
     try {
@@ -195,6 +287,24 @@ TEST_CASE("inputs that are not regular files, or too big, are located errors") {
   std::ofstream(f) << std::string(2000, 'x');
   CHECK_THROWS_AS(read_input_file(f.string(), 1000), LoadError);
   CHECK(read_input_file(f.string(), 4000).size() == 2000);
+  // Standard input (issue 23: it had no limit): read in steps up to the cap; a regular file behind it is checked
+  // by its size first, and a device that is not a terminal (`check - < /dev/zero`) is refused before a read.
+  std::istringstream big(std::string(200'000, 'x'));
+  CHECK_THROWS_WITH_AS(read_input_stream(big, "standard input", -1, 100'000), "standard input has more than the limit of 100000 bytes", LoadError);
+  std::istringstream small(std::string(200'000, 'x'));
+  CHECK(read_input_stream(small, "standard input", -1, 300'000).size() == 200'000);
+  int fd = ::open(f.c_str(), O_RDONLY);
+  REQUIRE(fd >= 0);
+  std::istringstream unread;
+  CHECK_THROWS_WITH_AS(read_input_stream(unread, "standard input", fd, 1000), "standard input has 2000 bytes, more than the limit of 1000 bytes",
+                       LoadError);
+  ::close(fd);
+  fd = ::open("/dev/zero", O_RDONLY);
+  REQUIRE(fd >= 0);
+  CHECK_THROWS_WITH_AS(read_input_stream(unread, "standard input", fd), "standard input is a device, not a program; give a file or a pipe",
+                       LoadError);
+  ::close(fd);
+  std::filesystem::remove(f);
 }
 
 TEST_CASE("spec: the single-device model loads from YAML and JSON alike, apart from the plan") {

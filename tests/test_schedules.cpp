@@ -83,6 +83,33 @@ TEST_CASE("the legacy BW token and malformed actions are located errors") {
   CHECK(err("0F0,,0B0\n\n").empty());  // bubbles and trailing empty lines are fine
 }
 
+TEST_CASE("a CSV's cells and rows x actions are bounded while it is read (the deadlock check's vector clocks grow with both)") {
+  // 4,000 rows: at most 50,000 actions. The 50,001st (on the last row) is the located error; 50,000 parse.
+  auto table = [](int first_row_actions) {
+    std::string t;
+    for (int i = 0; i < first_row_actions; ++i) t += i ? ",0F0" : "0F0";
+    t += std::string(3'998, '\n') + "\n0B0\n";
+    return t;
+  };
+  CHECK(parse_schedule_csv(table(49'999), "t.csv").rows.size() == 4'000);
+  try {
+    parse_schedule_csv(table(50'000), "t.csv");
+    FAIL("50,001 actions on 4,000 rows must be rejected");
+  } catch (const LoadError& e) {
+    CHECK(e.loc.line == 4'000);
+    CHECK(e.loc.col == 1);
+    CHECK(std::string(e.what()).find("at most 50000 actions") != std::string::npos);
+  }
+  // Empty cells are counted too, while the row is read (60 million commas took 2.5 GiB before the action count).
+  try {
+    parse_schedule_csv("0F0" + std::string(2'000'000, ',') + "0B0\n", "t.csv");
+    FAIL("2,000,001 cells must be rejected");
+  } catch (const LoadError& e) {
+    CHECK(e.loc.line == 1);
+    CHECK(std::string(e.what()).find("more than 2000000 cells") != std::string::npos);
+  }
+}
+
 TEST_CASE("generated schedules pass over a grid of stages, microbatches and virtual stages") {
   for (const char* kind : {"GPipe", "1F1B", "ZBH1", "Interleaved1F1B"})
     for (int p : {1, 2, 3, 4, 8})
