@@ -1,0 +1,158 @@
+// equiv/equiv_impl.h - what the value check's own files share (not an interface): the comparison of values and
+// the first op that goes wrong (localize.cpp), the state of one check (Setup) and of one run (Run), and the shape
+// reduction's preparation (reduce_check.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "equiv/equiv.h"
+#include "equiv/per_rank.h"
+#include "equiv/reduce.h"
+#include "equiv/training.h"
+#include "interp/assembly.h"
+#include "interp/runner.h"
+
+namespace spmd::equiv_detail {
+
+using namespace interp;
+
+constexpr double kRtol = 1e-6, kAtol = 1e-9;
+
+inline double dbl(const Num& x) { return x.d; }
+bool close_to(double a, double b, double tol);
+double max_abs_of(const Tensor& t);
+// The first element where `a` and `b` differ in doubles (-1: none; -2: shapes differ).
+std::int64_t first_difference(const Tensor& a, const Tensor& b);
+// The first element where the field lanes of `a` and `b` differ (-1: none, or lanes off; shapes must agree).
+std::int64_t first_lane_difference(const Tensor& a, const Tensor& b);
+// Equal in doubles and in every lane.
+bool same_value(const Tensor& a, const Tensor& b);
+std::string num_text(double x);
+// A tensor's values as nested brackets (at most `cap` elements, then "...").
+std::string values_text(const Tensor& t, std::size_t cap = 16);
+
+// The cuts made of one point on the ranks so far, a few distinct values (a value replicated over an axis is cut on
+// every rank that holds it, bit for bit the same).
+struct CutMemo {
+  std::vector<std::pair<Tensor, Tensor>> done;  // (value before the cut, after it)
+  std::size_t next = 0;                         // the entry to replace when full
+};
+
+// What one run of model and plan gives.
+struct Run {
+  std::unique_ptr<Runner> plan, model;
+  std::string failure;  // a run failed: why
+  int failed_op = -1;
+  bool plan_failed = false;
+  // Recorded when asked: every op output, model: [op][k] global; plan: [op][k][rank] local.
+  std::vector<std::vector<Tensor>> model_vals;
+  std::vector<std::vector<std::vector<Val>>> plan_vals;
+  std::vector<int> plan_order;  // recorded: plan ops in the order they first ran (a topological order across ranks)
+  // Stage cuts (staged verification): each cut point's value before the cut, model global, plan per rank, kept until
+  // every rank has written the point; then it is checked (cut_ok) and dropped. A point only some ranks write (per-rank
+  // programs) is checked after the run (cuts_hold).
+  std::vector<Tensor> model_cut;
+  std::vector<std::vector<Val>> plan_cut;
+  std::vector<std::int64_t> cut_left;  // ranks yet to write each point
+  std::vector<char> cut_ok;
+  std::vector<CutMemo> cut_memo;  // the plan's, per point while some rank has yet to write it
+};
+
+struct Setup {
+  const Program& p;
+  Program model;
+  Instantiation inst;
+  OracleOptions oo;
+  std::vector<std::int64_t> ranges;
+  std::string sizes;
+  // Stage cut points: a value written once by the plan and once by the spec under one name (or a lineage pair);
+  // NameId -> cut index or -1, for the plan's names and the model's.
+  std::vector<int> plan_cut, model_cut;
+  std::vector<int> plan_last, model_last;  // NameId -> the last op writing it (-1: none)
+  std::vector<char> plan_final;            // per operand slot of a plan op's output: its program's last write of the name
+  // Training pairs: the ops [first, last) of each program that are a derived backward (for messages).
+  std::pair<std::size_t, std::size_t> plan_bwd{0, 0}, model_bwd{0, 0};
+  int n_cuts = 0;
+  // Shape reduction (equiv/reduce.h): the real global shapes of each op's inputs, for the plan and the model.
+  const std::vector<std::vector<Shape>>* plan_real = nullptr;
+  const std::vector<std::vector<Shape>>* model_real = nullptr;
+  // NameId -> 1 for the values read after a run (the compared outputs): a run without records frees the others
+  // once dead (Runner::free_dead).
+  std::vector<char> plan_keep, model_keep;
+  const TrainingPair* pair = nullptr;  // a training pair: microbatch inputs and op families of a pipeline
+};
+
+
+struct SpecValue {
+  const Tensor* t;
+  int op;  // producing model op; -1: a declared input
+  NameId name;
+};
+
+
+// Placements to read a plan value by: a dim the runner tracks as sharded by an axis is S(dim) there; any other axis
+// may be R or a pending sum (global view); in local view any axis may also be S(d) of any dim.
+std::vector<Placements> readings(const Program& p, const Val& v0, bool pending = true);
+
+// Assembles the per-rank `ranks` by every reading (with or without pending sums) until `found` accepts one.
+// Per-rank plans: only the ranks that hold the value (the ranks of the programs that compute it) are read.
+template <class Found>
+bool any_reading(const Setup& s, const std::vector<Val>& ranks, bool pending, const OracleOptions& o, Found&& found) {
+  std::vector<Tensor> held;
+  std::vector<std::int64_t> sizes;
+  const Val* first = nullptr;
+  if (!held_pieces(s.inst.mesh, ranks, held, sizes, &first)) return false;
+  for (const Placements& pl : readings(s.p, *first, pending)) {
+    Assembled a = assemble_pieces(s.p, sizes, held, pl, o);
+    if (!a.ok) continue;
+    if constexpr (std::is_invocable_v<Found, const Tensor&, const Placements&>) {
+      if (found(a.t, pl)) return true;
+    } else if (found(a.t)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// A stage cut holds (checked as soon as every rank has written it; one only some ranks write after the run).
+bool cut_holds(const Setup& s, const std::vector<Val>& ranks, const Tensor& want);
+bool cuts_hold(const Setup& s, const Run& run);
+
+struct Culprit {
+  int op = -1;         // plan op
+  int spec_op = -1;    // the model op it should have matched
+  int frontier = -1;   // the first op on the way whose value matches no model value, when it is not `op`
+  NameId named = -1;   // when `op` is a lineage point: the model's name it differs from
+  // An input of `op` that matches a model value only as a pending sum (a missing reduction before `op`).
+  NameId pending_in = -1, pending_spec = -1;
+  std::string pending_axes;
+};
+
+// The first op on the way to `output` that goes wrong (and the model op it should have matched), from a recorded run.
+Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<NameId, NameId>>& links);
+std::string op_text(const Program& p, const Op& op);
+// The same, saying when the op is part of a derived backward (its line is the forward op's).
+std::string op_text(const Setup& s, bool model, const Op& op);
+
+// A run at reduced sizes (equiv/reduce.h): the sizes, the real shapes the value-using kernels read, and what the verdict covers.
+struct Reduced {
+  Reduction r;
+  std::vector<std::vector<Shape>> plan_real, model_real;
+  mutable bool run_failed = false;  // set by check_pair when a run fails at the reduced sizes (then: as declared)
+};
+
+// `p` with its concrete sizes as variables (LoadOptions::generalize_sizes) and the value each variable has without a
+// reduction (declared, or the small instantiation of a symbolic size); nullopt when it cannot be had (a program built
+// in code, one edited after it was loaded, no concrete size to reduce).
+std::optional<Program> generalized(const Program& p, const EquivOptions& opt, std::vector<std::int64_t>& base);
+// The reduction of `g` (its forward typed here, the training pair's steps when `tp`), checked: the program at the
+// reduced sizes must type-check exactly as at the declared ones (the same findings, the same placement for every
+// value), or it is not used. False: nothing to reduce, or the reduction does not hold.
+bool prepare_reduction(const Program& g, const std::vector<std::int64_t>& base, const TrainingPair* tp, Reduced& red);
+
+}  // namespace spmd::equiv_detail
