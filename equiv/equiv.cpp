@@ -399,6 +399,15 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
       c = Culprit{};
     }
   }
+  // The compared output held as summands of the spec's value (ranks that disagree on an R output: a row-parallel
+  // layer, a norm's weight gradient without its all-reduce): the reduction is missing after the op that wrote it,
+  // which is the op to name, whatever came before it.
+  std::string out_axes;
+  if (diff.kind == DiffKind::Real && c.pending_in < 0) out_axes = pending_axes(s, shown, ts, work);
+  if (!out_axes.empty()) {
+    c.op = s.plan_last[static_cast<std::size_t>(shown.plan)], c.named = -1, c.frontier = -1;
+    if (int m = s.model_last[static_cast<std::size_t>(shown.spec)]; m >= 0) c.spec_op = m;
+  }
   if (diff.kind == DiffKind::Lanes) {
     d.id = CheckId::ValueUnproved;
     d.severity = Severity::Warning;
@@ -436,8 +445,6 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
                                p.name(c.pending_in), p.name(c.pending_spec), c.pending_axes, c.pending_axes);
     // The compared output's writer holding summands of the spec's value (ranks that disagree on an R output, a
     // row-parallel layer without its all-reduce): the reduction is missing after it.
-    std::string out_axes;
-    if (c.pending_in < 0 && c.op == s.plan_last[static_cast<std::size_t>(shown.plan)]) out_axes = pending_axes(s, shown, ts, work);
     if (!out_axes.empty())
       d.message += fmt::format("; the ranks hold summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing after {}",
                                p.name(shown.spec), out_axes, out_axes, op_text(s, false, op));
