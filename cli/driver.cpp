@@ -401,7 +401,7 @@ int cmd_run(const std::vector<std::string>& files, const RunOptions& opt, const 
 
 // `spmdcheck equiv`: each file's plan against its spec (or its own ops on one device); exit 0 equivalent, 1 a
 // value mismatch, 2 bad input, 4 not proved (skipped, or equal in real numbers only).
-int cmd_equiv(const std::vector<std::string>& files, std::uint64_t seed, const Options& opt, std::ostream& out) {
+int cmd_equiv(const std::vector<std::string>& files, std::uint64_t seed, const Options& opt, std::ostream& out, bool declared) {
   int code = kClean;
   bool unproved = false;
   for (const auto& path : files) {
@@ -416,6 +416,7 @@ int cmd_equiv(const std::vector<std::string>& files, std::uint64_t seed, const O
     }
     EquivOptions eo;
     eo.seed = seed;
+    eo.reduce = !declared;
     EquivResult r = check_equivalence(p, eo);
     annotate_instances(p, r.diags);
     annotate_origins(p, f, r.diags);
@@ -511,6 +512,9 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                                      "that goes wrong (exit 0 equivalent, 1 value-mismatch, 4 not proved)");
     equiv->add_option("files", files, "program files")->required();
     equiv->add_option("--seed", equiv_seed, "the random field, the drawn inputs and the instantiation of symbolic sizes");
+    bool equiv_declared = false;
+    equiv->add_flag("--declared-sizes", equiv_declared,
+                    "run at the declared sizes, without shape reduction (docs/equivalence.md, \"Shape reduction\"); a run too large is not proved");
     std::string explain_file;
     ExplainFilter filter;
     int explain_op = -1;
@@ -571,7 +575,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return kClean;
     }
     if (*test) return cmd_test(paths, opt, out);
-    if (*equiv) return cmd_equiv(files, equiv_seed, opt, out);
+    if (*equiv) return cmd_equiv(files, equiv_seed, opt, out, equiv_declared);
     if (*sched) {
       Schedule sc;
       if (*gen) {

@@ -166,7 +166,7 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   std::vector<std::int64_t> mesh(g.mesh.size(), 1);
   for (std::size_t a = 0; a < g.mesh.size(); ++a)
     if (g.exprs.is_const(g.mesh[a].size)) mesh[a] = g.exprs.value(g.mesh[a].size);
-  // Extents: each dim of each typed value and the products of its dims (the count a reduction over them sums).
+  // Extents: each dim of each typed value (the count a reduction along it sums, or a softmax normalizes over).
   struct Extent {
     const ExprPool* pool;
     std::vector<ExprId> dims;
@@ -191,17 +191,7 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
       if (!seen_extent.insert({&pool, dims}).second) return;
       if (auto d = product(pool, dims, base)) extents.push_back({&pool, std::move(dims), *d});
     };
-    if (t.rank <= 4) {
-      for (unsigned m = 1; m < (1u << t.rank); ++m) {
-        std::vector<ExprId> sub;
-        for (int d = 0; d < t.rank; ++d)
-          if (m & (1u << d)) sub.push_back(all[static_cast<std::size_t>(d)]);
-        push(std::move(sub));
-      }
-    } else {
-      for (ExprId e : all) push({e});
-      push(all);
-    }
+    for (ExprId e : all) push({e});
   };
   auto add_value = [&](const ExprPool& pool, const ValueType& t) {
     if (!t.ok) return;
@@ -298,17 +288,6 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
     for (int v : facts[i].vars)
       if (static_cast<std::size_t>(v) < nv) by_var[static_cast<std::size_t>(v)].push_back(i);
   std::vector<std::int64_t> cur = base;
-  // Sizes keep their order: two sizes declared different stay different, the smaller one smaller if both are reduced. A value computed
-  // from sizes (the sum of a softmax is the count of the rows it normalizes) is then no more equal at the reduced
-  // sizes than it is at the declared ones for a size that replaces another (a softmax over the wrong dim: N8 rows
-  // against N4 agree when both are reduced to 2).
-  // (A size that is not reduced only needs to stay apart: a kept S = 512 does not push H = 1024 above it.)
-  auto movable = [&](std::size_t v) { return g.vars[v].general && !pinned[v]; };
-  auto ordered = [&](std::size_t v) {
-    for (std::size_t u = 0; u < nv; ++u)
-      if (u != v && base[u] != base[v] && (cur[u] == cur[v] || (movable(u) && movable(v) && (base[u] < base[v]) != (cur[u] < cur[v])))) return false;
-    return true;
-  };
   // Extents declared different stay different: a count computed by the ops (the sum of a softmax over an [N8, 2*N2]
   // value along dim 0 is 2*N2 per column summed, along dim 1 N8) must not coincide at the reduced sizes where it
   // differs at the declared ones (N8 -> 4 with N2 = 2 would make the two sums agree).
@@ -325,7 +304,7 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   auto fits = [&](std::size_t v) {
     for (std::size_t i : by_var[v])
       if (!keeps(facts[i], cur)) return false;
-    return ordered(v) && apart();
+    return apart();
   };
   std::vector<std::size_t> order(nv);  // the smallest first, so each finds its place above the ones below it
   for (std::size_t v = 0; v < nv; ++v) order[v] = v;
@@ -343,6 +322,10 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
             if (c > 4096 && c < was) cands.push_back(c);
       std::sort(cands.begin(), cands.end());
       cands.erase(std::unique(cands.begin(), cands.end()), cands.end());
+      // An even size stays even (the divisibility the facts do not name: RoPE's head dim pairs), and divisors of
+      // the declared value come first.
+      if (base[v] % 2 == 0) cands.erase(std::remove_if(cands.begin(), cands.end(), [](std::int64_t c) { return c % 2 != 0; }), cands.end());
+      std::stable_partition(cands.begin(), cands.end(), [&](std::int64_t c) { return base[v] % c == 0; });
       for (std::int64_t c : cands) {
         cur[v] = c;
         if (fits(v)) break;

@@ -625,3 +625,13 @@ TEST_CASE("run: a scaled copy keeps every shard's divisibility and the file's li
   CHECK(l.out.find("(Slice, line 10)") != std::string::npos);
   CHECK(l.out.find("scaled copy with B = 8, H = 12") != std::string::npos);
 }
+
+TEST_CASE("equiv --declared-sizes runs without shape reduction: the README example is then too large, not a pass") {
+  Run reduced = run({"equiv", src("examples/tp/mlp.yaml")});
+  CHECK(reduced.code == 0);
+  CHECK(reduced.out.find("run at reduced sizes that keep every partition: B 8 -> 2") != std::string::npos);
+  Run declared = run({"equiv", "--declared-sizes", src("examples/tp/mlp.yaml")});
+  CHECK(declared.code == 4);
+  CHECK(declared.out.find("too large for the interpreter") != std::string::npos);
+  CHECK(declared.out.find("reduced sizes") == std::string::npos);
+}

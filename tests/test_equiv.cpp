@@ -257,7 +257,7 @@ TEST_CASE("equiv: shape reduction proves the README example at its declared size
   EquivResult r = check_equivalence(load_program_string(kReadmeFixed, "mlp.yaml"));
   CHECK(r.verdict == EquivVerdict::Equivalent);
   // every dim keeps min(2, its block) elements a block: F is cut over tp = 4
-  CHECK(r.reduction == "B 8 -> 2, S 512 -> 3, H 1024 -> 5, F 4096 -> 8");
+  CHECK(r.reduction == "B 8 -> 2, S 512 -> 4, H 1024 -> 6, F 4096 -> 8");
   CHECK(r.message.find("at the declared sizes B = 8, S = 512, H = 1024, F = 4096") != std::string::npos);
 }
 
@@ -265,7 +265,7 @@ TEST_CASE("equiv: a program edited after loading is not reduced from its text") 
   std::string text = kReadmeFixed;
   text.replace(text.find("{B: 8, S: 512, H: 1024, F: 4096}"), 32, "{B: 2, S: 8, H: 16, F: 32}");
   Program p = load_program_string(text, "mlp.yaml");
-  CHECK(check_equivalence(p).reduction == "S 8 -> 3, H 16 -> 4, F 32 -> 8");
+  CHECK(check_equivalence(p).reduction == "S 8 -> 4, H 16 -> 6, F 32 -> 8");
   p.ops[2].kind = OpKind::SiLU;  // a mutant: the text still says GELU
   EquivResult r = check_equivalence(p);
   CHECK(r.verdict == EquivVerdict::Equivalent);
@@ -298,7 +298,7 @@ spec:
   EquivResult ok = with("0.001953125"), small = with("0.25"), expr = with("1/S");
   CHECK(ok.verdict == EquivVerdict::Equivalent);
   CHECK(expr.verdict == EquivVerdict::Equivalent);
-  CHECK(ok.reduction == "B 4 -> 2, S 512 -> 4, H 64 -> 3");
+  CHECK(ok.reduction == "B 4 -> 2, S 512 -> 6, H 64 -> 4");
   CHECK(small.verdict == EquivVerdict::Mismatch);
   CHECK(small.reduction.empty());  // confirmed as declared (a small run)
   // the reduced run alone already finds it: 0.25 is 1/S at S = 4, but the Mean divides by the declared 512
@@ -324,7 +324,7 @@ spec:
 )";
   EquivResult r = check_equivalence(load_program_string(text, "slice.yaml"));
   CHECK(r.verdict == EquivVerdict::Equivalent);
-  CHECK(r.reduction == "B 4 -> 3, H 1024 -> 4");
+  CHECK(r.reduction == "B 4 -> 2, H 1024 -> 4");
   CHECK(r.message.find("kept S = 512: Slice (line 7)") != std::string::npos);
   EquivOptions o;
   o.reduce = false;  // and as declared: the same verdict (the interpreter runs 4 x 512 x 1024 in full)
