@@ -18,7 +18,7 @@ for f in $(find examples tests/programs -name '*.yaml' | sort); do
   # a generous kill bound: the rule is checked below on the measured figures
   timeout $((limit * 6)) /usr/bin/time -f '%e %U %S %M' -o "$out.t" "$bin" equiv "$f" >"$out" 2>&1
   rc=$?
-  read -r wall user sys rss <"$out.t" 2>/dev/null || { wall=999 user=0 sys=0 rss=0; }
+  read -r wall user sys rss < <(tail -n 1 "$out.t" 2>/dev/null) || { wall=999 user=0 sys=0 rss=0; }
   [ $rc -eq 124 ] && wall=999
   cpu=$(echo "$user + $sys" | bc)
   count[$rc]=$((${count[$rc]:-0} + 1))

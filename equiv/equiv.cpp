@@ -528,6 +528,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd, s.pair = pending;
   s.oo.seed = opt.seed;
   if (opt.max_bytes > 0) s.oo.max_bytes = opt.max_bytes;
+  s.oo.max_work = opt.max_work;
   std::string covers;  // with a reduction: what the verdict covers
   if (red) {
     s.inst.vars = red->r.vars;

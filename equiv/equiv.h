@@ -25,6 +25,8 @@ struct EquivOptions {
   // A difference found at reduced sizes is run again as declared when that run is small (check_equivalence); off: the
   // reduced run's verdict as it is (tests).
   bool confirm = true;
+  // element operations in all of a check's runs (about 4 s on the reference machine): a run past it is not proved
+  std::int64_t max_work = 250'000'000;
   std::int64_t max_bytes = 0;  // tensor values live at once (0: the interpreter's default, OracleOptions::max_bytes)
 };
 

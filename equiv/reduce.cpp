@@ -248,7 +248,9 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
         const ValueType* t = tin[oi][k];
         if (!t || !t->ok) continue;
         for (int d = 0; d < t->rank; ++d) {
-          bool relevant = op.attrs.dim == kUnset || d == (op.attrs.dim < 0 ? op.attrs.dim + t->rank : op.attrs.dim);
+          // (TopKGate's k counts choices among the experts, the last dim: the tokens are free)
+          bool relevant = op.kind == OpKind::TopKGate ? d == t->rank - 1
+                                                      : op.attrs.dim == kUnset || d == (op.attrs.dim < 0 ? op.attrs.dim + t->rank : op.attrs.dim);
           if (relevant)
             pin_expr(pool, t->shape[static_cast<std::size_t>(d)],
                      fmt::format("{} ({}) gives a size attribute as a number on a dim that depends on it", op_name(op.kind), loc_text(op)));
