@@ -17,16 +17,16 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <type_traits>
 #include <unordered_map>
-#include <sstream>
 #include <utility>
 
-#include "interp/num.h"
-#include "interp/runner.h"
 #include "equiv/equiv_impl.h"
 #include "equiv/pipeline.h"
 #include "equiv/training.h"
+#include "interp/num.h"
+#include "interp/runner.h"
 #include "ir/loader.h"
 #include "spatial/spatial.h"
 
@@ -39,7 +39,8 @@ constexpr std::uint64_t kCutKey = 0x5ea9e0c07ULL;
 
 // The cut: the lanes of every element replaced by a random function of them, keyed by the cut point (the same in
 // both runs); the double stays. Downstream of a verified cut the exact lanes see a fresh variable (degree 1); an
-// exact constant (degree 0) stays as it is. A value equal bit for bit to the one `memo` (if any) holds for this point gets the same result, its evaluations counted.
+// exact constant (degree 0) stays as it is. A value equal bit for bit to the one `memo` (if any) holds for this point gets the same result, its
+// evaluations counted.
 void cut_lanes(Tensor& t, int c, CutMemo* memo) {
   const auto tag = static_cast<std::uint32_t>(c) + 1;  // downstream random functions are this stage's own
   const std::size_t n = t.data.size();
@@ -73,8 +74,10 @@ void cut_lanes(Tensor& t, int c, CutMemo* memo) {
   }
   if (!memo || !plain) return;  // (a log part's purification counts evaluations of its own)
   constexpr std::size_t kKept = 8;
-  if (memo->done.size() < kKept) memo->done.emplace_back(src, t);
-  else memo->done[memo->next++ % kKept] = {src, t};
+  if (memo->done.size() < kKept)
+    memo->done.emplace_back(src, t);
+  else
+    memo->done[memo->next++ % kKept] = {src, t};
 }
 
 void round_to_small_ints(Val& v, DType dt) {
@@ -231,8 +234,8 @@ std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& l
     d.kind = DiffKind::Real;
     if (e < 0) e = first_lane_difference(a.t, g.t), d.kind = DiffKind::Lanes;
     if (e >= 0) {
-      d.what = fmt::format("{}{} is {} in the plan and {} in the spec", name, index_text(g.t.shape, e), num_text(dbl(a.t.data[static_cast<std::size_t>(e)])),
-                           num_text(dbl(g.t.data[static_cast<std::size_t>(e)])));
+      d.what = fmt::format("{}{} is {} in the plan and {} in the spec", name, index_text(g.t.shape, e),
+                           num_text(dbl(a.t.data[static_cast<std::size_t>(e)])), num_text(dbl(g.t.data[static_cast<std::size_t>(e)])));
       return d;
     }
     for (std::size_t i = 0; i < a.t.data.size(); ++i) degree = std::max<std::uint64_t>(degree, std::uint64_t{a.t.data[i].deg} + g.t.data[i].deg);
@@ -278,7 +281,8 @@ const Op* value_choice(const Program& p) {
   // an input pending a max or min: its global value is the largest (smallest) summand, chosen by value; the first
   // op that reads it stands for the choice
   for (const auto& t : p.tensors)
-    if (std::any_of(t.placement.begin(), t.placement.end(), [](Placement pl) { return pl.is_p() && (pl.op == ReduceOp::Max || pl.op == ReduceOp::Min); }))
+    if (std::any_of(t.placement.begin(), t.placement.end(),
+                    [](Placement pl) { return pl.is_p() && (pl.op == ReduceOp::Max || pl.op == ReduceOp::Min); }))
       for (const auto& op : p.ops) {
         auto ins = p.ins(op);
         if (std::find(ins.begin(), ins.end(), t.name) != ins.end()) return &op;
@@ -340,7 +344,8 @@ std::string pending_axes(Setup& s, const Link& l, std::uint64_t ts, std::int64_t
   return {};
 }
 
-EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work, EquivResult& res) {
+EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work,
+                               EquivResult& res) {
   const Program& p = s.p;
   const Link& bad = links[diff.link];
   Diagnostic d;
@@ -356,10 +361,12 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
       const Op& op = p.ops[static_cast<std::size_t>(w)];
       d.loc = op.loc;
       d.op = w;
-      d.message = fmt::format("{}; the ranks hold summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing after {}",
-                              diff.what, p.name(bad.spec), axes, axes, op_text(s, false, op));
+      d.message =
+          fmt::format("{}; the ranks hold summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing after {}",
+                      diff.what, p.name(bad.spec), axes, axes, op_text(s, false, op));
       if (int m = s.model_last[static_cast<std::size_t>(bad.spec)]; m >= 0)
-        d.notes.push_back({s.model.ops[static_cast<std::size_t>(m)].loc, "the spec computes it whole here: " + op_text(s, true, s.model.ops[static_cast<std::size_t>(m)])});
+        d.notes.push_back({s.model.ops[static_cast<std::size_t>(m)].loc,
+                           "the spec computes it whole here: " + op_text(s, true, s.model.ops[static_cast<std::size_t>(m)])});
       d.notes.push_back({bad.loc, fmt::format("output {} is compared here, read by its placement", p.name(bad.plan))});
     }
     res.verdict = EquivVerdict::Mismatch;
@@ -412,7 +419,8 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
     d.id = CheckId::ValueUnproved;
     d.severity = Severity::Warning;
     d.message = fmt::format(
-        "equivalence not proved: the plan equals the spec in real numbers on the drawn inputs, but not in exact arithmetic ({}); the number domain lacks an "
+        "equivalence not proved: the plan equals the spec in real numbers on the drawn inputs, but not in exact arithmetic ({}); the number domain "
+        "lacks an "
         "identity the plan relies on (docs/equivalence.md)",
         rdiff->what);
     if (c.op >= 0) {
@@ -437,33 +445,37 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
     d.loc = op.loc;
     d.op = c.op;
     d.tensor = p.outs(op).empty() ? d.tensor : p.name(p.outs(op)[0]);
-    d.message = fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, {}", rdiff->what, op_text(s, false, op),
-                            c.named >= 0 ? "whose value differs from the spec's " + p.name(c.named) + " by every placement"
-                                         : std::string("whose value matches no value of the spec"));
+    d.message =
+        fmt::format("the plan's output differs from the spec: {}; the first plan op that goes wrong is {}, {}", rdiff->what, op_text(s, false, op),
+                    c.named >= 0 ? "whose value differs from the spec's " + p.name(c.named) + " by every placement"
+                                 : std::string("whose value matches no value of the spec"));
     if (c.pending_in >= 0)
-      d.message += fmt::format("; it reads {}, which holds summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing before it",
-                               p.name(c.pending_in), p.name(c.pending_spec), c.pending_axes, c.pending_axes);
+      d.message += fmt::format(
+          "; it reads {}, which holds summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing before it",
+          p.name(c.pending_in), p.name(c.pending_spec), c.pending_axes, c.pending_axes);
     // The compared output's writer holding summands of the spec's value (ranks that disagree on an R output, a
     // row-parallel layer without its all-reduce): the reduction is missing after it.
     if (!out_axes.empty())
-      d.message += fmt::format("; the ranks hold summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing after {}",
-                               p.name(shown.spec), out_axes, out_axes, op_text(s, false, op));
+      d.message +=
+          fmt::format("; the ranks hold summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing after {}",
+                      p.name(shown.spec), out_axes, out_axes, op_text(s, false, op));
     if (c.spec_op >= 0) {
       const Op& mo = s.model.ops[static_cast<std::size_t>(c.spec_op)];
       d.notes.push_back({mo.loc, (out_axes.empty() ? "the spec computes it here: " : "the spec computes it whole here: ") + op_text(s, true, mo)});
     }
     if (c.frontier >= 0 && c.pending_in < 0) {  // (a pending input already says where: the reduction before op)
       const Op& fo = p.ops[static_cast<std::size_t>(c.frontier)];
-      d.notes.push_back({fo.loc, fmt::format("the first value on the way with no counterpart in the spec is {}: the difference arises between there and line {}",
-                                             op_text(s, false, fo), op.loc.line)});
+      d.notes.push_back(
+          {fo.loc, fmt::format("the first value on the way with no counterpart in the spec is {}: the difference arises between there and line {}",
+                               op_text(s, false, fo), op.loc.line)});
     }
     d.notes.push_back({shown.loc, fmt::format("output {} is compared here, read by its placement", p.name(shown.plan))});
   } else {
     d.message = "the plan's output differs from the spec: " + rdiff->what;
   }
   if (!cex.empty())
-    d.notes.push_back({p.tensors.empty() ? Loc{} : p.tensors[0].loc,
-                       fmt::format("counterexample ({} inputs{}): {}", ints ? "small integer" : "drawn", s.sizes.empty() ? "" : ", " + s.sizes, cex)});
+    d.notes.push_back({p.tensors.empty() ? Loc{} : p.tensors[0].loc, fmt::format("counterexample ({} inputs{}): {}", ints ? "small integer" : "drawn",
+                                                                                 s.sizes.empty() ? "" : ", " + s.sizes, cex)});
   res.message = d.message;
   res.diags.push_back(std::move(d));
   return res;
@@ -473,10 +485,14 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
 
 const char* equiv_verdict_name(EquivVerdict v) {
   switch (v) {
-    case EquivVerdict::Equivalent: return "equivalent";
-    case EquivVerdict::Mismatch: return "value-mismatch";
-    case EquivVerdict::Unknown: return "not proved";
-    case EquivVerdict::Skipped: return "not checked";
+    case EquivVerdict::Equivalent:
+      return "equivalent";
+    case EquivVerdict::Mismatch:
+      return "value-mismatch";
+    case EquivVerdict::Unknown:
+      return "not proved";
+    case EquivVerdict::Skipped:
+      return "not checked";
   }
   return "?";
 }
@@ -515,12 +531,12 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   if (p.local_view && !p.has_spec) return skip("a local-view plan needs a `spec:` to be compared with");
   for (const auto* list : {&p.ops, &p.spec_ops})
     for (const auto& op : *list)
-      if (!has_value_kernel(p, *list, op))
-        return skip(fmt::format("{} (line {}) has no value semantics", op_name(op.kind), op.loc.line));
+      if (!has_value_kernel(p, *list, op)) return skip(fmt::format("{} (line {}) has no value semantics", op_name(op.kind), op.loc.line));
   for (const auto& t : p.tensors)
     for (std::size_t a = 0; a < p.mesh.size(); ++a)
       if (t.placement[a].is_v())
-        return skip(fmt::format("input {} is V over {}: per-rank values with no single-device value to compare with", p.name(t.name), p.mesh[a].name));
+        return skip(
+            fmt::format("input {} is V over {}: per-rank values with no single-device value to compare with", p.name(t.name), p.mesh[a].name));
   for (const auto& op : p.ops)
     if (op.kind == OpKind::Reinterpret)
       return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
@@ -572,8 +588,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     try {
       for (const auto& t : s.model.tensors) pre.declare(t, 1, opt.seed);
       pre.run(opt.seed);
-    } catch (const std::runtime_error&) {
-    }
+    } catch (const std::runtime_error&) {}
     for (auto& r : s.ranges) r = r < 0 ? 4 : std::max<std::int64_t>(r, 1);
   }
   // What is compared: the spec's outputs with the plan's, each plan output read by its declared placement.
@@ -633,8 +648,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     // A run failing at reduced sizes means the reduction missed a shape relation the program relies on (a value
     // with a type error has none to see, a local-view plan is not typed): the check is then made as declared, where
     // a plan that fails while the spec runs is a finding.
-    if (red)
-      return red->run_failed = true, skip(fmt::format("the run fails at the reduced sizes {} ({})", s.sizes, r.failure));
+    if (red) return red->run_failed = true, skip(fmt::format("the run fails at the reduced sizes {} ({})", s.sizes, r.failure));
     Diagnostic d;
     d.id = CheckId::ValueMismatch;
     if (!r.plan_failed) {  // the spec itself cannot run: an error in the model, not a counterexample
@@ -684,8 +698,8 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       d.id = CheckId::ShapeMismatch;
       d.loc = l.loc;
       d.tensor = p.name(l.plan);
-      d.message = fmt::format("lineage {} -> {}: the plan's {} (shape {} on rank 0) cannot be read as the spec's {} (shape {}) by any placement", p.name(l.plan),
-                              p.name(l.spec), p.name(l.plan), shape_text(ranks[0].t.shape), p.name(l.spec), shape_text(g.t.shape));
+      d.message = fmt::format("lineage {} -> {}: the plan's {} (shape {} on rank 0) cannot be read as the spec's {} (shape {}) by any placement",
+                              p.name(l.plan), p.name(l.spec), p.name(l.plan), shape_text(ranks[0].t.shape), p.name(l.spec), shape_text(g.t.shape));
       d.notes.push_back({op.loc, "the plan computes " + p.name(l.plan) + " here: " + op_text(p, op)});
       res.verdict = EquivVerdict::Skipped;
       res.message = d.message;
@@ -722,8 +736,10 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       run = run_once(s, ts, false, false, work, true);
       if (run->failure.empty() && !num::trial_failed() && cuts_hold(s, *run)) {
         diff = compare(s, *run, links, degree);
-        if (!diff || diff->kind != DiffKind::Lanes) staged = staged || s.n_cuts > 0;
-        else run.reset();
+        if (!diff || diff->kind != DiffKind::Lanes)
+          staged = staged || s.n_cuts > 0;
+        else
+          run.reset();
       } else {
         run.reset();
       }
@@ -751,9 +767,10 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     // The exact lanes follow the branch the doubles take, so they cannot see a choice made on the wrong values when
     // the drawn inputs happen to lead both programs to the same branch: equal on every trial is evidence, not proof.
     res.verdict = EquivVerdict::Unknown;
-    res.message = fmt::format("equal to the spec on {} trials of drawn inputs{}, but not proved: {} (line {}) chooses by value, and the exact arithmetic "
-                              "follows the choice the drawn values make",
-                              trials, covers, op_name(choice->kind), choice->loc.line);
+    res.message = fmt::format(
+        "equal to the spec on {} trials of drawn inputs{}, but not proved: {} (line {}) chooses by value, and the exact arithmetic "
+        "follows the choice the drawn values make",
+        trials, covers, op_name(choice->kind), choice->loc.line);
     Diagnostic d;
     d.id = CheckId::ValueUnproved;
     d.severity = Severity::Warning;
@@ -765,28 +782,34 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   if (staged) scope += fmt::format("; verified in stages at {} lineage point{}", s.n_cuts, s.n_cuts == 1 ? "" : "s");
   if (log2_bound > kLog2Target) {
     res.verdict = EquivVerdict::Unknown;
-    res.message = fmt::format("equal to the spec in {} trial{}{}, but the error bound 2^{:.0f} is above 2^{} (degree bound {}, {} random-function evaluations)",
-                              trials, trials == 1 ? "" : "s", covers, log2_bound, kLog2Target, max_degree, max_uf);
+    res.message =
+        fmt::format("equal to the spec in {} trial{}{}, but the error bound 2^{:.0f} is above 2^{} (degree bound {}, {} random-function evaluations)",
+                    trials, trials == 1 ? "" : "s", covers, log2_bound, kLog2Target, max_degree, max_uf);
     Diagnostic d;
     d.id = CheckId::ValueUnproved;
     d.severity = Severity::Warning;
     d.loc = links[0].loc;
     d.message = "equivalence not proved: " + res.message;
-    d.notes.push_back({p.spec_loc, "fix: name intermediate values alike in the plan and the spec (or list them under lineage:) so the check can verify stage by stage"});
+    d.notes.push_back(
+        {p.spec_loc,
+         "fix: name intermediate values alike in the plan and the spec (or list them under lineage:) so the check can verify stage by stage"});
     res.diags.push_back(std::move(d));
     return res;
   }
   res.verdict = EquivVerdict::Equivalent;
   res.error_bound = std::exp2(log2_bound);
-  res.message = fmt::format("{} output{} equal to the spec for all real inputs{}{} (error probability below 2^{:.0f}: {} trial{}, degree bound {}, {} random-function "
-                            "evaluations; real arithmetic, floating-point rounding out of scope)",
-                            links.size(), links.size() == 1 ? "" : "s", !covers.empty() ? covers : s.sizes.empty() ? "" : " at " + s.sizes, scope, log2_bound, trials,
-                            trials == 1 ? "" : "s", max_degree, max_uf);
+  res.message = fmt::format(
+      "{} output{} equal to the spec for all real inputs{}{} (error probability below 2^{:.0f}: {} trial{}, degree bound {}, {} random-function "
+      "evaluations; real arithmetic, floating-point rounding out of scope)",
+      links.size(), links.size() == 1 ? "" : "s",
+      !covers.empty()   ? covers
+      : s.sizes.empty() ? ""
+                        : " at " + s.sizes,
+      scope, log2_bound, trials, trials == 1 ? "" : "s", max_degree, max_uf);
   return res;
 }
 
 }  // namespace
-
 
 EquivResult check_built_pair(const equiv_detail::TrainingPair& tp, const EquivOptions& opt) { return check_pair(tp.program, opt, &tp, nullptr); }
 
@@ -830,9 +853,12 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   }
   // A training program: the plan's training step against the spec's (its gradients compared too). A pipelined
   // schedule: its per-rank programs with each stage's forward and backward per microbatch (equiv/pipeline.h).
-  if (pipelined) tp = equiv_detail::pipeline_pair(p);
-  else if (p.per_rank) tp.why = "the backward of per-rank `programs:` is not derived (a pipeline's is: write it as a `schedule:` with stages)";
-  else if (!reduced) tp = equiv_detail::training_pair(p);
+  if (pipelined)
+    tp = equiv_detail::pipeline_pair(p);
+  else if (p.per_rank)
+    tp.why = "the backward of per-rank `programs:` is not derived (a pipeline's is: write it as a `schedule:` with stages)";
+  else if (!reduced)
+    tp = equiv_detail::training_pair(p);
   if (pipelined && !tp.ok) return not_checked(p, tp.why);
   if (tp.ok) {
     EquivResult res = confirmed(check_pair(tp.program, opt, &tp, rp), [&] {
@@ -850,8 +876,9 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
       d.id = CheckId::ValueMismatch;
       d.loc = m.loc;
       d.tensor = p.name(m.param);
-      d.message = fmt::format("no gradient reaches parameter {} in the plan's backward, but the spec's loss depends on it (the spec's backward writes {}.grad)",
-                              p.name(m.param), p.name(m.param));
+      d.message = fmt::format(
+          "no gradient reaches parameter {} in the plan's backward, but the spec's loss depends on it (the spec's backward writes {}.grad)",
+          p.name(m.param), p.name(m.param));
       d.notes.push_back({p.loss_loc, "the loss the gradients are taken of"});
       if (res.verdict != EquivVerdict::Mismatch) res.verdict = EquivVerdict::Mismatch, res.message = d.message, res.diags.clear();
       res.diags.push_back(std::move(d));

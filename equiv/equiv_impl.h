@@ -87,13 +87,11 @@ struct Setup {
   const TrainingPair* pair = nullptr;  // a training pair: microbatch inputs and op families of a pipeline
 };
 
-
 struct SpecValue {
   const Tensor* t;
   int op;  // producing model op; -1: a declared input
   NameId name;
 };
-
 
 // Placements to read a plan value by: a dim the runner tracks as sharded by an axis is S(dim) there; any other axis
 // may be R or a pending sum (global view); in local view any axis may also be S(d) of any dim.
@@ -124,10 +122,10 @@ bool cut_holds(const Setup& s, const std::vector<Val>& ranks, const Tensor& want
 bool cuts_hold(const Setup& s, const Run& run);
 
 struct Culprit {
-  int op = -1;         // plan op
-  int spec_op = -1;    // the model op it should have matched
-  int frontier = -1;   // the first op on the way whose value matches no model value, when it is not `op`
-  NameId named = -1;   // when `op` is a lineage point: the model's name it differs from
+  int op = -1;        // plan op
+  int spec_op = -1;   // the model op it should have matched
+  int frontier = -1;  // the first op on the way whose value matches no model value, when it is not `op`
+  NameId named = -1;  // when `op` is a lineage point: the model's name it differs from
   // An input of `op` that matches a model value only as a pending sum (a missing reduction before `op`).
   NameId pending_in = -1, pending_spec = -1;
   std::string pending_axes;

@@ -159,7 +159,8 @@ int layout_equal(const Setup& s, bool zigzag, const Tensor& t, const Tensor& wan
 // The model value `v` equals under some reading (and layout, layout_equal), if any, and the reading when `how` is
 // given; else a block of a model value (one dim cut into k equal blocks: a microbatch of the batch, read on one rank
 // of an imported per-rank graph).
-const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks, bool zigzag = false, Placements* how = nullptr) {
+const SpecValue* match(const Setup& s, const std::vector<SpecValue>& table, const std::vector<Val>& ranks, bool zigzag = false,
+                       Placements* how = nullptr) {
   if (ranks.empty()) return nullptr;  // (per-rank plans: only the ranks that hold the value are read)
   OracleOptions quiet = s.oo;
   quiet.rtol = kRtol, quiet.atol = kAtol;
@@ -227,7 +228,9 @@ namespace {
 // Kinds whose outputs are partial by design (a ring attention step without its accumulator): never blamed first.
 bool partial_by_design(const Op& op) { return op.kind == OpKind::RingAttentionStep && op.n_in < 5; }
 // And ops a pipeline's lowering made (gradient accumulation, merges over microbatches): correct by construction.
-bool generated_op(const Setup& s, int oi) { return s.pair && static_cast<std::size_t>(oi) < s.pair->generated.size() && s.pair->generated[static_cast<std::size_t>(oi)]; }
+bool generated_op(const Setup& s, int oi) {
+  return s.pair && static_cast<std::size_t>(oi) < s.pair->generated.size() && s.pair->generated[static_cast<std::size_t>(oi)];
+}
 
 // A pipelined plan: the instances of one op of the one-microbatch step (one per microbatch) are read together, as the
 // spec sees them: concatenated along a dim (the microbatch split), summed or averaged (a loss or a gradient per
@@ -307,7 +310,6 @@ const SpecValue* match_op(const Setup& s, const std::vector<SpecValue>& table, c
   return try_reading(same);
 }
 
-
 // Of the ops of several per-rank programs that compute one value (`op` and its peers), the one whose ranks hold pieces
 // that differ from a spec value of `wants` under the reading most ranks agree with; `op` when none tells.
 int odd_program(const Setup& s, const Run& run, int op, const std::vector<int>& peers, const std::vector<Val>& merged,
@@ -320,34 +322,38 @@ int odd_program(const Setup& s, const Run& run, int op, const std::vector<int>& 
   int best = 0, best_bad = -1;
   for (const Tensor* wp : wants)
     for (const Placements& pl : readings(s.p, *v0, false)) {
-    const Tensor& want = *wp;
-    if (want.rank() != v0->t.rank()) continue;
-    int good = 0, bad = -1;
-    for (std::size_t r = 0; r < merged.size(); ++r) {
-      // Rank r's piece of `want` under `pl`: each dim cut by its S axes, outer major.
-      std::vector<std::int64_t> c(mesh.size());
-      for (std::int64_t x = static_cast<std::int64_t>(r), a = static_cast<std::int64_t>(mesh.size()) - 1; a >= 0; --a)
-        c[static_cast<std::size_t>(a)] = x % mesh[static_cast<std::size_t>(a)], x /= mesh[static_cast<std::size_t>(a)];
-      Tensor piece = want;
-      bool ok = true;
-      for (int d = 0; d < piece.rank() && ok; ++d) {
-        std::int64_t n = 1, idx = 0;
-        for (std::size_t a = 0; a < mesh.size(); ++a)
-          if (pl[a].is_s(d)) n *= mesh[a], idx = idx * mesh[a] + c[a];
-        if (n == 1) continue;
-        std::int64_t lo, hi;
-        chunk_range(piece.shape[static_cast<std::size_t>(d)], n, idx, lo, hi);
-        piece = slice(piece, d, lo, hi);
+      const Tensor& want = *wp;
+      if (want.rank() != v0->t.rank()) continue;
+      int good = 0, bad = -1;
+      for (std::size_t r = 0; r < merged.size(); ++r) {
+        // Rank r's piece of `want` under `pl`: each dim cut by its S axes, outer major.
+        std::vector<std::int64_t> c(mesh.size());
+        for (std::int64_t x = static_cast<std::int64_t>(r), a = static_cast<std::int64_t>(mesh.size()) - 1; a >= 0; --a)
+          c[static_cast<std::size_t>(a)] = x % mesh[static_cast<std::size_t>(a)], x /= mesh[static_cast<std::size_t>(a)];
+        Tensor piece = want;
+        bool ok = true;
+        for (int d = 0; d < piece.rank() && ok; ++d) {
+          std::int64_t n = 1, idx = 0;
+          for (std::size_t a = 0; a < mesh.size(); ++a)
+            if (pl[a].is_s(d)) n *= mesh[a], idx = idx * mesh[a] + c[a];
+          if (n == 1) continue;
+          std::int64_t lo, hi;
+          chunk_range(piece.shape[static_cast<std::size_t>(d)], n, idx, lo, hi);
+          piece = slice(piece, d, lo, hi);
+        }
+        if (ok && piece.shape == merged[r].t.shape && same_value(piece, merged[r].t))
+          ++good;
+        else if (bad < 0)
+          bad = static_cast<int>(r);
       }
-      if (ok && piece.shape == merged[r].t.shape && same_value(piece, merged[r].t)) ++good;
-      else if (bad < 0) bad = static_cast<int>(r);
-    }
-    if (bad < 0) return op;  // every piece is the spec's under this reading: no program is odd
-    if (good > best) best = good, best_bad = bad;
+      if (bad < 0) return op;  // every piece is the spec's under this reading: no program is odd
+      if (good > best) best = good, best_bad = bad;
     }
   if (best_bad < 0) return op;
   for (int q : peers)
-    if (!run.plan_vals[static_cast<std::size_t>(q)].empty() && run.plan_vals[static_cast<std::size_t>(q)][0][static_cast<std::size_t>(best_bad)].defined) return q;
+    if (!run.plan_vals[static_cast<std::size_t>(q)].empty() &&
+        run.plan_vals[static_cast<std::size_t>(q)][0][static_cast<std::size_t>(best_bad)].defined)
+      return q;
   return op;
 }
 
@@ -390,12 +396,15 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   // A pipelined plan: an op of the one-microbatch step has an instance per microbatch, matched together (match_op).
   std::unordered_map<int, std::vector<int>> family;
   auto family_of = [&](int oi) {
-    return s.pair && static_cast<std::size_t>(oi) < s.pair->family.size() && s.pair->mb[static_cast<std::size_t>(oi)] >= 0 ? s.pair->family[static_cast<std::size_t>(oi)] : -1;
+    return s.pair && static_cast<std::size_t>(oi) < s.pair->family.size() && s.pair->mb[static_cast<std::size_t>(oi)] >= 0
+               ? s.pair->family[static_cast<std::size_t>(oi)]
+               : -1;
   };
   for (int oi : run.plan_order)
     if (int f = family_of(oi); f >= 0) family[f].push_back(oi);
   for (auto& [f, v] : family)
-    std::stable_sort(v.begin(), v.end(), [&](int a, int b) { return s.pair->mb[static_cast<std::size_t>(a)] < s.pair->mb[static_cast<std::size_t>(b)]; });
+    std::stable_sort(v.begin(), v.end(),
+                     [&](int a, int b) { return s.pair->mb[static_cast<std::size_t>(a)] < s.pair->mb[static_cast<std::size_t>(b)]; });
   static const std::vector<int> alone;
   auto instances = [&](int oi) -> const std::vector<int>& {
     int f = family_of(oi);
@@ -418,8 +427,10 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
     konst[o] = std::all_of(producers[o].begin(), producers[o].end(), [&](int q) { return q >= 0 && konst[static_cast<std::size_t>(q)]; });
     if (!in_cone[o] || run.plan_vals[o].empty()) continue;
     int f = family_of(oi);
-    if (auto it = family_match.find(f); f >= 0 && it != family_match.end()) matched[o] = it->second;
-    else matched[o] = match_op(s, table, run, oi, instances(oi), values_of(oi), zigzag, &how[o]);
+    if (auto it = family_match.find(f); f >= 0 && it != family_match.end())
+      matched[o] = it->second;
+    else
+      matched[o] = match_op(s, table, run, oi, instances(oi), values_of(oi), zigzag, &how[o]);
     if (f >= 0) family_match[f] = matched[o];
     good[o] = matched[o] != nullptr || konst[o];
   }
@@ -479,17 +490,20 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
       std::string axes;
       for (std::size_t a = 0; a < p.mesh.size(); ++a)
         if (how[static_cast<std::size_t>(q)][a].is_p()) axes += (axes.empty() ? "" : ", ") + p.mesh[a].name;
-      if (!axes.empty()) c.pending_in = p.ins(p.ops[static_cast<std::size_t>(o)])[i], c.pending_spec = matched[static_cast<std::size_t>(q)]->name, c.pending_axes = axes;
+      if (!axes.empty())
+        c.pending_in = p.ins(p.ops[static_cast<std::size_t>(o)])[i], c.pending_spec = matched[static_cast<std::size_t>(q)]->name,
+        c.pending_axes = axes;
     }
   };
   if (named >= 0) pending_input(named);
-  if (named >= 0 && c.pending_in < 0 && frontier >= 0 && position[static_cast<std::size_t>(frontier)] < position[static_cast<std::size_t>(named)] && named == last &&
-      counterpart_by_link[static_cast<std::size_t>(p.outs(p.ops[static_cast<std::size_t>(named)])[0])])
+  if (named >= 0 && c.pending_in < 0 && frontier >= 0 && position[static_cast<std::size_t>(frontier)] < position[static_cast<std::size_t>(named)] &&
+      named == last && counterpart_by_link[static_cast<std::size_t>(p.outs(p.ops[static_cast<std::size_t>(named)])[0])])
     named = -1, c.named = -1;
   c.op = named >= 0 ? named : first >= 0 ? first : last;
   // A pipeline's values are per microbatch and read as families, a per-rank plan's names are its programs' own (an
   // imported graph's): there the frontier, when it comes first, is the op.
-  if ((!family.empty() || p.per_rank) && frontier >= 0 && named >= 0 && position[static_cast<std::size_t>(frontier)] < position[static_cast<std::size_t>(named)])
+  if ((!family.empty() || p.per_rank) && frontier >= 0 && named >= 0 &&
+      position[static_cast<std::size_t>(frontier)] < position[static_cast<std::size_t>(named)])
     c.op = frontier, c.named = -1;
   if (first >= 0 && position[static_cast<std::size_t>(first)] < position[static_cast<std::size_t>(c.op)]) c.frontier = first;
   // Per-rank programs computing one value under one name: the program whose ranks' pieces differ from the spec's value
@@ -516,28 +530,28 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
   if (out0 >= 0) c.spec_op = s.model_last[static_cast<std::size_t>(out0)];  // the op that writes its final value
   if (c.spec_op < 0) {  // a model op of the same kind reading what this op's inputs matched, else one reading any of it
     for (int pass = 0; pass < 2 && c.spec_op < 0; ++pass)
-    for (std::size_t mi = 0; mi < s.model.ops.size() && c.spec_op < 0; ++mi) {
-      const Op& mo = s.model.ops[mi];
-      auto mins = s.model.ins(mo);
-      if (pass == 1) {
-        bool any = false;
-        for (std::size_t i = 0; i < producers[static_cast<std::size_t>(c.op)].size(); ++i) {
+      for (std::size_t mi = 0; mi < s.model.ops.size() && c.spec_op < 0; ++mi) {
+        const Op& mo = s.model.ops[mi];
+        auto mins = s.model.ins(mo);
+        if (pass == 1) {
+          bool any = false;
+          for (std::size_t i = 0; i < producers[static_cast<std::size_t>(c.op)].size(); ++i) {
+            int q = producers[static_cast<std::size_t>(c.op)][i];
+            NameId want = q < 0 ? p.ins(op)[i] : matched[static_cast<std::size_t>(q)] ? matched[static_cast<std::size_t>(q)]->name : -1;
+            any |= want >= 0 && std::find(mins.begin(), mins.end(), want) != mins.end();
+          }
+          if (any) c.spec_op = static_cast<int>(mi);
+          continue;
+        }
+        if (mo.kind != op.kind) continue;
+        bool all = mins.size() == producers[static_cast<std::size_t>(c.op)].size();
+        for (std::size_t i = 0; all && i < mins.size(); ++i) {
           int q = producers[static_cast<std::size_t>(c.op)][i];
           NameId want = q < 0 ? p.ins(op)[i] : matched[static_cast<std::size_t>(q)] ? matched[static_cast<std::size_t>(q)]->name : -1;
-          any |= want >= 0 && std::find(mins.begin(), mins.end(), want) != mins.end();
+          all = want == mins[i];
         }
-        if (any) c.spec_op = static_cast<int>(mi);
-        continue;
+        if (all) c.spec_op = static_cast<int>(mi);
       }
-      if (mo.kind != op.kind) continue;
-      bool all = mins.size() == producers[static_cast<std::size_t>(c.op)].size();
-      for (std::size_t i = 0; all && i < mins.size(); ++i) {
-        int q = producers[static_cast<std::size_t>(c.op)][i];
-        NameId want = q < 0 ? p.ins(op)[i] : matched[static_cast<std::size_t>(q)] ? matched[static_cast<std::size_t>(q)]->name : -1;
-        all = want == mins[i];
-      }
-      if (all) c.spec_op = static_cast<int>(mi);
-    }
   }
   return c;
 }

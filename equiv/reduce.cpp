@@ -16,8 +16,8 @@ struct Fact {
   // Value: a size expression written in the program (a shape, a size attribute) stays 0, 1 or at least 2 as declared
   enum Kind : std::uint8_t { Divisible, Equal, Positive, ExactDiv, Block, Value } kind;
   const ExprPool* pool;
-  ExprId a, b;               // Block: a is the dim, b unused
-  std::int64_t parts = 1;    // Block: the ranks the dim is cut over
+  ExprId a, b;                  // Block: a is the dim, b unused
+  std::int64_t parts = 1;       // Block: the ranks the dim is cut over
   std::int64_t ra = 0, rb = 0;  // the values at the declared sizes
   std::vector<int> vars;
 };
@@ -53,14 +53,16 @@ bool keeps(const Fact& f, const std::vector<std::int64_t>& vals) {
       auto b = ev(*f.pool, f.b, vals);
       return b && *a == *b;
     }
-    case Fact::Positive: return *a >= std::min<std::int64_t>(f.ra, 2);
+    case Fact::Positive:
+      return *a >= std::min<std::int64_t>(f.ra, 2);
     case Fact::ExactDiv: {
       const ENode& n = f.pool->node(f.a);
       auto x = ev(*f.pool, n.a, vals), y = ev(*f.pool, n.b, vals);
       if (!x || !y || *y == 0 || *x % *y != 0) return false;
       return f.ra < 2 || *x / *y >= 2;
     }
-    case Fact::Value: return f.ra <= 1 ? *a == f.ra : *a >= 2;
+    case Fact::Value:
+      return f.ra <= 1 ? *a == f.ra : *a >= 2;
     case Fact::Block: {
       if (f.ra == 1) return *a == 1;  // a broadcast dim stays one
       if (*a < std::min<std::int64_t>(f.ra, 2)) return false;
@@ -83,7 +85,8 @@ std::vector<std::vector<const ValueType*>> input_types(const TypedOps& t) {
   if (!t.types) return out;
   const Program& p = *t.program;
   std::vector<const ValueType*> env(p.names.size(), nullptr);
-  for (std::size_t i = 0; i < p.tensors.size() && i < t.types->decls.size(); ++i) env[static_cast<std::size_t>(p.tensors[i].name)] = &t.types->decls[i];
+  for (std::size_t i = 0; i < p.tensors.size() && i < t.types->decls.size(); ++i)
+    env[static_cast<std::size_t>(p.tensors[i].name)] = &t.types->decls[i];
   for (std::size_t oi = 0; oi < t.ops->size(); ++oi) {
     const Op& op = (*t.ops)[oi];
     for (NameId n : p.ins(op)) out[oi].push_back(env[static_cast<std::size_t>(n)]);
@@ -107,8 +110,10 @@ bool uses_extent_as_value(const Op& op) {
     case OpKind::FlashAttention:
     case OpKind::AttentionGrad:
     case OpKind::RingAttentionStep:
-    case OpKind::RoPE: return true;
-    default: return false;
+    case OpKind::RoPE:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -273,10 +278,13 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
         if (position[static_cast<std::size_t>(n)]) src = source[static_cast<std::size_t>(n)];
       bool mover = op.kind == OpKind::Convert || op.kind == OpKind::AllGather || op.kind == OpKind::Slice || op.kind == OpKind::LoadBalance ||
                    op.kind == OpKind::Concat || op.kind == OpKind::Split || op.kind == OpKind::Reshape || op.kind == OpKind::Broadcast;
-      if (from_pos && !mover && !(op.kind == OpKind::RoPE && ins.size() > 1 && position[static_cast<std::size_t>(ins[1])] && !position[static_cast<std::size_t>(ins[0])])) {
+      if (from_pos && !mover &&
+          !(op.kind == OpKind::RoPE && ins.size() > 1 && position[static_cast<std::size_t>(ins[1])] && !position[static_cast<std::size_t>(ins[0])])) {
         if (src && src->attrs.sizes != kNoIndex)
           for (ExprId e : p.shapes[src->attrs.sizes])
-            if (e >= 0) pin_expr(p.exprs, e, fmt::format("the positions of Arange ({}) are used as data by {} ({})", loc_text(*src), op_name(op.kind), loc_text(op)));
+            if (e >= 0)
+              pin_expr(p.exprs, e,
+                       fmt::format("the positions of Arange ({}) are used as data by {} ({})", loc_text(*src), op_name(op.kind), loc_text(op)));
       }
       for (NameId n : p.outs(op)) {
         position[static_cast<std::size_t>(n)] = op.kind == OpKind::Arange || (from_pos && mover);
@@ -340,8 +348,10 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   red.vars = cur;
   for (std::size_t v = 0; v < nv; ++v) {
     if (!g.vars[v].general) continue;
-    if (cur[v] != base[v]) red.text += fmt::format("{}{} {} -> {}", red.text.empty() ? "" : ", ", g.vars[v].name, base[v], cur[v]), red.applied = true;
-    else if (pinned[v]) red.kept.push_back(fmt::format("{} = {}: {}", g.vars[v].name, base[v], why[v]));
+    if (cur[v] != base[v])
+      red.text += fmt::format("{}{} {} -> {}", red.text.empty() ? "" : ", ", g.vars[v].name, base[v], cur[v]), red.applied = true;
+    else if (pinned[v])
+      red.kept.push_back(fmt::format("{} = {}: {}", g.vars[v].name, base[v], why[v]));
   }
   return red;
 }
@@ -458,7 +468,8 @@ bool same_program(const Program& p, const Program& g, const std::vector<std::int
     return false;
   if (p.loss >= 0 && p.name(p.loss) != g.name(g.loss)) return false;
   return same_ops(p, p.ops, pv, g, g.ops, gv) && same_ops(p, p.spec_ops, pv, g, g.spec_ops, gv) && same_ops(p, p.backward, pv, g, g.backward, gv) &&
-         same_ops(p, p.grad_sync, pv, g, g.grad_sync, gv) && same_links(p, p.spec_outputs, g, g.spec_outputs) && same_links(p, p.lineage, g, g.lineage);
+         same_ops(p, p.grad_sync, pv, g, g.grad_sync, gv) && same_links(p, p.spec_outputs, g, g.spec_outputs) &&
+         same_links(p, p.lineage, g, g.lineage);
 }
 
 std::vector<std::vector<std::vector<std::int64_t>>> real_shapes(const Program& rp, const std::vector<Op>& run, const TypedOps& typed,
@@ -491,8 +502,10 @@ std::vector<std::vector<std::vector<std::int64_t>>> real_shapes(const Program& r
     auto outs = rp.outs(op);
     auto it = where.find({op.first, static_cast<int>(op.kind)});
     for (std::size_t k = 0; k < outs.size(); ++k) {
-      if (it != where.end()) env[static_cast<std::size_t>(outs[k])] = eval_type(st.out(it->second, static_cast<int>(k)));
-      else env[static_cast<std::size_t>(outs[k])] = out[oi].empty() ? std::vector<std::int64_t>{} : out[oi][0];
+      if (it != where.end())
+        env[static_cast<std::size_t>(outs[k])] = eval_type(st.out(it->second, static_cast<int>(k)));
+      else
+        env[static_cast<std::size_t>(outs[k])] = out[oi].empty() ? std::vector<std::int64_t>{} : out[oi][0];
     }
   }
   return out;

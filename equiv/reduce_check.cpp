@@ -104,8 +104,10 @@ bool prepare_reduction(const Program& g, const std::vector<std::int64_t>& base, 
     red.model_real = real_shapes(cm, cm.ops, {&c, &tp->spec_typed, &tp->spec_types, nullptr}, base);
   } else {
     if (plan_typed) red.plan_real = real_shapes(g, g.ops, lists[0], base);
-    if (g.has_spec) red.model_real = real_shapes(model, model.ops, lists.back(), base);
-    else if (plan_typed) red.model_real = real_shapes(model, model.ops, {&g, &g.ops, &pt, nullptr}, base);
+    if (g.has_spec)
+      red.model_real = real_shapes(model, model.ops, lists.back(), base);
+    else if (plan_typed)
+      red.model_real = real_shapes(model, model.ops, {&g, &g.ops, &pt, nullptr}, base);
   }
   return true;
 }
