@@ -34,10 +34,11 @@ struct Param {
   std::optional<std::string> dflt;
 };
 
-// "self, other, *, alpha=1" -> [{self}, {other}, {alpha, "1"}] (cached per text).
+// "self, other, *, alpha=1" -> [{self}, {other}, {alpha, "1"}] (cached per text; the key is a copy: a custom op's
+// text lives only as long as its import).
 const std::vector<Param>& params_of(std::string_view text) {
-  static std::unordered_map<std::string_view, std::vector<Param>> cache;
-  auto it = cache.find(text);
+  static std::unordered_map<std::string, std::vector<Param>> cache;
+  auto it = cache.find(std::string(text));
   if (it != cache.end()) return it->second;
   std::vector<Param> ps;
   std::size_t a = 0;
