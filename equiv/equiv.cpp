@@ -834,23 +834,23 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   }
   const Program& q = reduced ? *g : p;
   const Reduced* rp = reduced ? &red : nullptr;
-  // A difference found at reduced sizes is confirmed as declared when that run fits the interpreter: an identity the
-  // declared sizes make exact (the normalized values of a LayerNorm sum to 0) is not exact over fewer elements
-  // divided by the declared count, so a plan that differs from its spec only inside such an identity would be a
-  // false alarm. Too large as declared: the reduced counterexample stands.
-  // (The confirmation is cheap or not made: at most 64 MiB of values.)
+  // The check at reduced sizes, then as declared where it must be (`as_declared(o)` runs it with options o, nullopt
+  // when the declared pair cannot be built): when a run fails at the reduced sizes, within the usual limits; and to
+  // confirm a difference found there, within 64 MiB of values: an identity the declared sizes make exact (the
+  // normalized values of a LayerNorm sum to 0) is not exact over fewer elements divided by the declared count, so a
+  // plan that differs from its spec only inside such an identity would be a false alarm. Too large as declared: the
+  // reduced counterexample stands.
   EquivOptions confirm_opt = opt;
   confirm_opt.max_bytes = opt.max_bytes > 0 ? std::min<std::int64_t>(opt.max_bytes, 64 << 20) : 64 << 20;
-  auto confirmed = [&](EquivResult reduced_res, auto&& declared) {
-    if (!reduced || !opt.confirm || red.run_failed || reduced_res.verdict != EquivVerdict::Mismatch) return reduced_res;
-    EquivResult as_declared = declared();
-    return as_declared.verdict == EquivVerdict::Skipped ? reduced_res : as_declared;
+  auto checked = [&](EquivResult res, auto&& as_declared) {
+    if (!reduced) return res;
+    if (red.run_failed) return as_declared(opt).value_or(res);
+    if (!opt.confirm || res.verdict != EquivVerdict::Mismatch) return res;
+    std::optional<EquivResult> c = as_declared(confirm_opt);
+    return c && c->verdict != EquivVerdict::Skipped ? *c : res;
   };
-  if (!pipelined && !training) {
-    EquivResult res = confirmed(check_pair(q, opt, nullptr, rp), [&] { return check_pair(p, confirm_opt, nullptr, nullptr); });
-    if (!red.run_failed) return res;
-    return check_pair(p, opt, nullptr, nullptr);  // the reduced sizes do not fit: as declared (within the interpreter's limits)
-  }
+  auto forward_as_declared = [&](const EquivOptions& o) -> std::optional<EquivResult> { return check_pair(p, o, nullptr, nullptr); };
+  if (!pipelined && !training) return checked(check_pair(q, opt, nullptr, rp), forward_as_declared);
   // A training program: the plan's training step against the spec's (its gradients compared too). A pipelined
   // schedule: its per-rank programs with each stage's forward and backward per microbatch (equiv/pipeline.h).
   if (pipelined)
@@ -861,14 +861,11 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
     tp = equiv_detail::training_pair(p);
   if (pipelined && !tp.ok) return not_checked(p, tp.why);
   if (tp.ok) {
-    EquivResult res = confirmed(check_pair(tp.program, opt, &tp, rp), [&] {
-      equiv_detail::TrainingPair declared = equiv_detail::training_pair(p);
-      return declared.ok ? check_pair(declared.program, confirm_opt, &declared, nullptr) : not_checked(p, declared.why);
-    });
-    if (red.run_failed) {  // the reduced sizes do not fit: as declared (within the interpreter's limits)
+    EquivResult res = checked(check_pair(tp.program, opt, &tp, rp), [&](const EquivOptions& o) -> std::optional<EquivResult> {
       tp = equiv_detail::training_pair(p);
-      if (tp.ok) res = check_pair(tp.program, opt, &tp, nullptr);
-    }
+      if (!tp.ok) return std::nullopt;
+      return check_pair(tp.program, o, &tp, nullptr);
+    });
     // A parameter the spec's loss depends on that no plan gradient reaches is never updated: a mismatch whatever
     // the compared values say.
     for (const auto& m : tp.missing) {
@@ -885,8 +882,7 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
     }
     return res;
   }
-  EquivResult res = confirmed(check_pair(q, opt, nullptr, rp), [&] { return check_pair(p, confirm_opt, nullptr, nullptr); });
-  if (red.run_failed) res = check_pair(p, opt, nullptr, nullptr);
+  EquivResult res = checked(check_pair(q, opt, nullptr, rp), forward_as_declared);
   if (res.verdict == EquivVerdict::Skipped && p.outputs.empty() && p.spec_outputs.empty()) {  // nothing but the gradients to compare
     res.message += "; the gradients are not compared: " + tp.why;
     for (auto& d : res.diags) d.message = res.message;

@@ -171,32 +171,21 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   std::vector<std::int64_t> mesh(g.mesh.size(), 1);
   for (std::size_t a = 0; a < g.mesh.size(); ++a)
     if (g.exprs.is_const(g.mesh[a].size)) mesh[a] = g.exprs.value(g.mesh[a].size);
-  // Extents: each dim of each typed value (the count a reduction along it sums, or a softmax normalizes over).
+  // Extents: each dim of each typed value (the count a reduction along it sums, or a softmax normalizes over), with
+  // its declared value.
   struct Extent {
     const ExprPool* pool;
-    std::vector<ExprId> dims;
-    __int128 declared;
+    ExprId e;
+    std::int64_t declared;
   };
   std::vector<Extent> extents;
-  std::set<std::pair<const ExprPool*, std::vector<ExprId>>> seen_extent;
-  auto product = [](const ExprPool& pool, const std::vector<ExprId>& dims, const std::vector<std::int64_t>& vals) -> std::optional<__int128> {
-    __int128 r = 1;
-    for (ExprId e : dims) {
-      auto v = ev(pool, e, vals);
-      if (!v) return std::nullopt;
-      r *= *v;
-      if (r > (static_cast<__int128>(1) << 100)) return std::nullopt;
-    }
-    return r;
-  };
+  std::set<std::pair<const ExprPool*, ExprId>> seen_extent;
   auto add_extents = [&](const ExprPool& pool, const ValueType& t) {
-    std::vector<ExprId> all(t.shape.begin(), t.shape.begin() + t.rank);
-    auto push = [&](std::vector<ExprId> dims) {
-      std::sort(dims.begin(), dims.end());
-      if (!seen_extent.insert({&pool, dims}).second) return;
-      if (auto d = product(pool, dims, base)) extents.push_back({&pool, std::move(dims), *d});
-    };
-    for (ExprId e : all) push({e});
+    for (int d = 0; d < t.rank; ++d) {
+      ExprId e = t.shape[static_cast<std::size_t>(d)];
+      if (!seen_extent.insert({&pool, e}).second) continue;
+      if (auto v = ev(pool, e, base)) extents.push_back({&pool, e, *v});
+    }
   };
   auto add_value = [&](const ExprPool& pool, const ValueType& t) {
     if (!t.ok) return;
@@ -302,9 +291,9 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   // value along dim 0 is 2*N2 per column summed, along dim 1 N8) must not coincide at the reduced sizes where it
   // differs at the declared ones (N8 -> 4 with N2 = 2 would make the two sums agree).
   auto apart = [&]() {
-    std::map<__int128, __int128> seen;  // reduced -> declared
+    std::map<std::int64_t, std::int64_t> seen;  // reduced -> declared
     for (const auto& x : extents) {
-      auto r = product(*x.pool, x.dims, cur);
+      auto r = ev(*x.pool, x.e, cur);
       if (!r) return false;
       auto [it, fresh] = seen.emplace(*r, x.declared);
       if (!fresh && it->second != x.declared) return false;
