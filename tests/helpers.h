@@ -1,8 +1,11 @@
 // tests/helpers.h - small helpers shared by the unit tests.
 #pragma once
 #include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
+#include "cli/driver.h"
 #include "ir/loader.h"
 #include "spatial/spatial.h"
 
@@ -31,6 +34,18 @@ inline std::string load_error(const std::string& yaml, Loc* loc = nullptr) {
     return e.what();
   }
   return "";
+}
+
+// The command line run in-process: exit code, standard output and error.
+struct Run {
+  int code;
+  std::string out, err;
+};
+
+inline Run run(const std::vector<std::string>& args) {
+  std::ostringstream out, err;
+  int code = run_cli(args, out, err);
+  return {code, out.str(), err.str()};
 }
 
 }  // namespace spmd::test

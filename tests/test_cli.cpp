@@ -17,20 +17,14 @@
 #include "spatial/spatial.h"
 #include "ir/op_table.h"
 
+#include "tests/helpers.h"
+
 using namespace spmd;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out, err;
-};
-
-Run run(const std::vector<std::string>& args) {
-  std::ostringstream out, err;
-  int code = run_cli(args, out, err);
-  return {code, out.str(), err.str()};
-}
+using test::Run;
+using test::run;
 
 std::string src(const std::string& rel) { return std::string(SPMD_SOURCE_DIR) + "/" + rel; }
 

@@ -12,22 +12,16 @@
 #include "frontends/frontends.h"
 #include "ir/loader.h"
 
+#include "tests/helpers.h"
+
 using namespace spmd;
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Run {
-  int code;
-  std::string out, err;
-};
-
-Run run(const std::vector<std::string>& args) {
-  std::ostringstream out, err;
-  int code = run_cli(args, out, err);
-  return {code, out.str(), err.str()};
-}
+using test::Run;
+using test::run;
 
 std::string base() { return std::string(SPMD_BINARY_DIR) + "/import-tests/"; }
 
