@@ -331,7 +331,10 @@ Graph parse_fx(const std::string& text, const std::string& file) {
       }
       PyVal v = r.expr();
       // return pytree.tree_unflatten([a, b, None], self._out_spec)
-      if (v.k == PyVal::K::Call && v.s.find("tree_unflatten") != std::string::npos && !v.items.empty()) v = v.items[0];
+      if (v.k == PyVal::K::Call && v.s.find("tree_unflatten") != std::string::npos && !v.items.empty()) {
+        PyVal first = std::move(v.items[0]);  // not `v = v.items[0]`: that frees the element while copying it
+        v = std::move(first);
+      }
       if (v.is_seq()) g.outputs = v.items;
       else g.outputs.push_back(v);
       returned = true;
