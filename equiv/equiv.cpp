@@ -277,21 +277,25 @@ std::string scope_text(const Program& p) {
 // The first op of the plan or the spec whose result depends on a choice made by comparing values (routing, a
 // max/min reduction, an input pending a max or min), or null. A comparison, a count or a cast to integers is a
 // choice only on data that is not an exact constant: the runs report that (Runner::inexact_choice).
-const Op* value_choice(const Program& p) {
+// `sets`: max and min reductions read as functions of sets (interp/num.h, set_extreme) are no choice.
+const Op* value_choice(const Program& p, bool sets = false) {
   // an input pending a max or min: its global value is the largest (smallest) summand, chosen by value; the first
   // op that reads it stands for the choice
-  for (const auto& t : p.tensors)
+  for (const auto& t : p.tensors) {
+    if (sets) break;
     if (std::any_of(t.placement.begin(), t.placement.end(),
                     [](Placement pl) { return pl.is_p() && (pl.op == ReduceOp::Max || pl.op == ReduceOp::Min); }))
       for (const auto& op : p.ops) {
         auto ins = p.ins(op);
         if (std::find(ins.begin(), ins.end(), t.name) != ins.end()) return &op;
       }
+  }
   for (const auto* list : {&p.ops, &p.spec_ops})
     for (const auto& op : *list) {
-      bool choice = op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin || op.kind == OpKind::TopKGate || op.kind == OpKind::MoEDispatch ||
-                    op.kind == OpKind::AmaxUpdate || op.kind == OpKind::AmaxHistory ||
-                    (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
+      bool extreme = op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin ||
+                     (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
+      bool choice = (extreme && !sets) || op.kind == OpKind::TopKGate || op.kind == OpKind::MoEDispatch || op.kind == OpKind::AmaxUpdate ||
+                    op.kind == OpKind::AmaxHistory;
       if (choice) return &op;
     }
   return nullptr;
@@ -725,9 +729,12 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     for (const auto& mb : s.pair->microbatches)
       for (const auto& t : p.tensors)
         if (t.name == mb.name && is_int(t.dtype)) min_trials = kMinIntTrials;
+  // The trials; `sets`: max and min reductions as functions of sets (interp/num.h, set_extreme), the pass that
+  // proves a program whose only choices by value are those reductions. A result to return at once, or none.
+  auto run_trials = [&](bool sets) -> std::optional<EquivResult> {
   for (int attempt = 0; attempt < kMaxAttempts && (log2_bound > kLog2Target || choices || trials < min_trials); ++attempt) {
     std::uint64_t ts = attempt == 0 ? opt.seed : mix(opt.seed ^ (0x7e57ULL + static_cast<std::uint64_t>(attempt)));
-    num::Lanes guard({ts});
+    num::Lanes guard({ts, sets});
     std::unique_ptr<Run> run;
     std::uint64_t degree = 0;
     std::optional<Difference> diff;
@@ -751,6 +758,8 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     } catch (const BudgetError& e) {
       return skip(e.what(), e.loc);
     }
+    // the set pass proves or gives up (a difference there may be no difference of the extremes)
+    if (sets && (!run->failure.empty() || diff || num::sets_full())) return EquivResult{};
     if (!run->failure.empty()) return located_failure(*run);
     if (num::trial_failed()) continue;
     if (diff) return report_difference(s, links, *diff, ts, work, res);
@@ -762,7 +771,31 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     max_degree = std::max(max_degree, degree), max_uf = std::max(max_uf, uf);
     log2_bound += trial_log2_bound(degree);
   }
+  return std::nullopt;
+  };
+  if (auto r = run_trials(false)) return *r;
+  // The choices were max / min reductions only (and the runs met no other): as sets, every trial proves the identity
+  // whatever element is the largest. A difference, a failure or another choice there leaves the verdict of the trials
+  // above (a set can differ where the extremes agree: max over {x, -inf} against max over {x}).
+  bool by_sets = false;
+  if (choice && !value_choice(p, true)) {
+    const Op* first = choice;
+    double b0 = log2_bound;
+    int t0 = trials;
+    bool st0 = staged;
+    std::uint64_t d0 = max_degree, u0 = max_uf;
+    log2_bound = 0, trials = 0, staged = false, max_degree = 0, max_uf = 0, choice = nullptr, choices = false;
+    std::optional<EquivResult> r;
+    try {
+      r = run_trials(true);
+    } catch (const std::exception&) {
+      r = EquivResult{};
+    }
+    if (r || choice) log2_bound = b0, trials = t0, staged = st0, max_degree = d0, max_uf = u0, choice = first;
+    else by_sets = true;
+  }
   std::string scope = scope_text(p);
+  if (by_sets) scope += "; max and min reductions as functions of the set of their operands, so for every order of the values";
   if (choice) {
     // The exact lanes follow the branch the doubles take, so they cannot see a choice made on the wrong values when
     // the drawn inputs happen to lead both programs to the same branch: equal on every trial is evidence, not proof.

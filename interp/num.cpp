@@ -1,6 +1,8 @@
 // interp/num.cpp - the field lanes of Num: primes, random functions, constants, and each primitive's lane meaning.
 #include "interp/num.h"
 
+#include <unordered_map>
+
 namespace spmd::interp {
 
 namespace num {
@@ -12,6 +14,24 @@ namespace {
 // Random-function evaluations per stage tag (docs/equivalence.md, "Stages") since the guard started.
 thread_local std::vector<std::uint64_t> tag_evals;
 
+// set_extreme's record: for each value it made, the set it stands for (sorted, distinct, two elements at least), per
+// kind (min, max). A value is keyed by its pure lanes.
+struct SetKey {
+  Fp a = 0, b = 0;
+  bool operator==(const SetKey& o) const { return a == o.a && b == o.b; }
+  bool operator<(const SetKey& o) const { return a != o.a ? a < o.a : b < o.b; }
+};
+struct SetKeyHash {
+  std::size_t operator()(const SetKey& k) const { return static_cast<std::size_t>(k.a * 0x9e3779b97f4a7c15ULL ^ k.b); }
+};
+struct SetTables {
+  std::unordered_map<SetKey, std::vector<SetKey>, SetKeyHash> of[2];
+  std::size_t keys = 0;
+  std::vector<SetKey> scratch;
+  std::vector<Fp> args;
+};
+thread_local SetTables* cur_sets = nullptr;
+
 std::uint64_t splitmix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
@@ -22,6 +42,7 @@ std::uint64_t splitmix(std::uint64_t x) {
 constexpr std::uint64_t kLogKey = key_of("L: the log part made pure");
 constexpr std::uint64_t kTanHalf = key_of("T: tan of the half angle");
 constexpr std::uint64_t kMax = key_of("max2"), kMin = key_of("min2");
+constexpr std::uint64_t kMaxSet = key_of("max of a set"), kMinSet = key_of("min of a set");
 constexpr std::uint64_t kInput = key_of("input element");
 
 std::uint32_t sat(std::uint64_t d) { return d > kMaxDeg ? kMaxDeg : static_cast<std::uint32_t>(d); }
@@ -161,10 +182,12 @@ double uf_pairs() {
   return pairs;
 }
 
-Lanes::Lanes(const LaneParams& params) : saved_(ctx), saved_tags_(std::move(tag_evals)) {
+Lanes::Lanes(const LaneParams& params) : saved_(ctx), saved_tags_(std::move(tag_evals)), saved_sets_(cur_sets) {
   tag_evals.clear();
+  cur_sets = params.sets ? new SetTables : nullptr;
   Context c;
   c.on = true;
+  c.sets = params.sets;
   std::uint64_t s = splitmix(params.seed ^ 0x5eed0f11e1d5ULL);
   for (int l = 0; l < kLanes; ++l) {
     // a prime in (2^61, 2^62), which freduce needs (one past the top starts again from the bottom)
@@ -185,6 +208,8 @@ Lanes::Lanes(const LaneParams& params) : saved_(ctx), saved_tags_(std::move(tag_
 }
 
 Lanes::~Lanes() {
+  delete cur_sets;
+  cur_sets = static_cast<SetTables*>(saved_sets_);
   ctx = saved_;
   tag_evals = std::move(saved_tags_);
 }
@@ -373,6 +398,47 @@ void lanes_pick(Num& r, const Num& a, const Num& b, bool max) {
   for (int l = 0; l < kLanes; ++l) r.f[l] = c.f[l], r.y[l] = c.y[l], r.k[l] = c.k[l];
   r.deg = c.deg;
   r.tag = c.tag;
+}
+
+Num set_extreme(const Num* const* xs, std::size_t n, bool max) {
+  if (n == 0) return Num(max ? -INFINITY : INFINITY);
+  SetTables& st = *cur_sets;
+  auto& tab = st.of[max ? 1 : 0];
+  auto& ks = st.scratch;
+  ks.clear();
+  double d = xs[0]->d;
+  std::uint32_t tag = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Num& x = *xs[i];
+    if (i) d = max ? std::max(d, x.d) : std::min(d, x.d);  // the fold pick_max makes (a NaN: as it does)
+    tag = std::max(tag, x.tag);
+    SetKey k{x.pure(0), x.pure(1)};
+    if (auto it = tab.find(k); it != tab.end()) ks.insert(ks.end(), it->second.begin(), it->second.end());
+    else ks.push_back(k);
+  }
+  std::sort(ks.begin(), ks.end());
+  ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
+  if (ks.size() == 1) {  // one value (a recorded set has two at least): the extreme is that value
+    Num r = *xs[0];
+    r.d = d;
+    return r;
+  }
+  Num r;
+  r.d = d;
+  r.tag = tag;
+  r.deg = 1;
+  for (int l = 0; l < kLanes; ++l) {
+    st.args.clear();
+    for (const SetKey& k : ks) st.args.push_back(l == 0 ? k.a : k.b);
+    r.f[l] = rf(max ? kMaxSet : kMinSet, st.args.data(), static_cast<int>(st.args.size()), l, tag);
+  }
+  if (st.keys + ks.size() > kMaxSetKeys) {
+    ctx.sets_full = true;  // not recorded: a later reduction over r would not see its set
+    return r;
+  }
+  st.keys += ks.size();
+  tab.emplace(SetKey{r.f[0], r.f[1]}, ks);
+  return r;
 }
 
 }  // namespace num

@@ -23,6 +23,7 @@ namespace num {
 
 struct LaneParams {
   std::uint64_t seed = 0;
+  bool sets = false;  // max / min reductions as functions of sets (set_extreme)
 };
 
 // The thread's lane context (private to num.h / num.cpp; use the functions below). Trivially destructible, so a
@@ -30,6 +31,8 @@ struct LaneParams {
 struct Context {
   bool on = false;
   bool failed = false;           // a field division by zero (or log of a field zero) in this trial
+  bool sets = false;             // LaneParams::sets
+  bool sets_full = false;        // set_extreme stopped recording sets (over kMaxSetKeys): the trial proves nothing
   Fp p[kLanes] = {0, 0};         // the primes (2^61 < p < 2^62)
   std::uint64_t bm[kLanes] = {0, 0};   // Barrett constants floor(2^124 / p): a product is reduced without a division
   Fp r64[kLanes] = {0, 0};             // 2^64 mod p (fwide)
@@ -54,6 +57,7 @@ class Lanes {
  private:
   Context saved_;
   std::vector<std::uint64_t> saved_tags_;  // the outer guard's per-tag evaluation counts (num.cpp)
+  void* saved_sets_ = nullptr;             // the outer guard's recorded sets (num.cpp, set_extreme)
 };
 inline bool trial_failed() { return ctx.failed; }
 inline void clear_failed() { ctx.failed = false; }
@@ -349,6 +353,19 @@ inline Num uf(std::uint64_t key, double d, const Num& a, const Num& b) {
     num::lanes_uf(key, r, args, 2);
   return r;
 }
+
+// Max and min as functions of sets (docs/equivalence.md, "Max and min reductions"). Only with LaneParams::sets: the
+// lanes of a max (min) reduction of xs are a random function of the set of the operands' pure values, where an
+// operand that is itself such a result stands for its set (max is associative, commutative and idempotent, so
+// max(A u {max B}) = max(A u B)) and a set of one value is that value; d is the real extreme, as pick_max gives.
+// The real max is one such function of the set, so an identity proved with these lanes holds for it: the equality
+// of plan and spec no longer depends on which element the drawn values make the largest.
+namespace num {
+inline bool sets() { return ctx.sets; }
+inline bool sets_full() { return ctx.sets_full; }
+inline constexpr std::size_t kMaxSetKeys = std::size_t{1} << 22;  // recorded set elements per trial (16 bytes each)
+Num set_extreme(const Num* const* xs, std::size_t n, bool max);
+}  // namespace num
 
 static_assert(sizeof(Num) == 64, "Num: one cache line");
 

@@ -145,10 +145,18 @@ Num Runner::combine(ReduceOp op, const Num& a, const Num& b) {
 
 Tensor Runner::reduce_all(const std::vector<const Val*>& xs, ReduceOp op) {
   Tensor acc = xs[0]->t;
-  for (std::size_t k = 1; k < xs.size(); ++k) {
+  for (std::size_t k = 1; k < xs.size(); ++k)
     if (xs[k]->t.shape != acc.shape)
       throw InterpError("ranks hold different local shapes (" + shape_text(acc.shape) + " and " + shape_text(xs[k]->t.shape) + ") for one reduction");
-    for (std::size_t e = 0; e < acc.data.size(); ++e) acc.data[e] = combine(op, acc.data[e], xs[k]->t.data[e]);
+  if ((op == ReduceOp::Max || op == ReduceOp::Min) && num::sets()) {  // as sets (num.h, set_extreme)
+    std::vector<const Num*> at(xs.size());
+    for (std::size_t e = 0; e < acc.data.size(); ++e) {
+      for (std::size_t k = 0; k < xs.size(); ++k) at[k] = &xs[k]->t.data[e];
+      acc.data[e] = num::set_extreme(at.data(), at.size(), op == ReduceOp::Max);
+    }
+  } else {
+    for (std::size_t k = 1; k < xs.size(); ++k)
+      for (std::size_t e = 0; e < acc.data.size(); ++e) acc.data[e] = combine(op, acc.data[e], xs[k]->t.data[e]);
   }
   if (op == ReduceOp::Avg) {
     const Num n = static_cast<double>(xs.size());

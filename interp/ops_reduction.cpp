@@ -74,7 +74,18 @@ void Runner::reduce_dims(int oi, std::int64_t r, const std::string& taint) {
       if (x.t.shape[static_cast<std::size_t>(d)] == 0)
         throw InterpError(std::string(op_name(op.kind)) + " over dim " + std::to_string(d) + ", which is empty on this rank: max and min have no identity");
   // max / min reductions pick an element (by d): any grouping and order of the fold picks the same one
-  if (op.kind == OpKind::ReduceMax) o.t = reduce(x.t, dims, op.attrs.keepdim, -INFINITY, [](const Num& a, const Num& b) { return pick_max(a, b); });
+  if ((op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin) && num::sets()) {  // as sets (num.h, set_extreme)
+    Shape keep, st_out;
+    reduce_layout(x.t, dims, op.attrs.keepdim, keep, st_out);
+    o.t = Tensor::uninit(keep);
+    std::vector<std::int64_t> bases, offs;
+    group_layout(x.t.shape, dims, bases, offs);
+    std::vector<const Num*> line(offs.size());
+    for (std::size_t b = 0; b < bases.size(); ++b) {
+      for (std::size_t j = 0; j < offs.size(); ++j) line[j] = &x.t.data[static_cast<std::size_t>(bases[b] + offs[j])];
+      o.t.data[b] = num::set_extreme(line.data(), line.size(), op.kind == OpKind::ReduceMax);
+    }
+  } else if (op.kind == OpKind::ReduceMax) o.t = reduce(x.t, dims, op.attrs.keepdim, -INFINITY, [](const Num& a, const Num& b) { return pick_max(a, b); });
   else if (op.kind == OpKind::ReduceMin) o.t = reduce(x.t, dims, op.attrs.keepdim, INFINITY, [](const Num& a, const Num& b) { return pick_min(a, b); });
   else if (op.kind == OpKind::LogSumExp) {  // m + log(sum(exp(x - m))), m = stabilizer(the max of each group)
     Tensor m = reduce(x.t, dims, true, -INFINITY, [](const Num& a, const Num& b) { return Num::stabilizer(std::max(a.d, b.d)); });

@@ -269,8 +269,49 @@ struct Gen {
     both("CumSum", fmt::format(", dim: {}{}", d, coin(0.3) ? ", reverse: true" : ""));
   }
 
+  // Megatron's vocab-parallel shift (tensor_parallel/cross_entropy.py) along dim d: m = the max along d (of a sharded
+  // dim: each rank's block max, then AllReduce max), then exp(x - m), or log(sum exp(x - m)) + m (all-reduced). The
+  // value check proves these with max as a function of sets (docs/equivalence.md). The mistakes: the block max not
+  // all-reduced (each rank shifts by its own), or all-reduced over the other axis.
+  void shifted_max() {
+    if (any_p()) return;
+    int d = pick(2), a = sharder(d);
+    bool lse = coin(0.5);
+    const std::string attrs = fmt::format(", dims: [{}], keepdim: true", d);
+    const std::string xs = sv, xp = pv;
+    const bool is_max = coin(0.8);
+    both(is_max ? "ReduceMax" : "ReduceMin", attrs);
+    const std::string ms = sv;
+    const char* rop = is_max ? "max" : "min";
+    if (a >= 0) {
+      int b = other_axis(a);
+      if (inject("block max of a sharded dim not all-reduced")) {
+      } else if (b >= 0 && inject("block max all-reduced over the wrong axis")) {
+        plan_op("AllReduce", pv, fmt::format(", axis: {}, reduce: {}", axes[static_cast<std::size_t>(b)], rop));
+      } else {
+        plan_op("AllReduce", pv, fmt::format(", axis: {}, reduce: {}", axes[static_cast<std::size_t>(a)], rop));
+      }
+    }
+    const std::string mp = pv;
+    std::string s = fresh("s"), p = fresh("p");
+    spec += fmt::format("    - {{op: Sub, in: [{}, {}], out: {}}}\n", xs, ms, s);
+    plan += fmt::format("  - {{op: Sub, in: [{}, {}], out: {}}}\n", xp, mp, p);
+    sv = s, pv = p;
+    both("Exp", "");
+    if (!lse) return;
+    both("Sum", attrs);
+    if (a >= 0) plan_op("AllReduce", pv, fmt::format(", axis: {}", axes[static_cast<std::size_t>(a)]));
+    both("Log", "");
+    s = fresh("s"), p = fresh("p");
+    spec += fmt::format("    - {{op: Add, in: [{}, {}], out: {}}}\n", sv, ms, s);
+    plan += fmt::format("  - {{op: Add, in: [{}, {}], out: {}}}\n", pv, mp, p);
+    sv = s, pv = p, shape[d] = 1;
+    if (a >= 0) lay[static_cast<std::size_t>(a)] = Pl::R;
+  }
+
   void step() {
-    switch (pick(13)) {
+    switch (pick(14)) {
+      case 13: shifted_max(); break;
       case 11: position_mask(); break;
       case 12: cumsum(); break;
       case 0:

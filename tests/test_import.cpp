@@ -426,8 +426,7 @@ TEST_CASE("import corpus: GPT at tensor parallel 2, 4, 8 against 1 and the HLO L
       CAPTURE(layers);
       Run r = run({"check", corpus + "/gpt/paral1_layer" + l, corpus + "/gpt/paral" + std::to_string(tp) + "_layer" + l, "--relation", rel + "gpt.yaml", "--reduce"});
       CHECK(r.code == 0);
-      CHECK(!has(r, "error"));
-      CHECK(!has(r, "not checked"));
+      CHECK(r.out.empty());  // proved equivalent: the vocab-parallel max as the max of a set (no value-unproved warning)
     }
   for (int layers : {1, 2, 4, 8}) {  // transformers-neuronx Llama as XLA HLO, TP 2 against 1
     std::string l = std::to_string(layers);
