@@ -742,6 +742,9 @@ class TrainingChecker {
 
 TrainingCheck check_training_in_place(Program& program, ForwardUndo& undo, const TrainingOptions& options) {
   undo = ForwardUndo();
+  if (program.local_view)  // no placements to check a backward by (its values are checked: equiv/training.h)
+    throw LoadError(program.view_loc,
+                    "a local-view program (`view: local`) has no typed training step: its hand-written backward is checked by value against the `spec:`");
   try {
     return TrainingChecker(program, undo, options).run();
   } catch (...) {

@@ -139,6 +139,9 @@ void Deriver::vjp() {
 }  // namespace autograd_detail
 
 Derived derive_backward(const Program& forward, const SpatialTypes& types, bool append_to_ops) {
+  // a local-view program has no placements to derive by (its backward is hand-written, equiv/training.h)
+  if (forward.local_view)
+    throw LoadError(forward.view_loc, "a local-view program (`view: local`) has no derived backward: write each rank's backward under `backward:`");
   return autograd_detail::Deriver(forward, types, append_to_ops).run();
 }
 

@@ -361,7 +361,7 @@ int cmd_report(const std::string& path, const std::string& output, const Options
   SpatialTypes step_types;
   step_types.want_origins = true;
   ReportStep rs;
-  if (!r.load_failed && !r.schedule && r.program.loss >= 0 && (r.program.train || r.program.has_backward || opt.backward)) {
+  if (!r.load_failed && !r.schedule && !r.program.local_view && r.program.loss >= 0 && (r.program.train || r.program.has_backward || opt.backward)) {
     try {
       step = check_training(r.program, {opt.z3_timeout_ms, nullptr, true, &step_types});  // checks the forward again: its verdict decides
     } catch (const LoadError&) {  // check_file has reported it

@@ -852,7 +852,8 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   // Shape reduction: the program with its sizes as variables, run at the smallest sizes with its partition structure
   // (not yet for per-rank programs and pipelines: those run at their declared sizes).
   std::vector<std::int64_t> base;
-  std::optional<Program> g = opt.reduce && !pipelined && !p.per_rank ? generalized(p, opt, base) : std::nullopt;
+  // (nor a local-view training step: its hand-written backward has no types to reduce by)
+  std::optional<Program> g = opt.reduce && !pipelined && !p.per_rank && !(p.local_view && training) ? generalized(p, opt, base) : std::nullopt;
   Reduced red;
   equiv_detail::TrainingPair tp;
   bool reduced = false;
@@ -890,9 +891,11 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
     tp = equiv_detail::pipeline_pair(p);
   else if (p.per_rank)
     tp.why = "the backward of per-rank `programs:` is not derived (a pipeline's is: write it as a `schedule:` with stages)";
+  else if (p.local_view)
+    tp = equiv_detail::local_training_pair(p);
   else if (!reduced)
     tp = equiv_detail::training_pair(p);
-  if (pipelined && !tp.ok) return not_checked(p, tp.why);
+  if ((pipelined || p.local_view) && !tp.ok) return not_checked(p, tp.why);
   if (tp.ok) {
     EquivResult res = checked(check_pair(tp.program, opt, &tp, rp), [&](const EquivOptions& o) -> std::optional<EquivResult> {
       tp = equiv_detail::training_pair(p);

@@ -220,4 +220,60 @@ TrainingPair training_pair(const Program& p) {
   return r;
 }
 
+TrainingPair local_training_pair(const Program& p) {
+  TrainingPair r;
+  if (p.loss < 0) return r.why = "a training program needs `loss:`", r;
+  if (!p.has_spec) return r.why = "a local-view training step needs a `spec:`", r;
+  Program t = p;
+  std::vector<Op> plan_ops = p.ops;
+  plan_ops.insert(plan_ops.end(), p.backward.begin(), p.backward.end());
+  plan_ops.insert(plan_ops.end(), p.grad_sync.begin(), p.grad_sync.end());
+  NameId seed = t.intern(t.name(p.loss) + ".grad");
+  std::vector<char> written(t.names.size(), 0);
+  for (const auto& op : plan_ops)
+    for (NameId n : t.outs(op)) written[static_cast<std::size_t>(n)] = 1;
+  std::vector<PairGrad> grads;
+  for (const auto& d : p.tensors) {
+    if (!d.param) continue;
+    auto it = t.name_ids.find(t.name(d.name) + ".grad");
+    if (it != t.name_ids.end() && written[static_cast<std::size_t>(it->second)]) grads.push_back({it->second, d.placement, d.loc});
+  }
+  // A loss declared P(avg) over an axis is each rank's mean over its part: its gradients are N times the spec's
+  // until grad_sync averages them, so the spec's intermediate gradients are taken of N copies too (stage by stage
+  // comparable; the compared gradients are divided back by N, so the verdict does not depend on it).
+  double n_copies = 1;
+  for (const auto& od : p.outputs)
+    if (od.name == p.loss && od.has_placement)
+      for (std::size_t a = 0; a < p.mesh.size(); ++a)
+        if (od.placement[a].is_p() && od.placement[a].op == ReduceOp::Avg && p.exprs.is_const(p.mesh[a].size))
+          n_copies *= static_cast<double>(p.exprs.value(p.mesh[a].size));
+  Program c;
+  if (std::string why = spec_pair(p, t, std::move(plan_ops), seed, grads, n_copies, r, c); !why.empty()) return r.why = why, r;
+  // The seed: the spec's `<loss>.grad` (its shape), the same value on every rank.
+  TensorDecl sd = c.tensors.back();
+  if (sd.name != seed) return r.why = "the spec's loss has another name than the plan's: name it alike (or map it under the spec's outputs)", r;
+  sd.placement = Placements{};
+  sd.uneven = false;
+  c.tensors.assign(p.tensors.begin(), p.tensors.end());
+  c.tensors.push_back(sd);
+  c.local_view = true;
+  c.outputs = p.outputs;
+  for (const auto& g : grads) {
+    OutputDecl od;
+    od.name = g.name;
+    od.loc = g.loc;
+    od.has_placement = true;
+    od.placement = g.pl;
+    c.outputs.push_back(od);
+    c.spec_outputs.push_back({g.name, g.name, g.loc});
+  }
+  c.train = c.has_backward = c.has_grad_sync = c.has_expect = false;
+  c.backward.clear(), c.grad_sync.clear(), c.expect.clear();
+  c.loss = -1;
+  r.pending.assign(c.names.size(), 0);
+  r.program = std::move(c);
+  r.ok = true;
+  return r;
+}
+
 }  // namespace spmd::equiv_detail

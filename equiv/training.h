@@ -64,4 +64,12 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
 // derived is a reason (`why`).
 TrainingPair training_pair(const Program& p);
 
+// A local-view plan (`view: local`) with a hand-written `backward:` and `grad_sync:` (Megatron's custom autograd
+// functions, rank by rank) against its spec's derived backward: the plan's step is its forward, backward and
+// grad_sync run on each rank's local arrays, seeded with the same `<loss>.grad` on every rank (loss.backward() on
+// each rank); each parameter's gradient the plan writes is read by the parameter's declared placement and compared
+// with the spec's gradient of the spec's loss (no copies of the loss: the plan's backward and grad_sync must give
+// the spec's gradient itself).
+TrainingPair local_training_pair(const Program& p);
+
 }  // namespace spmd::equiv_detail

@@ -118,21 +118,30 @@ void Loader::load(N root) {
   load_spec(root);
   check_pipeline(root);
   if (p_.local_view) {
-    const char* with = p_.schedule.present ? "`schedule`" : p_.train ? "`train`" : p_.has_backward ? "`backward`" : p_.has_grad_sync ? "`grad_sync`" : nullptr;
-    if (with)
-      fail_at(p_.view_loc, std::string("`view: local` does not support ") + with + " yet: write the local-view plan as `ops:` or `programs:` (forward only), or drop `view: local`");
+    if (p_.schedule.present)
+      fail_at(p_.view_loc, "`view: local` does not support `schedule` yet: write the local-view plan as `ops:` or `programs:`, or drop `view: local`");
+    // Training in the local view: the backward is written by hand, rank by rank (Megatron's custom autograd
+    // functions), and compared with the spec's derived one; nothing derives a local-view backward.
+    if (p_.train)
+      fail_at(p_.view_loc, "`view: local` does not derive a backward (`train: true`): write each rank's backward by hand under `backward:` (as "
+                           "Megatron's custom autograd functions do), or drop `view: local`");
+    if (p_.per_rank && (p_.has_backward || p_.has_grad_sync))
+      fail_at(p_.view_loc, "`view: local` with per-rank `programs:` does not support `backward:` or `grad_sync:` yet: write one local-view `ops:` list");
+    if ((p_.has_backward || p_.has_grad_sync) && !p_.has_spec)
+      fail_at(p_.view_loc, "a local-view training step needs a `spec:`: its gradients are compared with the spec's derived backward");
     // Ops whose meaning is a global-view layout (a placement change, a kernel that reads the shard layout) have
     // no local-view meaning yet (docs/format.md, "Local view").
-    for (const Op& op : p_.ops) {
-      static constexpr OpKind kLayoutOps[] = {OpKind::Convert,     OpKind::RingAttention, OpKind::RingAttentionStep,    OpKind::LoadBalance,
-                                              OpKind::MoEDispatch, OpKind::MoECombine,    OpKind::ZeROPartitionOptState};
-      bool layout = std::find(std::begin(kLayoutOps), std::end(kLayoutOps), op.kind) != std::end(kLayoutOps) ||
-                    (op.kind == OpKind::CrossEntropyLoss && op.attrs.vocab_parallel);
-      if (layout)
-        fail_at(op.loc, std::string(op_name(op.kind)) + (op.kind == OpKind::CrossEntropyLoss ? " with `vocab_parallel: true`" : "") +
-                            " works on global-view layouts and is not available in a local-view program (`view: local`, line " +
-                            std::to_string(p_.view_loc.line) + "): write it from local ops and collectives (Slice with axis_index, AllReduce, AllGather, ...)");
-    }
+    for (const auto* list : {&p_.ops, &p_.backward, &p_.grad_sync})
+      for (const Op& op : *list) {
+        static constexpr OpKind kLayoutOps[] = {OpKind::Convert,     OpKind::RingAttention, OpKind::RingAttentionStep,    OpKind::LoadBalance,
+                                                OpKind::MoEDispatch, OpKind::MoECombine,    OpKind::ZeROPartitionOptState};
+        bool layout = std::find(std::begin(kLayoutOps), std::end(kLayoutOps), op.kind) != std::end(kLayoutOps) ||
+                      (op.kind == OpKind::CrossEntropyLoss && op.attrs.vocab_parallel);
+        if (layout)
+          fail_at(op.loc, std::string(op_name(op.kind)) + (op.kind == OpKind::CrossEntropyLoss ? " with `vocab_parallel: true`" : "") +
+                              " works on global-view layouts and is not available in a local-view program (`view: local`, line " +
+                              std::to_string(p_.view_loc.line) + "): write it from local ops and collectives (Slice with axis_index, AllReduce, AllGather, ...)");
+      }
   }
   if (auto n = root["expect"]; n.IsDefined()) load_expect(n);
 }

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "autograd/autograd.h"
+#include "equiv/training.h"
 #include "interp/assembly.h"
 #include "interp/runner.h"
 #include "ir/loader.h"
@@ -636,14 +637,21 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   Truth tr;
   OracleOptions oo;
   oo.seed = 5;
-  TrainingCheck tc;
-  try {
-    tc = check_training(p);
-  } catch (const LoadError& e) {
-    return tr.failed = true, tr.what = e.what(), tr;
+  Program t;
+  if (p.local_view) {  // the plan's step is its own forward, hand-written backward and grad_sync, rank by rank
+    equiv_detail::TrainingPair lp = equiv_detail::local_training_pair(p);
+    if (!lp.ok) return tr.failed = true, tr.what = lp.why, tr;
+    t = std::move(lp.program);
+  } else {
+    TrainingCheck tc;
+    try {
+      tc = check_training(p);
+    } catch (const LoadError& e) {
+      return tr.failed = true, tr.what = e.what(), tr;
+    }
+    if (!tc.built) return tr.failed = true, tr.what = "no training step", tr;
+    t = std::move(tc.program);
   }
-  if (!tc.built) return tr.failed = true, tr.what = "no training step", tr;
-  Program t = tc.program;
   auto sit = t.name_ids.find(p.name(p.loss) + ".grad");
   if (sit == t.name_ids.end()) return tr.failed = true, tr.what = "no seed", tr;
   NameId seed = sit->second;

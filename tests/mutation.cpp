@@ -242,7 +242,7 @@ bool types_report(const Program& p) {
   SpatialOptions so;
   so.z3_timeout_ms = 10000;
   if (has_error(check_spatial(p, so)) || has_error(check_temporal(p))) return true;
-  if (p.loss >= 0 && (p.train || p.has_backward)) {
+  if (p.loss >= 0 && (p.train || p.has_backward) && !p.local_view) {  // a local-view backward is checked by value only
     try {
       TrainingCheck t = check_training(p);
       if (has_error(t.diags)) return true;

@@ -629,3 +629,20 @@ TEST_CASE("equiv --declared-sizes runs without shape reduction: the README examp
   CHECK(declared.out.find("too large for the interpreter") != std::string::npos);
   CHECK(declared.out.find("reduced sizes") == std::string::npos);
 }
+
+TEST_CASE("a local-view training step: check compares the hand-written backward's gradients; backward and report do not derive one") {
+  const std::string fixed = src("examples/local/megatron_mlp_custom_backward_fixed.yaml");
+  Run eq = run({"equiv", fixed});
+  CHECK(eq.code == 0);
+  CHECK(eq.out.find("equivalent: 3 outputs equal to the spec") != std::string::npos);  // the loss and both gradients
+  Run bug = run({"check", src("examples/local/megatron_mlp_custom_backward_bug.yaml")});
+  CHECK(bug.code == 1);
+  CHECK(bug.out.find("error[value-mismatch]: the plan's output differs from the spec: w1.grad[0, 0] is 2082 in the plan and 1041 in the spec") !=
+        std::string::npos);
+  Run back = run({"backward", fixed});
+  CHECK(back.code == 2);
+  CHECK(back.out.find(":10:7: error: a local-view program (`view: local`) has no derived backward") != std::string::npos);
+  Run rep = run({"report", fixed, "-o", "-"});
+  CHECK(rep.code == 0);
+  CHECK(rep.out.find("<html") != std::string::npos);
+}
