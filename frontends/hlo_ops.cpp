@@ -399,6 +399,42 @@ void all_reduce(Ctx& c, bool async) {
   if (async) c.set_handle(0, h);
 }
 
+// all-gather(x), dimensions={d} and reduce-scatter(x), dimensions={d}, to_apply=add: the device group's pieces
+// concatenated along d, and the group's sum cut along d (each device its block, in group order)
+void gather_scatter(Ctx& c, bool gather) {
+  const Value& x = c.T("x");
+  auto dims = int_list(c, "dimensions");
+  if (dims.size() != 1 || dims[0] < 0 || static_cast<std::size_t>(dims[0]) >= x.type.shape.size())
+    c.fail(std::string(gather ? "all-gather" : "reduce-scatter") + " needs one dimension of its operand");
+  PyVal g;
+  g.k = PyVal::K::Str;
+  g.s = "replicas";
+  Attrs at = {{"axis", c.axis_of_group(g)}, {"dim", std::to_string(dims[0])}};
+  if (!gather) {
+    std::string r = attr(c, "reducer");
+    const char* red = r == "add" ? "sum" : r == "maximum" ? "max" : r == "minimum" ? "min" : nullptr;
+    if (!red) c.fail("reduce-scatter with the combiner '" + r + "' is not supported yet");
+    at.emplace_back("reduce", red);
+  }
+  // the group's size: the first of `replica_groups={{0,1},{2,3}}` (all devices when empty: read from the result)
+  const auto d = static_cast<std::size_t>(dims[0]);
+  std::int64_t n = 0;
+  if (c.has("replica_groups")) {
+    const std::string& rg = c.v("replica_groups").s;
+    std::size_t open = rg.find('{', rg.find('{') + 1), close = rg.find('}');
+    if (open != std::string::npos && close != std::string::npos && open < close)
+      n = static_cast<std::int64_t>(std::count(rg.begin() + static_cast<std::ptrdiff_t>(open), rg.begin() + static_cast<std::ptrdiff_t>(close), ',')) + 1;
+  }
+  const TensorType& ann = type_of(c);
+  if (ann.shape.size() != x.type.shape.size()) c.fail("the result's rank differs from the operand's");
+  if (n == 0) n = gather ? (x.type.shape[d] ? ann.shape[d] / x.type.shape[d] : 1) : (ann.shape[d] ? x.type.shape[d] / ann.shape[d] : 1);
+  TensorType t{ann.dtype, x.type.shape};
+  if (!gather && (n <= 0 || t.shape[d] % n)) c.fail("reduce-scatter of dim " + std::to_string(d) + " of size " + std::to_string(t.shape[d]) + " over " + std::to_string(n) + " devices");
+  t.shape[d] = gather ? t.shape[d] * n : t.shape[d] / n;
+  c.emit(gather ? "AllGather" : "ReduceScatter", {x.ir}, {c.out()}, at);
+  c.result(t);
+}
+
 // all-reduce-done(%start): the wait that completes the start
 void all_reduce_done(Ctx& c) {
   const Value& x = c.T("x");
@@ -468,6 +504,8 @@ const Row kRows[] = {
     {"all-reduce", "x, replica_groups, reducer", [](Ctx& c) { all_reduce(c, false); }},
     {"all-reduce-start", "x, replica_groups, reducer", [](Ctx& c) { all_reduce(c, true); }},
     {"all-reduce-done", "x", all_reduce_done},
+    {"all-gather", "x, replica_groups, dimensions", [](Ctx& c) { gather_scatter(c, true); }},
+    {"reduce-scatter", "x, replica_groups, dimensions, reducer", [](Ctx& c) { gather_scatter(c, false); }},
 };
 
 }  // namespace

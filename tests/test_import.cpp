@@ -534,6 +534,27 @@ TEST_CASE("import hlo: a tensor-parallel MLP is proved equivalent; a missing all
   CHECK(has(bad_dev, "`devices: 4` contradicts the module"));
 }
 
+TEST_CASE("import hlo: sequence parallelism (all-gather / reduce-scatter along dim 0) is equivalent; a wrong scale and a wrong annotation are found") {
+  std::string seq = hlo({"%x = f32[8,3]{1,0} parameter(0)", "%w = f32[3,4]{1,0} parameter(1)",
+                         "%m = f32[8,4]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}"});
+  auto rank = [](const char* combine, const char* gathered) {
+    return hlo({"%x = f32[4,3]{1,0} parameter(0)", "%w = f32[3,4]{1,0} parameter(1)",
+                std::string("%ag = ") + gathered + " all-gather(%x), channel_id=1, replica_groups={{0,1}}, dimensions={0}, use_global_device_ids=true",
+                "%m = f32[8,4]{1,0} dot(%ag, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}", "%c = f32[] constant(2)",
+                "%cb = f32[8,4]{1,0} broadcast(%c), dimensions={}", std::string("%h = f32[8,4]{1,0} ") + combine + "(%m, %cb)",
+                "%rs = f32[4,4]{1,0} reduce-scatter(%h), channel_id=2, replica_groups={{0,1}}, dimensions={0}, to_apply=%add"});
+  };
+  Run ok = check_hlo("hlo_sp", seq, rank("divide", "f32[8,3]{1,0}"));
+  CHECK(ok.code == 0);
+  CHECK(ok.out.empty());  // proved: each device's block of the halved sum of the two identical products
+  Run bad = check_hlo("hlo_sp_bad", seq, rank("multiply", "f32[8,3]{1,0}"));
+  CHECK(bad.code == 1);
+  CHECK(bad.out.rfind("/h.py:106: error[value-mismatch]", 0) == 0);  // located at the scale, the model's line
+  Run ann = check_hlo("hlo_sp_annotation", seq, rank("divide", "f32[6,3]{1,0}"));
+  CHECK(ann.code == 2);
+  CHECK(has(ann, "error: the annotation f32[6, 3] contradicts all-gather, which gives shape [8, 3] here"));
+}
+
 TEST_CASE("import hlo: two formulations of each mapped op agree (and a wrong one does not)") {
   auto pair = [](const std::string& name, const std::vector<std::string>& a, const std::vector<std::string>& b) {
     CAPTURE(name);
