@@ -343,7 +343,18 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
       if (r == reducers.end()) throw ImportError(file, nloc, "to_apply=%" + ta->s + " is not a computation defined before this instruction");
       n.kwargs.emplace_back("reducer", str_val(r->second));
     }
-    if (opcode == "all-reduce" || opcode == "all-reduce-start" || opcode == "reduce-scatter" || opcode == "all-gather") {
+    if (const PyVal* st = n.kwarg("source_target_pairs"); st && opcode == "collective-permute") {  // its devices: one group
+      std::vector<std::int64_t> grp;
+      std::string num;
+      for (char c : st->s + ",") {
+        if (std::isdigit(static_cast<unsigned char>(c))) num += c;
+        else if (!num.empty()) grp.push_back(std::stoll(num)), num.clear();
+      }
+      std::sort(grp.begin(), grp.end());
+      grp.erase(std::unique(grp.begin(), grp.end()), grp.end());
+      if (!grp.empty()) g.replica_groups.push_back(grp);
+    }
+    if (opcode == "all-reduce" || opcode == "all-reduce-start" || opcode == "reduce-scatter" || opcode == "all-gather" || opcode == "all-to-all") {
       // replica_groups={{0,1},{2,3}}: the device groups
       if (const PyVal* rg = n.kwarg("replica_groups")) {
         std::vector<std::int64_t> grp;

@@ -435,6 +435,51 @@ void gather_scatter(Ctx& c, bool gather) {
   c.result(t);
 }
 
+// all-to-all(x), dimensions={d}: each device cuts its operand into one block per device along d, sends block i to
+// device i and concatenates what it receives along d in device order (jax.lax.all_to_all with split_axis =
+// concat_axis)
+void all_to_all(Ctx& c) {
+  const Value& x = c.T("x");
+  if (!c.has("dimensions")) c.fail("all-to-all of a tuple of operands (no `dimensions`) is not supported yet");
+  auto dims = int_list(c, "dimensions");
+  if (dims.size() != 1 || dims[0] < 0 || static_cast<std::size_t>(dims[0]) >= x.type.shape.size()) c.fail("all-to-all needs one dimension of its operand");
+  PyVal g;
+  g.k = PyVal::K::Str;
+  g.s = "replicas";
+  std::string d = std::to_string(dims[0]);
+  c.emit("AllToAll", {x.ir}, {c.out()}, {{"axis", c.axis_of_group(g)}, {"split_dim", d}, {"concat_dim", d}});
+  c.result({type_of(c).dtype, x.type.shape});
+}
+
+// collective-permute(x), source_target_pairs={{0,1},{1,2},...}: a shift by one around every device (ring attention's
+// ppermute) is a RingRotate to the next (or the previous) device; any other permutation is not supported yet
+void collective_permute(Ctx& c) {
+  const Value& x = c.T("x");
+  std::vector<std::int64_t> ids;
+  std::string num;
+  for (char ch : c.v("source_target_pairs").s + ",") {
+    if (std::isdigit(static_cast<unsigned char>(ch))) num += ch;
+    else if (!num.empty()) ids.push_back(std::stoll(num)), num.clear();
+  }
+  const auto n = static_cast<std::int64_t>(ids.size() / 2);
+  std::vector<char> seen(static_cast<std::size_t>(n), 0);
+  bool next = n > 0 && ids.size() % 2 == 0, prev = next;
+  for (std::size_t i = 0; i + 1 < ids.size() && (next || prev); i += 2) {
+    std::int64_t src = ids[i], dst = ids[i + 1];
+    if (src < 0 || src >= n || seen[static_cast<std::size_t>(src)]) next = prev = false;
+    else seen[static_cast<std::size_t>(src)] = 1;
+    next = next && dst == (src + 1) % n;
+    prev = prev && dst == (src + n - 1) % n;
+  }
+  if (!next && !prev)
+    c.fail("collective-permute other than a shift by one around all devices ({0,1},{1,2},...,{n-1,0} or its reverse) is not supported yet");
+  PyVal g;
+  g.k = PyVal::K::Str;
+  g.s = "replicas";
+  c.emit("RingRotate", {x.ir}, {c.out()}, {{"axis", c.axis_of_group(g)}, {"direction", next ? "next" : "prev"}});
+  c.result({type_of(c).dtype, x.type.shape});
+}
+
 // all-reduce-done(%start): the wait that completes the start
 void all_reduce_done(Ctx& c) {
   const Value& x = c.T("x");
@@ -506,6 +551,8 @@ const Row kRows[] = {
     {"all-reduce-done", "x", all_reduce_done},
     {"all-gather", "x, replica_groups, dimensions", [](Ctx& c) { gather_scatter(c, true); }},
     {"reduce-scatter", "x, replica_groups, dimensions, reducer", [](Ctx& c) { gather_scatter(c, false); }},
+    {"all-to-all", "x, replica_groups, dimensions", all_to_all},
+    {"collective-permute", "x, source_target_pairs", collective_permute},
 };
 
 }  // namespace

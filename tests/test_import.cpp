@@ -555,6 +555,40 @@ TEST_CASE("import hlo: sequence parallelism (all-gather / reduce-scatter along d
   CHECK(has(ann, "error: the annotation f32[6, 3] contradicts all-gather, which gives shape [8, 3] here"));
 }
 
+TEST_CASE("import hlo: all-to-all and collective-permute (a shift by one around the devices) are read; a wrong one is found") {
+  std::string seq = hlo({"%x = f32[4,8]{1,0} parameter(0)", "%y = f32[4,8]{1,0} negate(%x)"});
+  // all-to-all along one dim twice is the identity
+  auto a2a = [](bool twice) {
+    std::vector<std::string> b = {"%x = f32[2,8]{1,0} parameter(0)", "%a = f32[2,8]{1,0} all-to-all(%x), channel_id=1, replica_groups={{0,1}}, dimensions={1}",
+                                  "%n = f32[2,8]{1,0} negate(%a)"};
+    if (twice) b.push_back("%b = f32[2,8]{1,0} all-to-all(%n), channel_id=2, replica_groups={{0,1}}, dimensions={1}");
+    return hlo(b, ", replica_count=2");
+  };
+  Run ok = check_hlo("hlo_a2a", seq, a2a(true));
+  CHECK(ok.code == 0);
+  CHECK(ok.out.empty());
+  Run once = check_hlo("hlo_a2a_once", seq, a2a(false));
+  CHECK(once.code == 1);
+  CHECK(once.out.rfind("/h.py:101: error[value-mismatch]", 0) == 0);  // the all-to-all
+  // ppermute to the next device, then back: the identity; next twice is not
+  auto perm = [](const char* back) {
+    return hlo({"%x = f32[1,8]{1,0} parameter(0)",
+                "%a = f32[1,8]{1,0} collective-permute(%x), channel_id=1, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}",
+                "%n = f32[1,8]{1,0} negate(%a)", std::string("%b = f32[1,8]{1,0} collective-permute(%n), channel_id=2, source_target_pairs=") + back},
+               ", replica_count=4");
+  };
+  Run ring = check_hlo("hlo_permute", seq, perm("{{1,0},{2,1},{3,2},{0,3}}"));
+  CHECK(ring.code == 0);
+  CHECK(ring.out.empty());
+  Run twice = check_hlo("hlo_permute_twice", seq, perm("{{0,1},{1,2},{2,3},{3,0}}"));
+  CHECK(twice.code == 1);
+  CHECK(has(twice, "error[value-mismatch]"));
+  Run other = check_hlo("hlo_permute_other", seq, perm("{{0,2},{1,3},{2,0},{3,1}}"));
+  CHECK(other.code == 2);
+  CHECK(has(other, "/ranks/graph.0.hlo:"));
+  CHECK(has(other, "error: collective-permute other than a shift by one around all devices"));
+}
+
 TEST_CASE("import hlo: two formulations of each mapped op agree (and a wrong one does not)") {
   auto pair = [](const std::string& name, const std::vector<std::string>& a, const std::vector<std::string>& b) {
     CAPTURE(name);
