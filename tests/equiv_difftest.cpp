@@ -113,7 +113,9 @@ void judge(Tally& t, const Program& p, bool differs, const std::string& text, co
 struct LocalTally {
   int pairs = 0, load_errors = 0, injected = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0, differs = 0;
   int false_equivalent = 0, missed = 0, harmless = 0, fixed_differs = 0, fixed_unproved = 0, spec_fails = 0, false_mismatch = 0;
-  std::map<std::string, int> by_mistake, missed_by_mistake, unproved_reasons;
+  // the same plan as per-rank `programs:`: checked too, judged by the same ground truth
+  int per_rank = 0, per_rank_same = 0, per_rank_false_equivalent = 0, per_rank_false_mismatch = 0, per_rank_load_errors = 0;
+  std::map<std::string, int> by_mistake, missed_by_mistake, unproved_reasons, per_rank_differences;
 };
 
 void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
@@ -173,6 +175,27 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
       ++t.unproved_reasons[fmt::format("{}: {}", equiv_verdict_name(r.verdict), r.message.substr(0, 90))];
       if (verbose) std::printf("UNPROVED: %s\n---\n%s---\n", r.message.c_str(), lp.text.c_str());
     }
+    // The per-rank spelling of the same plan: the same values, so the same verdict (and never a false one).
+    Program q;
+    try {
+      q = load_program_string(lp.per_rank, "local_gen_per_rank.yaml");
+    } catch (const LoadError& e) {
+      if (++t.per_rank_load_errors <= 3) std::printf("per-rank spelling does not load: %s\n---\n%s---\n", e.what(), lp.per_rank.c_str());
+      continue;
+    }
+    EquivResult pr = check_equivalence(q);
+    ++t.per_rank;
+    if (pr.verdict == r.verdict) ++t.per_rank_same;
+    else ++t.per_rank_differences[fmt::format("{} as ops, {} as programs: {}", equiv_verdict_name(r.verdict), equiv_verdict_name(pr.verdict), pr.message.substr(0, 80))];
+    if (pr.verdict == EquivVerdict::Equivalent && differs) {
+      ++t.per_rank_false_equivalent;
+      std::printf("FALSE EQUIVALENT (per-rank, %s): %s\n---\n%s---\n", bug ? lp.mistake.c_str() : "no mistake", pr.message.c_str(), lp.per_rank.c_str());
+    }
+    if (pr.verdict == EquivVerdict::Mismatch && !differs) {
+      ++t.per_rank_false_mismatch;
+      std::printf("VALUE-MISMATCH BUT THE DOUBLES AGREE (per-rank, %s): %s\n---\n%s---\n", bug ? lp.mistake.c_str() : "no mistake", pr.message.c_str(),
+                  lp.per_rank.c_str());
+    }
   }
   std::printf("local-view pairs: %d pairs (%d with an injected mistake): %d equivalent, %d value-mismatch, %d not proved, %d not checked; "
               "%d differ numerically; %d false equivalent; %d injected mistakes not reported as value-mismatch (%d numerically harmless "
@@ -184,6 +207,10 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
     std::printf("  injected x%d: %s (missed %d)\n", k, m.c_str(), it == t.missed_by_mistake.end() ? 0 : it->second);
   }
   for (const auto& [why, k] : t.unproved_reasons) std::printf("  mistake-free not proved x%d: %s\n", k, why.c_str());
+  std::printf("the same plans as per-rank programs: %d checked, %d with the same verdict, %d false equivalent, %d value-mismatch while the "
+              "doubles agree, %d did not load\n",
+              t.per_rank, t.per_rank_same, t.per_rank_false_equivalent, t.per_rank_false_mismatch, t.per_rank_load_errors);
+  for (const auto& [why, k] : t.per_rank_differences) std::printf("  verdict differs x%d: %s\n", k, why.c_str());
 }
 
 struct TrainTally {
@@ -540,5 +567,5 @@ int main(int argc, char** argv) {
                 t->false_equivalent);
     for (const auto& [why, n] : t->reasons) std::printf("  not checked x%d: %s\n", n, why.c_str());
   }
-  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + tt.false_equivalent + tt.false_mismatch + rt.disagree + pt.false_equivalent + pt.missed ? 1 : 0;
+  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + lt.per_rank_false_equivalent + lt.per_rank_load_errors + tt.false_equivalent + tt.false_mismatch + rt.disagree + pt.false_equivalent + pt.missed ? 1 : 0;
 }

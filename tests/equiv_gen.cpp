@@ -385,6 +385,31 @@ LocalPair generate_local_pair(std::uint64_t seed) {
       "name: local_gen_{}\nview: local\nmesh: {{{}}}\ntensors:\n{}ops:\n{}outputs:\n  {}: {{placement: {}}}\nspec:\n  ops:\n{}  outputs: {{{}: {}}}\n",
       seed, mesh, g.tensors, g.plan, g.pv, g.placement(g.lay), g.spec, g.pv, g.sv);
   if (g.pv == g.sv || g.plan.empty() || g.spec.empty()) out.text.clear();  // nothing to compare
+  // per-rank programs: rank by rank (row-major over the axes), the plan's ops with this rank's coordinates
+  std::string programs;
+  int ranks = 1;
+  for (int n : g.n) ranks *= n;
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<int> c(g.axes.size());
+    for (int a = static_cast<int>(g.axes.size()) - 1, q = r; a >= 0; --a) c[static_cast<std::size_t>(a)] = q % g.n[static_cast<std::size_t>(a)], q /= g.n[static_cast<std::size_t>(a)];
+    std::string coords, ops = g.plan;
+    for (std::size_t a = 0; a < g.axes.size(); ++a) {
+      coords += fmt::format("{}{}: {}", a ? ", " : "", g.axes[a], c[a]);
+      const std::string call = "axis_index(" + g.axes[a] + ")";
+      for (std::size_t at = ops.find(call); at != std::string::npos; at = ops.find(call, at)) ops.replace(at, call.size(), std::to_string(c[a]));
+    }
+    std::string indented;
+    for (std::size_t at = 0; at < ops.size();) {
+      std::size_t nl = ops.find('\n', at);
+      indented += "    " + ops.substr(at, nl - at + 1);
+      at = nl + 1;
+    }
+    programs += fmt::format("  - ranks: {{{}}}\n    ops:\n{}", coords, indented);
+  }
+  if (!out.text.empty())
+    out.per_rank = fmt::format(
+        "name: local_gen_{}_per_rank\nview: local\nmesh: {{{}}}\ntensors:\n{}programs:\n{}outputs:\n  {}: {{placement: {}}}\nspec:\n  ops:\n{}  outputs: {{{}: {}}}\n",
+        seed, mesh, g.tensors, programs, g.pv, g.placement(g.lay), g.spec, g.pv, g.sv);
   return out;
 }
 

@@ -14,6 +14,9 @@ namespace spmd::test {
 struct LocalPair {
   std::string text;     // the YAML program: tensors, the local-view plan, outputs, spec
   std::string mistake;  // the injected mistake ("" when none)
+  // The same plan as per-rank `programs:` (one program per rank, each `axis_index(a)` replaced by the rank's
+  // coordinate): the same values, so the value check must give it the same verdict.
+  std::string per_rank;
 };
 
 LocalPair generate_local_pair(std::uint64_t seed);
