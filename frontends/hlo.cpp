@@ -1,6 +1,7 @@
 // frontends/hlo.cpp - the parser of HLO module text (as_text(), XLA dumps): the ENTRY computation's instructions
-// `%name = f16[2048,64]{1,0} opcode(%a, %b), attr=value, metadata={source_file="..." source_line=N}`, the other
-// computations read only as reducers (their ROOT opcode), parameters as inputs, the ROOT tuple as outputs.
+// `%name = f16[2048,64]{1,0} opcode(%a, %b), attr=value, metadata={source_file="..." source_line=N}`, parameters as
+// inputs, the ROOT tuple as outputs. Other computations are reducers (by their ROOT opcode) or the bodies of `fusion`
+// (`calls=`) and `call` (`to_apply=`), inlined where they are used: the optimized module of compile().as_text().
 //
 // Names: `.` and `-` become `_` (p9.10 is p9_10, custom-call.39 is custom_call_39) so that they are spmdcheck names;
 // custom calls are targets `custom-call.<custom_call_target>` of the mapping files; a constant whose value the dump
@@ -208,6 +209,14 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
   g.file = file;
   g.format = "hlo";
   std::map<std::string, std::string> reducers;  // computation -> its ROOT opcode
+  // A computation other than ENTRY, read whole: its instructions (parameters apart, by index) and its root.
+  struct Comp {
+    std::vector<Node> nodes;
+    std::map<std::int64_t, std::string> params;
+    std::string root;
+    bool tuple_root = false;
+  };
+  std::map<std::string, Comp> comps;
   std::string comp;
   bool entry = false, in_comp = false, seen_module = false, ended = false;
   std::uint32_t line_no = 0;
@@ -254,10 +263,9 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
     TensorType type = l.type(&tuple);
     std::string opcode = l.word();
     if (opcode.empty()) l.fail("expected an opcode");
-    if (!in_comp || !entry) {  // a reducer's body: only its root opcode matters
-      if (root) reducers[comp] = opcode;
-      continue;
-    }
+    if (root) reducers[comp] = opcode;
+    Comp* callee_body = entry ? nullptr : &comps[comp];  // a computation other than ENTRY: kept to be inlined
+    std::vector<Node>& into = callee_body ? callee_body->nodes : g.nodes;
     Node n;
     n.name = sane(name);
     n.target = opcode;
@@ -301,6 +309,58 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
       n.kwargs.emplace_back(key, str_val(val));
     }
     if (!l.done()) l.fail("unexpected text after the instruction: '" + std::string(l.rest().substr(0, 40)) + "'");
+    if (opcode == "fusion" || opcode == "call") {  // the called computation's instructions, here
+      const PyVal* callee = n.kwarg(opcode == "fusion" ? "calls" : "to_apply");
+      std::string cname = callee ? callee->s : "";
+      if (!cname.empty() && cname[0] == '%') cname.erase(0, 1);
+      auto it = comps.find(cname);
+      if (it == comps.end()) throw ImportError(file, nloc, opcode + " of " + (cname.empty() ? "no computation" : "%" + cname + ", which is not a computation defined before this instruction"));
+      const Comp& c = it->second;
+      if (c.tuple_root) throw ImportError(file, nloc, opcode + " of %" + cname + ", which returns a tuple (a multi-output fusion), is not supported yet");
+      if (c.root.empty()) throw ImportError(file, nloc, opcode + " of %" + cname + ", which has no ROOT instruction");
+      if (c.params.size() != n.args.size())
+        throw ImportError(file, nloc, opcode + " of %" + cname + " passes " + std::to_string(n.args.size()) + " operands to a computation of " + std::to_string(c.params.size()) + " parameters");
+      std::map<std::string, PyVal> to;  // the callee's names -> the caller's values
+      for (const auto& [i, pn] : c.params) {
+        if (i < 0 || static_cast<std::size_t>(i) >= n.args.size()) throw ImportError(file, nloc, opcode + " of %" + cname + ": its parameter numbers are not 0 .. N-1");
+        to[pn] = n.args[static_cast<std::size_t>(i)];
+      }
+      const std::string prefix = n.name + "__";
+      for (const Node& m : c.nodes) {
+        PyVal v;
+        v.k = PyVal::K::Name;
+        v.s = prefix + m.name;
+        to[m.name] = v;
+      }
+      auto rename = [&](auto& self, PyVal& v) -> void {
+        if (v.k == PyVal::K::Name) {
+          if (auto r = to.find(v.s); r != to.end()) {
+            Loc at = v.loc;
+            v = r->second;
+            v.loc = at;
+          }
+        }
+        for (auto& x : v.items) self(self, x);
+      };
+      for (Node m : c.nodes) {
+        m.name = prefix + m.name;
+        for (auto& a : m.args) rename(rename, a);
+        if (!m.origin.line && n.origin.line) m.origin = n.origin;
+        into.push_back(std::move(m));
+      }
+      // the caller's name: the callee's root, by a copy (typed as the caller says)
+      n.target = "copy";
+      n.args = {to[c.root]};
+      n.kwargs.clear();
+      opcode = "copy";
+    }
+    if (callee_body && opcode == "parameter") {  // a parameter of a called computation: the caller's operand
+      std::int64_t idx = literal.empty() ? -1 : std::strtoll(literal[0].c_str(), nullptr, 10);
+      if (idx < 0 || !callee_body->params.emplace(idx, n.name).second) l.fail("parameter number '" + (literal.empty() ? std::string() : literal[0]) + "' is missing or repeated");
+      continue;
+    }
+    if (callee_body && opcode == "constant" && !literal.empty() && literal[0] == "{...}")
+      l.fail("an elided constant ({...}) inside a called computation is not supported yet: dump with the constants printed");
     if (opcode == "parameter") {
       n.target = "placeholder";
       if (!n.type) l.fail("a parameter of tuple type is not supported yet");
@@ -370,19 +430,23 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
         }
       }
     }
-    if (root && opcode == "tuple") {
+    if (callee_body && root) {
+      callee_body->root = n.name;
+      callee_body->tuple_root = opcode == "tuple";
+    }
+    if (!callee_body && root && opcode == "tuple") {
       g.outputs = n.args;
       g.return_loc = nloc;
       continue;
     }
-    if (root) {
+    if (!callee_body && root) {
       PyVal v;
       v.k = PyVal::K::Name;
       v.s = n.name;
       g.outputs = {v};
       g.return_loc = nloc;
     }
-    g.nodes.push_back(std::move(n));
+    into.push_back(std::move(n));
   }
   if (!seen_module) throw ImportError(file, {1, 1}, "no `HloModule` header: not HLO module text");
   if (!ended) throw ImportError(file, {line_no ? line_no : 1, 1}, "the ENTRY computation does not end (a truncated file?)");
