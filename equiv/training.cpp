@@ -20,6 +20,26 @@ std::vector<Op> without_relabels(const std::vector<Op>& ops, std::size_t from, s
   return out;
 }
 
+// The pair's last steps: each compared gradient an output (read by its placement) against the spec's of the same
+// name, the training keys dropped (the pair is a plain plan/spec program), and `c` moved into `r`.
+void finish_pair(Program& c, const std::vector<PairGrad>& grads, TrainingPair& r) {
+  for (const auto& g : grads) {
+    OutputDecl od;
+    od.name = g.name;
+    od.loc = g.loc;
+    od.has_placement = true;
+    od.placement = g.pl;
+    c.outputs.push_back(od);
+    if (c.has_spec) c.spec_outputs.push_back({g.name, g.name, g.loc});
+  }
+  c.train = c.has_backward = c.has_grad_sync = c.has_expect = false;
+  c.backward.clear(), c.grad_sync.clear(), c.expect.clear();
+  c.loss = -1;
+  r.pending.resize(c.names.size(), 0);
+  r.program = std::move(c);
+  r.ok = true;
+}
+
 std::string first_error(const std::vector<Diagnostic>& diags) {
   for (const auto& d : diags)
     if (d.severity == Severity::Error) return fmt::format("line {}: {}", d.loc.line, d.message);
@@ -202,21 +222,7 @@ TrainingPair training_pair(const Program& p) {
       if (c.has_spec) c.spec_outputs.push_back({p.loss, p.loss, p.loss_loc});
     }
   }
-  for (const auto& g : grads) {
-    OutputDecl od;
-    od.name = g.name;
-    od.loc = g.loc;
-    od.has_placement = true;
-    od.placement = g.pl;
-    c.outputs.push_back(od);
-    if (c.has_spec) c.spec_outputs.push_back({g.name, g.name, g.loc});
-  }
-  c.train = c.has_backward = c.has_grad_sync = c.has_expect = false;
-  c.backward.clear(), c.grad_sync.clear(), c.expect.clear();
-  c.loss = -1;
-  r.pending.resize(c.names.size(), 0);
-  r.program = std::move(c);
-  r.ok = true;
+  finish_pair(c, grads, r);
   return r;
 }
 
@@ -258,21 +264,7 @@ TrainingPair local_training_pair(const Program& p) {
   c.tensors.push_back(sd);
   c.local_view = true;
   c.outputs = p.outputs;
-  for (const auto& g : grads) {
-    OutputDecl od;
-    od.name = g.name;
-    od.loc = g.loc;
-    od.has_placement = true;
-    od.placement = g.pl;
-    c.outputs.push_back(od);
-    c.spec_outputs.push_back({g.name, g.name, g.loc});
-  }
-  c.train = c.has_backward = c.has_grad_sync = c.has_expect = false;
-  c.backward.clear(), c.grad_sync.clear(), c.expect.clear();
-  c.loss = -1;
-  r.pending.assign(c.names.size(), 0);
-  r.program = std::move(c);
-  r.ok = true;
+  finish_pair(c, grads, r);
   return r;
 }
 
