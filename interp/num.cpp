@@ -402,6 +402,12 @@ void lanes_pick(Num& r, const Num& a, const Num& b, bool max) {
 
 Num set_extreme(const Num* const* xs, std::size_t n, bool max) {
   if (n == 0) return Num(max ? -INFINITY : INFINITY);
+  // exact constants (integer data, positions): the extreme is one of them, known exactly
+  if (std::all_of(xs, xs + n, [](const Num* x) { return x->deg == 0 && x->y[0] == 1 && x->y[1] == 1; })) {
+    Num r = *xs[0];
+    for (std::size_t i = 1; i < n; ++i) r = max ? pick_max(r, *xs[i]) : pick_min(r, *xs[i]);
+    return r;
+  }
   SetTables& st = *cur_sets;
   auto& tab = st.of[max ? 1 : 0];
   auto& ks = st.scratch;

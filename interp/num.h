@@ -358,6 +358,7 @@ inline Num uf(std::uint64_t key, double d, const Num& a, const Num& b) {
 // lanes of a max (min) reduction of xs are a random function of the set of the operands' pure values, where an
 // operand that is itself such a result stands for its set (max is associative, commutative and idempotent, so
 // max(A u {max B}) = max(A u B)) and a set of one value is that value; d is the real extreme, as pick_max gives.
+// A set of exact constants (degree 0: integer data, positions) gives its extreme exactly.
 // The real max is one such function of the set, so an identity proved with these lanes holds for it: the equality
 // of plan and spec no longer depends on which element the drawn values make the largest.
 namespace num {
