@@ -132,4 +132,15 @@ case_ "GPipe on 65,536 ranks, 3 microbatches" /dev/null check deep_pipeline.yaml
 case_ "GPipe on 10,000 ranks, 1 microbatch" /dev/null check deep_pipeline_1mb.yaml
 case_ "1F1B with 2,500,000 actions (2 lines)" /dev/null check long_schedule.yaml
 case_ "run: scaled copy of an uneven program" /dev/null run scaled.yaml
+# HLO: 24 computations, each calling the previous one twice (2^24 instructions once inlined)
+mkdir -p hlo_calls/seq hlo_calls/ranks
+printf 'HloModule s\n\nENTRY %%main () -> f32[2] {\n  %%x = f32[2]{0} parameter(0)\n  ROOT %%y = f32[2]{0} negate(%%x)\n}\n' >hlo_calls/seq/graph.0.hlo
+{
+  printf 'HloModule m, replica_count=2\n\n%%c0 (p: f32[2]) -> f32[2] {\n  %%p = f32[2]{0} parameter(0)\n  ROOT %%r = f32[2]{0} negate(%%p)\n}\n'
+  for k in $(seq 1 24); do
+    printf '%%c%d (p: f32[2]) -> f32[2] {\n  %%p = f32[2]{0} parameter(0)\n  %%a = f32[2]{0} call(%%p), to_apply=%%c%d\n  ROOT %%b = f32[2]{0} call(%%a), to_apply=%%c%d\n}\n' "$k" $((k - 1)) $((k - 1))
+  done
+  printf 'ENTRY %%main () -> f32[2] {\n  %%x = f32[2]{0} parameter(0)\n  ROOT %%y = f32[2]{0} call(%%x), to_apply=%%c24\n}\n'
+} >hlo_calls/ranks/graph.0.hlo
+case_ "HLO: calls doubling 24 times (2^24 instructions inlined)" /dev/null check hlo_calls/seq hlo_calls/ranks
 rm -f fifo.yaml tree/sub/pipe.yaml sparse.yaml

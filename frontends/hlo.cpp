@@ -21,6 +21,9 @@ namespace spmd::frontends {
 namespace {
 
 constexpr std::size_t kMaxLine = std::size_t{16} << 20;
+// Instructions of the whole module after inlining fusions and calls (a chain of computations that each call the
+// previous one twice doubles at every step): checked before each inlining copies anything.
+constexpr std::size_t kMaxInlined = std::size_t{1} << 20;
 
 std::string sane(std::string_view n) {
   std::string s(n);
@@ -217,6 +220,7 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
     bool tuple_root = false;
   };
   std::map<std::string, Comp> comps;
+  std::size_t stored = 0;  // instructions kept, inlined copies included (kMaxInlined)
   std::string comp;
   bool entry = false, in_comp = false, seen_module = false, ended = false;
   std::uint32_t line_no = 0;
@@ -325,6 +329,10 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
         if (i < 0 || static_cast<std::size_t>(i) >= n.args.size()) throw ImportError(file, nloc, opcode + " of %" + cname + ": its parameter numbers are not 0 .. N-1");
         to[pn] = n.args[static_cast<std::size_t>(i)];
       }
+      if (stored + c.nodes.size() > kMaxInlined)
+        throw ImportError(file, nloc, opcode + " of %" + cname + " would make the module more than " + std::to_string(kMaxInlined) +
+                                          " instructions once its fusions and calls are inlined");
+      stored += c.nodes.size();
       const std::string prefix = n.name + "__";
       for (const Node& m : c.nodes) {
         PyVal v;
@@ -447,6 +455,7 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
       g.return_loc = nloc;
     }
     into.push_back(std::move(n));
+    ++stored;
   }
   if (!seen_module) throw ImportError(file, {1, 1}, "no `HloModule` header: not HLO module text");
   if (!ended) throw ImportError(file, {line_no ? line_no : 1, 1}, "the ENTRY computation does not end (a truncated file?)");
