@@ -47,6 +47,7 @@
 #include "tests/difftest.h"
 #include "tests/equiv_gen.h"
 #include "tests/equiv_train.h"
+#include "tests/local_train_gen.h"
 #include "tests/reduce_gen.h"
 
 using namespace spmd;
@@ -211,6 +212,64 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
               "doubles agree, %d did not load\n",
               t.per_rank, t.per_rank_same, t.per_rank_false_equivalent, t.per_rank_false_mismatch, t.per_rank_load_errors);
   for (const auto& [why, k] : t.per_rank_differences) std::printf("  verdict differs x%d: %s\n", k, why.c_str());
+}
+
+// `--local-train N`: random local-view training steps with a hand-written backward (tests/local_train_gen.h),
+// judged by the plan's own step against finite differences of the spec's forward (tests/equiv_train.h).
+struct LocalTrainTally {
+  int n = 0, load_errors = 0, truth_failed = 0, equivalent = 0, mismatch = 0, other = 0, differs = 0, false_equivalent = 0, false_mismatch = 0,
+      missed = 0, clean = 0, clean_equivalent = 0;
+  std::map<std::string, int> by_mistake, missed_by_mistake, other_reasons;
+};
+
+void run_local_train(LocalTrainTally& t, std::uint64_t seed, int count, bool verbose) {
+  for (int i = 0; i < count; ++i) {
+    test::LocalTrainProgram g = test::generate_local_train(seed + static_cast<std::uint64_t>(i));
+    Program p;
+    try {
+      p = load_program_string(g.text, "local_train_gen.yaml");
+    } catch (const LoadError& e) {
+      if (++t.load_errors <= 3) std::printf("generator wrote a program that does not load: %s\n---\n%s---\n", e.what(), g.text.c_str());
+      continue;
+    }
+    test::Truth truth = test::gradient_truth(p);
+    if (truth.failed && !truth.differs) {
+      if (++t.truth_failed <= 3) std::printf("GROUND TRUTH CANNOT RUN: %s\n---\n%s---\n", truth.what.c_str(), g.text.c_str());
+      continue;
+    }
+    ++t.n;
+    bool bug = !g.mistake.empty();
+    if (bug) ++t.by_mistake[g.mistake];
+    EquivResult r = check_equivalence(p);
+    t.differs += truth.differs;
+    if (r.verdict == EquivVerdict::Equivalent) ++t.equivalent;
+    else if (r.verdict == EquivVerdict::Mismatch) ++t.mismatch;
+    else ++t.other, ++t.other_reasons[fmt::format("{}: {}", equiv_verdict_name(r.verdict), r.message.substr(0, 90))];
+    if (!bug) ++t.clean, t.clean_equivalent += r.verdict == EquivVerdict::Equivalent;
+    if (r.verdict == EquivVerdict::Equivalent && truth.differs) {
+      ++t.false_equivalent;
+      std::printf("FALSE EQUIVALENT (local training, %s): %s\n---\n%s---\n", bug ? g.mistake.c_str() : "no mistake", truth.what.c_str(), g.text.c_str());
+    }
+    if (r.verdict == EquivVerdict::Mismatch && !truth.differs) {
+      ++t.false_mismatch;
+      std::printf("VALUE-MISMATCH BUT THE FINITE DIFFERENCES AGREE (local training, %s): %s\n---\n%s---\n", bug ? g.mistake.c_str() : "no mistake",
+                  r.message.c_str(), g.text.c_str());
+    }
+    if (truth.differs && r.verdict != EquivVerdict::Mismatch) {
+      ++t.missed, ++t.missed_by_mistake[bug ? g.mistake : "no mistake"];
+      if (verbose || t.missed <= 3) std::printf("MISSED (%s): %s\n---\n%s---\n", bug ? g.mistake.c_str() : "no mistake", r.message.c_str(), g.text.c_str());
+    }
+  }
+  std::printf("local-view training steps: %d run (%d did not load, %d where the ground truth cannot run): %d equivalent, %d value-mismatch, %d other; "
+              "%d differ from the finite differences; %d false equivalent; %d value-mismatch while the finite differences agree; %d differing "
+              "not reported; mistake-free: %d, %d of them equivalent\n",
+              t.n, t.load_errors, t.truth_failed, t.equivalent, t.mismatch, t.other, t.differs, t.false_equivalent, t.false_mismatch, t.missed, t.clean,
+              t.clean_equivalent);
+  for (const auto& [m, k] : t.by_mistake) {
+    auto it = t.missed_by_mistake.find(m);
+    std::printf("  mistake x%d: %s (missed %d)\n", k, m.c_str(), it == t.missed_by_mistake.end() ? 0 : it->second);
+  }
+  for (const auto& [w, k] : t.other_reasons) std::printf("  not decided x%d: %s\n", k, w.c_str());
 }
 
 struct TrainTally {
@@ -506,7 +565,7 @@ void run_reduce(ReduceTally& t, std::uint64_t seed, int n, bool verbose) {
 
 int main(int argc, char** argv) {
   std::uint64_t seed = 1;
-  int count = 10000, local = 0, train = 0, reduce = 0, pipeline = 0;
+  int count = 10000, local = 0, train = 0, local_train = 0, reduce = 0, pipeline = 0;
   bool count_given = false, verbose = false;
   for (int i = 1; i < argc; i += 2) {
     std::string a = argv[i];
@@ -519,22 +578,25 @@ int main(int argc, char** argv) {
     if (a == "--count") count = std::atoi(argv[i + 1]), count_given = true;
     else if (a == "--local") local = std::atoi(argv[i + 1]);
     else if (a == "--train") train = std::atoi(argv[i + 1]);
+    else if (a == "--local-train") local_train = std::atoi(argv[i + 1]);
     else if (a == "--reduce") reduce = std::atoi(argv[i + 1]);
     else if (a == "--pipeline") pipeline = std::atoi(argv[i + 1]);
     else if (a == "--seed") seed = std::strtoull(argv[i + 1], nullptr, 10);
     else if (a == "--show-extra") show_extra = std::atoi(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--local N] [--train N] [--reduce N] [--pipeline N] [--seed S] [--verbose] [--show-extra N]\n");
+      std::fprintf(stderr, "usage: spmd_equiv_difftest [--count N] [--local N] [--train N] [--local-train N] [--reduce N] [--pipeline N] [--seed S] [--verbose] [--show-extra N]\n");
       return 2;
     }
   }
-  if ((local > 0 || train > 0 || reduce > 0 || pipeline > 0) && !count_given) count = 0;  // --local / --train / --reduce / --pipeline alone run only those
+  if ((local > 0 || train > 0 || local_train > 0 || reduce > 0 || pipeline > 0) && !count_given) count = 0;  // --local / --train / --reduce / --pipeline alone run only those
   ReduceTally rt;
   if (reduce > 0) run_reduce(rt, seed, reduce, verbose);
   LocalTally lt;
   if (local > 0) run_local(lt, seed, local, verbose);
   TrainTally tt;
   if (train > 0) run_train(tt, seed, train, verbose);
+  LocalTrainTally ltt;
+  if (local_train > 0) run_local_train(ltt, seed, local_train, verbose);
   PipelineTally pt;
   if (pipeline > 0) run_pipeline(pt, seed, pipeline, verbose);
   Tally own, mutated;
@@ -567,5 +629,5 @@ int main(int argc, char** argv) {
                 t->false_equivalent);
     for (const auto& [why, n] : t->reasons) std::printf("  not checked x%d: %s\n", n, why.c_str());
   }
-  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + lt.per_rank_false_equivalent + lt.per_rank_load_errors + tt.false_equivalent + tt.false_mismatch + rt.disagree + pt.false_equivalent + pt.missed ? 1 : 0;
+  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + lt.per_rank_false_equivalent + lt.per_rank_load_errors + tt.false_equivalent + tt.false_mismatch + ltt.false_equivalent + ltt.false_mismatch + ltt.missed + ltt.load_errors + ltt.truth_failed + rt.disagree + pt.false_equivalent + pt.missed ? 1 : 0;
 }
