@@ -38,7 +38,22 @@ struct PyVal {
   bool is_num() const { return k == K::Int || k == K::Float || k == K::Bool; }
   double num() const { return k == K::Float ? f : k == K::Bool ? (b ? 1.0 : 0.0) : static_cast<double>(i); }
   bool is_seq() const { return k == K::List || k == K::Tuple; }
+
+  // Declared here and defaulted below, where std::pair<std::string, PyVal> is complete (clang with libstdc++
+  // would otherwise instantiate the pair inside this class).
+  PyVal();
+  PyVal(const PyVal&);
+  PyVal(PyVal&&) noexcept;
+  PyVal& operator=(const PyVal&);
+  PyVal& operator=(PyVal&&) noexcept;
+  ~PyVal();
 };
+inline PyVal::PyVal() = default;
+inline PyVal::PyVal(const PyVal&) = default;
+inline PyVal::PyVal(PyVal&&) noexcept = default;
+inline PyVal& PyVal::operator=(const PyVal&) = default;
+inline PyVal& PyVal::operator=(PyVal&&) noexcept = default;
+inline PyVal::~PyVal() = default;
 
 struct TensorType {
   std::string dtype;               // spmdcheck's dtype name (f32, bf16, i64, bool, ...)

@@ -7,6 +7,7 @@
 // custom calls are targets `custom-call.<custom_call_target>` of the mapping files; a constant whose value the dump
 // elides (`constant({...})`) is an input of the same name (the sequential and the ranks' modules then share it).
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -119,9 +120,11 @@ class Line {
     if (!eat('[')) fail("expected '[' after the element type");
     while (!peek(']')) {
       skip();
-      char* end = nullptr;
-      long long v = std::strtoll(s_.data() + i_, &end, 10);
+      // within this line only (the text goes on past it: strtoll would read the next line's digits)
+      std::int64_t v = 0;
+      auto [end, ec] = std::from_chars(s_.data() + i_, s_.data() + s_.size(), v);
       if (end == s_.data() + i_) fail("expected a dimension size");
+      if (ec != std::errc() || v > (std::int64_t{1} << 40)) fail("a dimension size beyond 2^40");
       i_ = static_cast<std::size_t>(end - s_.data());
       if (v < 0) fail("a negative dimension size");
       t.shape.push_back(v);
@@ -188,6 +191,12 @@ Origin origin_of(const std::string& meta) {
   o.line = static_cast<std::uint32_t>(std::strtoul(l.c_str(), nullptr, 10));
   if (o.line == 0) o.file.clear();
   return o;
+}
+
+// A device number of replica_groups / source_target_pairs (digits only): one past 2^31 is bad input, not a crash.
+std::int64_t device_id(const std::string& num, const std::string& file, Loc at) {
+  if (num.size() > 9) throw ImportError(file, at, "device number " + num.substr(0, 24) + (num.size() > 24 ? "..." : "") + " is out of range");
+  return std::stoll(num);
 }
 
 PyVal str_val(std::string s) {
@@ -416,7 +425,7 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
       std::string num;
       for (char c : st->s + ",") {
         if (std::isdigit(static_cast<unsigned char>(c))) num += c;
-        else if (!num.empty()) grp.push_back(std::stoll(num)), num.clear();
+        else if (!num.empty()) grp.push_back(device_id(num, file, nloc)), num.clear();
       }
       std::sort(grp.begin(), grp.end());
       grp.erase(std::unique(grp.begin(), grp.end()), grp.end());
@@ -432,7 +441,7 @@ Graph parse_hlo(const std::string& text, const std::string& file) {
           if (c == '{') ++depth, grp.clear();
           else if (std::isdigit(static_cast<unsigned char>(c))) num += c;
           else {
-            if (!num.empty()) grp.push_back(std::stoll(num)), num.clear();
+            if (!num.empty()) grp.push_back(device_id(num, file, nloc)), num.clear();
             if (c == '}' && depth-- == 2) g.replica_groups.push_back(grp);
           }
         }

@@ -17,7 +17,9 @@ namespace {
 using Attrs = std::vector<std::pair<std::string, std::string>>;
 
 // {1,2} / {} -> [1, 2]
-std::vector<std::int64_t> int_list(Ctx& c, const char* attr, bool required = true) {
+// The integers of attribute `attr` ({0,1}); with `rank` >= 0 they are dims of a rank-`rank` array: each in
+// [0, rank), none twice.
+std::vector<std::int64_t> int_list(Ctx& c, const char* attr, bool required = true, std::int64_t rank = -1) {
   const PyVal* v = c.node().kwarg(attr);
   if (!v) {
     if (required) c.fail(c.node().target + " needs attribute " + attr);
@@ -29,6 +31,10 @@ std::vector<std::int64_t> int_list(Ctx& c, const char* attr, bool required = tru
     if (std::isdigit(static_cast<unsigned char>(ch)) || ch == '-') num += ch;
     else if (!num.empty()) out.push_back(std::stoll(num)), num.clear();
   }
+  if (rank >= 0)
+    for (std::size_t i = 0; i < out.size(); ++i)
+      if (out[i] < 0 || out[i] >= rank || std::find(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(i), out[i]) != out.begin() + static_cast<std::ptrdiff_t>(i))
+        c.fail(std::string("attribute ") + attr + " " + ints_text(out) + " names a dim twice or one outside [0, " + std::to_string(rank) + ")");
   return out;
 }
 
@@ -138,7 +144,7 @@ void unary(Ctx& c, const std::string& op) {
 void broadcast(Ctx& c) {
   const Value& x = c.T("x");
   const TensorType& t = type_of(c);
-  auto dims = int_list(c, "dimensions", false);
+  auto dims = int_list(c, "dimensions", false, static_cast<std::int64_t>(t.shape.size()));
   if (dims.size() != x.type.shape.size()) c.fail("broadcast's dimensions list " + ints_text(dims) + " does not match the operand's rank");
   if (x.scalar && x.type.shape.empty()) {  // a constant broadcast: a Full of the result's shape
     c.emit("Full", {}, {c.out()}, {{"shape", shape_text(t.shape)}, {"value", num_text(*x.scalar)}, {"dtype", t.dtype}});
@@ -168,7 +174,9 @@ void broadcast(Ctx& c) {
 
 void transpose(Ctx& c) {
   const Value& x = c.T("x");
-  auto s = permute_into(c, x, int_list(c, "dimensions"), c.out());
+  auto dims = int_list(c, "dimensions", true, static_cast<std::int64_t>(x.type.shape.size()));
+  if (dims.size() != x.type.shape.size()) c.fail("transpose's dimensions " + ints_text(dims) + " are not a permutation of the operand's dims");
+  auto s = permute_into(c, x, dims, c.out());
   if (s.empty() && !x.type.shape.empty()) return c.alias(0, x);
   c.result({type_of(c).dtype, s});
 }
@@ -177,9 +185,14 @@ void transpose(Ctx& c) {
 void dot(Ctx& c) {
   const Value& a = c.T("x");
   const Value& b = c.T("y");
-  auto lb = int_list(c, "lhs_batch_dims", false), lc = int_list(c, "lhs_contracting_dims", false);
-  auto rb = int_list(c, "rhs_batch_dims", false), rc = int_list(c, "rhs_contracting_dims", false);
+  const auto rank_a = static_cast<std::int64_t>(a.type.shape.size()), rank_b = static_cast<std::int64_t>(b.type.shape.size());
+  auto lb = int_list(c, "lhs_batch_dims", false, rank_a), lc = int_list(c, "lhs_contracting_dims", false, rank_a);
+  auto rb = int_list(c, "rhs_batch_dims", false, rank_b), rc = int_list(c, "rhs_contracting_dims", false, rank_b);
   if (lb.size() != rb.size() || lc.size() != rc.size()) c.fail("dot's batch or contracting dims do not pair up");
+  for (auto d : lc)
+    if (std::find(lb.begin(), lb.end(), d) != lb.end()) c.fail("dot's lhs dim " + std::to_string(d) + " is both a batch and a contracting dim");
+  for (auto d : rc)
+    if (std::find(rb.begin(), rb.end(), d) != rb.end()) c.fail("dot's rhs dim " + std::to_string(d) + " is both a batch and a contracting dim");
   auto free_of = [](std::size_t rank, const std::vector<std::int64_t>& x, const std::vector<std::int64_t>& y) {
     std::vector<std::int64_t> f;
     for (std::size_t d = 0; d < rank; ++d)
@@ -264,10 +277,13 @@ void slice(Ctx& c) {
 }
 
 void concatenate(Ctx& c) {
-  auto dims = int_list(c, "dimensions");
-  if (dims.size() != 1) c.fail("concatenate needs one dimension");
-  std::vector<std::string> ins;
+  if (c.node().args.empty()) c.fail("concatenate of no operands");
   auto s = c.tensor_at(c.node().args[0]).type.shape;
+  auto dims = int_list(c, "dimensions", true, static_cast<std::int64_t>(s.size()));
+  if (dims.size() != 1) c.fail("concatenate needs one dimension");
+  for (const auto& a : c.node().args)
+    if (c.tensor_at(a).type.shape.size() != s.size()) c.fail("concatenate of operands of different ranks");
+  std::vector<std::string> ins;
   s[static_cast<std::size_t>(dims[0])] = 0;
   for (const auto& a : c.node().args) {
     const Value& v = c.tensor_at(a);
@@ -284,7 +300,7 @@ void reduce(Ctx& c) {
   const Value& x = c.T("x");
   auto init = c.constant("init");
   std::string r = attr(c, "reducer");
-  auto dims = int_list(c, "dimensions");
+  auto dims = int_list(c, "dimensions", true, static_cast<std::int64_t>(x.type.shape.size()));
   std::vector<int> d(dims.begin(), dims.end());
   std::vector<std::int64_t> s;
   for (std::size_t i = 0; i < x.type.shape.size(); ++i)
@@ -361,7 +377,9 @@ void gather(Ctx& c) {
   const Value& x = c.T("x");
   const Value& idx = c.T("indices");
   const TensorType& t = type_of(c);
-  auto start = int_list(c, "start_index_map"), collapsed = int_list(c, "collapsed_slice_dims"), sizes = int_list(c, "slice_sizes");
+  const auto xr = static_cast<std::int64_t>(x.type.shape.size());
+  auto start = int_list(c, "start_index_map", true, xr), collapsed = int_list(c, "collapsed_slice_dims", true, xr), sizes = int_list(c, "slice_sizes");
+  if (sizes.size() != x.type.shape.size()) c.fail("gather's slice_sizes " + ints_text(sizes) + " do not match the operand's rank");
   auto ivd = std::stoll(attr(c, "index_vector_dim").empty() ? "-1" : attr(c, "index_vector_dim"));
   if (start.size() != 1 || collapsed != start || ivd != static_cast<std::int64_t>(idx.type.shape.size()))
     c.fail("this form of gather is not supported yet (whole slices at indices along one collapsed dim)");

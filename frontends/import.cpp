@@ -54,6 +54,7 @@ std::vector<std::string> graph_files(const std::string& path, const std::string&
   for (const auto& f : all) {
     std::smatch m;
     std::string name = fs::path(f).filename().string();
+    if (std::regex_match(name, m, re) && (m[2].length() > 6 || m[3].length() > 6)) throw ImportError(f, {}, "graph or rank number out of range in the file name");
     if (std::regex_match(name, m, re)) groups[m[1].str() + ".g" + m[2].str()][std::stoi(m[3].str())] = f;
     else loose.push_back(f);
   }
@@ -302,7 +303,8 @@ ImportResult import_program(const ImportOptions& opt) {
   }
   std::string axis = rel.axis;
   for (const auto& [gname, ax] : rel.groups) {
-    bool known = ax == axis || std::any_of(rel.extra_axes.begin(), rel.extra_axes.end(), [&](const auto& e) { return e.first == ax; });
+    const std::string& on = ax;  // (a structured binding is not captured by clang 14's lambdas)
+    bool known = ax == axis || std::any_of(rel.extra_axes.begin(), rel.extra_axes.end(), [&](const auto& e) { return e.first == on; });
     if (!known) throw ImportError(rel.file, {}, "process group '" + gname + "' is on mesh axis '" + ax + "', which is neither `axis` (" + axis + ") nor in `axes:`");
   }
   // Collectives name their axis from here on: ranks may call one axis' groups differently (each rank's own

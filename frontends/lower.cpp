@@ -1,6 +1,8 @@
 // frontends/lower.cpp - lower_graph: the nodes a compared output needs, each mapped by its op-table row.
 #include "frontends/lower.h"
 
+#include <stdexcept>
+
 #include <cmath>
 #include <cstdio>
 #include <unordered_map>
@@ -240,13 +242,23 @@ void Lowering::lower_node(const Node& n) {
   if (index.empty())
     for (const auto& r : g_.format == "hlo" ? hlo_rows() : aten_rows()) index[r.target] = &r;
   if (auto it = index.find(n.target); it != index.end()) row = it->second;
+  // A number the text spells out of range or not at all (std::stoll's errors) is this node's bad input.
+  auto guarded = [&](auto&& emit) {
+    try {
+      emit();
+    } catch (const std::invalid_argument&) {
+      throw ImportError(g_.file, n.loc, n.target + ": an attribute or operand that should be an integer is not one");
+    } catch (const std::out_of_range&) {
+      throw ImportError(g_.file, n.loc, n.target + ": an integer attribute or operand is out of range");
+    }
+  };
   if (row) {
     Ctx c(*this, n, row->params);
-    row->emit(c);
+    guarded([&] { row->emit(c); });
   } else if (o_.custom && o_.custom->find(n.target)) {
     const CustomOp& co = *o_.custom->find(n.target);
     Ctx c(*this, n, co.params);
-    o_.custom->emit(c, co);
+    guarded([&] { o_.custom->emit(c, co); });
   } else {
     std::string hint = g_.format == "hlo" ? "" : " (add it to a mapping file of custom ops, docs/import.md)";
     throw ImportError(g_.file, n.loc, "unsupported op '" + n.target + "' (node " + n.name + "): spmdcheck has no mapping for it" + hint);

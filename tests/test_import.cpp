@@ -637,6 +637,29 @@ TEST_CASE("import hlo: fusion and call computations (the optimized module of com
   CHECK(has(m, "returns a tuple (a multi-output fusion), is not supported yet"));
 }
 
+TEST_CASE("import hlo: inputs the fuzzer found (scripts/fuzz.sh import) are located errors") {
+  std::string seq = hlo({"%x = f32[4,8]{1,0} parameter(0)", "%y = f32[4,8]{1,0} negate(%x)"});
+  // a dot naming a dim its operand does not have (read past the shape before)
+  std::string seq_dot = hlo({"%x = f32[4,8]{1,0} parameter(0)", "%w = f32[8,8]{1,0} parameter(1)",
+                             "%y = f32[4,8]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}"});
+  Run dims = check_hlo("hlo_fuzz_dot_dims", seq_dot,
+                       hlo({"%x = f32[4,8]{1,0} parameter(0)", "%w = f32[8,8]{1,0} parameter(1)",
+                            "%y = f32[4,8]{1,0} dot(%x, %w), lhs_contracting_dims={7}, rhs_contracting_dims={0}"}, ", replica_count=2"));
+  CHECK(dims.code == 2);
+  CHECK(has(dims, "error: attribute lhs_contracting_dims [7] names a dim twice or one outside [0, 2)"));
+  // a shape cut at the end of its line, the next line starting with digits (strtoll read on past the line)
+  std::string cut = hlo({"%x = f32[4,8]{1,0} parameter(0)", "%y = f32[4,8]{1,0} negate(%x)"}, ", replica_count=2");
+  cut.replace(cut.find("%y = f32["), 9, "%y = f32[\n12");
+  Run line = check_hlo("hlo_fuzz_shape_line", seq, cut);
+  CHECK(line.code == 2);
+  CHECK(has(line, "error: expected a dimension size"));
+  // an integer attribute too large for an integer
+  Run big = check_hlo("hlo_fuzz_big_int", seq,
+                      hlo({"%x = f32[4,8]{1,0} parameter(0)", "%y = f32[8,4]{1,0} transpose(%x), dimensions={1,99999999999999999999999}"}, ", replica_count=2"));
+  CHECK(big.code == 2);
+  CHECK(has(big, "transpose: an integer attribute or operand is out of range"));
+}
+
 TEST_CASE("import hlo: two formulations of each mapped op agree (and a wrong one does not)") {
   auto pair = [](const std::string& name, const std::vector<std::string>& a, const std::vector<std::string>& b) {
     CAPTURE(name);
