@@ -118,7 +118,7 @@ void Loader::load(N root) {
   load_spec(root);
   check_pipeline(root);
   if (p_.local_view) {
-    const char* with = p_.schedule.present ? "`schedule`" : p_.train ? "`train`" : p_.has_backward ? "`backward`" : p_.has_grad_sync ? "`grad_sync`" : nullptr;
+    const char* with = p_.schedule.present ? "`schedule`" : p_.train ? "`train`" : p_.has_backward ? "`backward`" : p_.has_grad_sync ? "`grad_sync`" : p_.has_optimizer ? "`optimizer`" : nullptr;
     if (with)
       fail_at(p_.view_loc, std::string("`view: local` does not support ") + with + " yet: write the local-view plan as `ops:` or `programs:` (forward only), or drop `view: local`");
     // Ops whose meaning is a global-view layout (a placement change, a kernel that reads the shard layout) have

@@ -228,6 +228,10 @@ class Checker {
   void zero_gather();
   void zero_scatter();
   void zero_partition();
+  // optimizer (rules_optim.cpp)
+  void optimizer_update();
+  void grad_norm_sq();
+  void clip_coef();
   bool recv_waits(int i) const;
   void recv();
 

@@ -733,6 +733,10 @@ void Checker::apply() {
     case OpKind::RingAttentionStep: return ring_attention_step();
     case OpKind::RingAttention: return ring_attention();
     case OpKind::LoadBalance: return load_balance();
+    case OpKind::AdamWUpdate:
+    case OpKind::SGDUpdate: return optimizer_update();
+    case OpKind::GradNormSq: return grad_norm_sq();
+    case OpKind::ClipCoef: return clip_coef();
   }
 }
 
