@@ -105,6 +105,7 @@ class TrainingChecker {
     so.types = &tt_;
     so.prefix = &ft;
     so.prefix_ops = first_bwd_;
+    so.no_grad_from = first_optim_;
     std::vector<Diagnostic> spatial = check_spatial(t, so);
     index(t);
     if (compensated(t, spatial)) {  // grad_sync scales those gradients back: check the step without their relabels

@@ -26,6 +26,38 @@ std::string first_error(const std::vector<Diagnostic>& diags) {
   return "";
 }
 
+// The optimizer's results as compared outputs of the pair `c`: every declared tensor (a parameter, an fp32 master, an
+// optimizer state) that the plan's optimizer (its ops from `first_optim` in the step `t`) or the spec's writes, and
+// every other name both write, each read by the placement of the plan's last write (a declared tensor the plan never
+// updates: by its declared placement, so a spec that updates it differs). Gradients are compared already.
+void optimizer_outputs(const Program& p, const Program& t, std::size_t first_optim, const std::vector<const ValueType*>& last, Program& c) {
+  if (!p.has_optimizer) return;
+  std::vector<char> plan_w(t.names.size(), 0), spec_w(t.names.size(), 0), declared(t.names.size(), 0);
+  for (std::size_t i = first_optim; i < t.ops.size(); ++i)
+    for (NameId n : t.outs(t.ops[i])) plan_w[static_cast<std::size_t>(n)] = 1;
+  for (const auto& op : p.has_spec ? p.spec_optimizer : p.optimizer)
+    for (NameId n : p.outs(op)) spec_w[static_cast<std::size_t>(n)] = 1;
+  std::vector<const TensorDecl*> decl(t.names.size(), nullptr);
+  for (const auto& d : p.tensors) decl[static_cast<std::size_t>(d.name)] = &d;
+  auto compared = [&](NameId n) {
+    return std::any_of(c.outputs.begin(), c.outputs.end(), [&](const OutputDecl& od) { return od.name == n; }) ||
+           std::any_of(c.spec_outputs.begin(), c.spec_outputs.end(), [&](const Program::SpecLink& l) { return l.plan == n; });
+  };
+  for (std::size_t n = 0; n < t.names.size(); ++n) {
+    bool d = decl[n] != nullptr;
+    if (!(d ? plan_w[n] || spec_w[n] : plan_w[n] && spec_w[n])) continue;
+    NameId id = static_cast<NameId>(n);
+    if (compared(id)) continue;
+    OutputDecl od;
+    od.name = id;
+    od.loc = d ? decl[n]->loc : p.optimizer_loc;
+    od.has_placement = true;
+    od.placement = plan_w[n] && last[n] ? last[n]->pl : decl[n]->placement;
+    c.outputs.push_back(od);
+    c.spec_outputs.push_back({id, id, od.loc});
+  }
+}
+
 }  // namespace
 
 std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_ops, NameId plan_seed, const std::vector<PairGrad>& grads, double n_copies,
@@ -53,6 +85,10 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
   s.train = true;
   s.has_backward = s.has_grad_sync = s.has_spec = s.has_expect = s.local_view = false;
   s.backward.clear(), s.grad_sync.clear(), s.spec_ops.clear(), s.outputs.clear(), s.expect.clear(), s.spec_outputs.clear(), s.lineage.clear();
+  // The spec's optimizer (`spec.optimizer`; without a spec, the plan's own on the mesh of ones) runs after its backward.
+  s.has_optimizer = p.has_spec ? p.has_spec_optimizer : p.has_optimizer;
+  s.optimizer = p.has_spec ? p.spec_optimizer : p.optimizer;
+  s.has_spec_optimizer = false, s.spec_optimizer.clear();
   ForwardUndo undo;
   TrainingCheck sc;
   TrainingOptions so;
@@ -69,6 +105,8 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
   // loss (every intermediate gradient is N times the spec's), and the P(avg) relabel with grad_sync's average
   // divides by N at the end; the spec mirrors both, so intermediate gradients are comparable stage by stage.
   NameId spec_seed = s.tensors.back().name;
+  std::vector<Op> spec_optim(s.ops.begin() + static_cast<std::ptrdiff_t>(sc.first_optim), s.ops.end());
+  s.ops.resize(sc.first_optim);
   std::vector<Op> spec_ops = without_relabels(s.ops, sc.first_relabel, sc.first_sync);
   NameId seed_in = plan_seed;
   std::vector<Op> prologue;
@@ -95,6 +133,7 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
       m.attrs.has_number = true;
       s.add_op(spec_ops, m, std::span<const NameId>(&g.name, 1), std::span<const NameId>(&g.name, 1));
     }
+  spec_ops.insert(spec_ops.end(), spec_optim.begin(), spec_optim.end());  // after the gradients' 1/N
   // A parameter the spec's loss depends on but no plan gradient reaches: the plan would never update it.
   for (const auto& d : p.tensors) {
     if (!d.param) continue;
@@ -211,8 +250,9 @@ TrainingPair training_pair(const Program& p) {
     c.outputs.push_back(od);
     if (c.has_spec) c.spec_outputs.push_back({g.name, g.name, g.loc});
   }
-  c.train = c.has_backward = c.has_grad_sync = c.has_expect = false;
-  c.backward.clear(), c.grad_sync.clear(), c.expect.clear();
+  optimizer_outputs(p, t, tc.first_optim, last, c);
+  c.train = c.has_backward = c.has_grad_sync = c.has_optimizer = c.has_spec_optimizer = c.has_expect = false;
+  c.backward.clear(), c.grad_sync.clear(), c.optimizer.clear(), c.spec_optimizer.clear(), c.expect.clear();
   c.loss = -1;
   r.pending.resize(c.names.size(), 0);
   r.program = std::move(c);

@@ -104,28 +104,20 @@ void Runner::clip_coef(int oi, std::int64_t r, const std::string& taint) {
   set_out(oi, r, 0, std::move(v), taint);
 }
 
-// GradNormSq over the group `members` (the ranks that differ only on the listed axes): each rank's sum of the squares
-// of its pieces, summed over the members that hold distinct pieces of each gradient (over a listed axis a gradient
-// is not sharded on, only coordinate 0 counts: a replica is counted once). Every member gets the total.
+// GradNormSq over the group `members` (the ranks that differ only on the listed axes): each member's sum of the
+// squares of its pieces, summed over the members (a gradient replicated over a listed axis is counted once per rank,
+// as Megatron's all-reduce of local norms counts it; the type rule rejects that). Every member gets the total.
 void Runner::grad_norm_sq(int oi, const std::vector<std::int64_t>& members) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   std::string taint = global_ ? taint_of(oi, members[0]) : "";
   Num total = 0.0;
   std::int64_t work = 0;
-  for (auto m : members) {
-    auto c = coords(m);
+  for (auto m : members)
     for (int i = 0; i < op.n_in; ++i) {
       const Val& x = in(oi, m, i);
-      std::uint32_t sharded = 0;
-      for (auto mk : x.mask) sharded |= mk;
-      bool counts = true;
-      for (std::size_t a = 0; a < sizes_.size(); ++a)
-        if ((op.attrs.axes & (1u << a)) && !(sharded & (1u << a)) && c[a] != 0) counts = false;
-      if (!counts) continue;
       for (const auto& e : x.t.data) total += e * e;
       work += x.t.numel();
     }
-  }
   charge(work + 1);
   vlabel_in_ &= ~op.attrs.axes;
   for (auto m : members) {

@@ -187,6 +187,10 @@ void Loader::load_spec_optimizer(N spec, N key, std::vector<char>& spec_def) {
     return;
   }
   N okey = spec.key_node("optimizer");
+  if (!p_.has_optimizer)
+    fail(okey.IsDefined() ? okey : o,
+         "the spec has `optimizer:` but the plan has none: write the plan's update under a top-level `optimizer:` (after `grad_sync:`), or drop the "
+         "spec's");
   if (p_.loss < 0) fail(okey.IsDefined() ? okey : o, "`optimizer` of `spec` needs a training program (`loss:`, with `train: true` or `backward:`)");
   p_.has_spec_optimizer = true;
   p_.spec_optimizer_loc = okey.IsDefined() ? okey.loc() : o.loc();

@@ -96,8 +96,11 @@ void Checker::optimizer_update() {
   }
 }
 
-// GradNormSq: a scalar, R over the listed axes (every rank holds the global squared norm), P(sum) over an axis some
-// gradient is sharded over that the list omits (each rank holds the norm of its own shards).
+// GradNormSq: each rank's sum of the squares of its pieces of the gradients, summed over `axis` (Megatron's
+// get_grad_norm_fp32: a local norm, then an all-reduce over the model-parallel group). Over a listed axis every
+// gradient must be sharded (S): a gradient replicated there would be counted once per rank (NVIDIA-NeMo/RL#3788,
+// ByteDance-Seed/VeOmni#862). The result is a scalar, R over the listed axes and where every gradient is whole, P(sum)
+// over an unlisted axis some gradient is sharded over (each rank holds the norm of its own shards).
 void Checker::grad_norm_sq() {
   std::uint32_t sharded = 0;
   for (int i = 0; i < n_in(); ++i)
@@ -117,16 +120,21 @@ void Checker::grad_norm_sq() {
                       iname(i), std::move(notes));
       }
       if (x.is_s()) sharded |= 1u << a;
+      else if (at().axes & (1u << a)) {
+        std::string ax = axn(a);
+        std::vector<Note> notes;
+        origin_note(notes, in(i), a);
+        notes.push_back(fix(fmt::format("take the norm of {} in a GradNormSq without {} in `axis` and add the two norms (Megatron counts a "
+                                        "tensor-parallel duplicate once)",
+                                        iname(i), ax)));
+        return report(CheckId::IllegalCollective,
+                      fmt::format("GradNormSq sums the ranks' squared norms over {}, but {} is {} over {}: every rank of {} holds the same elements "
+                                  "of it, so its squares are counted {} times (grad-norm double counting: NVIDIA-NeMo/RL#3788, "
+                                  "ByteDance-Seed/VeOmni#862)",
+                                  ax, iname(i), ps(x), ax, ax, axsize(a)),
+                      iname(i), std::move(notes));
+      }
     }
-  for (int a : coll_axes(false)) {
-    if (sharded & (1u << a)) continue;
-    std::string ax = axn(a);
-    return illegal(fmt::format("GradNormSq reduces over {}, but no gradient it reads is sharded over {}: every rank of {} already holds the same "
-                               "elements, and summing their squared norms over {} counts each replica {} times (NVIDIA-NeMo/RL#3788, "
-                               "ByteDance-Seed/VeOmni#184)",
-                               ax, ax, ax, ax, axsize(a)),
-                   -1, fmt::format("drop {} from `axis` (reduce only over the axes the gradients are sharded over)", ax));
-  }
   Value& o = out();
   o = Value();
   o.rank = 0;
