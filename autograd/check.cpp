@@ -308,7 +308,7 @@ class TrainingChecker {
         if (t.exprs.is_const(e)) n *= static_cast<double>(t.exprs.value(e));
         else concrete = false;
       }
-      auto f = sync_scale(t, first_sync_, t.ins(t.ops[ops[0]])[0]);
+      auto f = sync_scale(t, first_sync_, first_optim_, t.ins(t.ops[ops[0]])[0]);
       if (!concrete || !f || std::abs(*f * n - 1) > 1e-9) continue;
       for (std::size_t j : ops) {
         Op& o = t.ops[j];

@@ -123,7 +123,6 @@ void Checker::grad_norm_sq() {
       else if (at().axes & (1u << a)) {
         std::string ax = axn(a);
         std::vector<Note> notes;
-        origin_note(notes, in(i), a);
         notes.push_back(fix(fmt::format("take the norm of {} in a GradNormSq without {} in `axis` and add the two norms (Megatron counts a "
                                         "tensor-parallel duplicate once)",
                                         iname(i), ax)));
