@@ -99,7 +99,7 @@ void Checker::optimizer_update() {
 // GradNormSq: each rank's sum of the squares of its pieces of the gradients, summed over `axis` (Megatron's
 // get_grad_norm_fp32: a local norm, then an all-reduce over the model-parallel group). Over a listed axis every
 // gradient must be sharded (S): a gradient replicated there would be counted once per rank (NVIDIA-NeMo/RL#3788,
-// ByteDance-Seed/VeOmni#862). The result is a scalar, R over the listed axes and where every gradient is whole, P(sum)
+// ByteDance-Seed/VeOmni#184). The result is a scalar, R over the listed axes and where every gradient is whole, P(sum)
 // over an unlisted axis some gradient is sharded over (each rank holds the norm of its own shards).
 void Checker::grad_norm_sq() {
   std::uint32_t sharded = 0;
@@ -119,8 +119,9 @@ void Checker::grad_norm_sq() {
                                   axn(a)),
                       iname(i), std::move(notes));
       }
+      bool one = pool_.is_const(axis_size(a)) && pool_.value(axis_size(a)) == 1;  // a mesh of ones (the single-device step)
       if (x.is_s()) sharded |= 1u << a;
-      else if (at().axes & (1u << a)) {
+      else if ((at().axes & (1u << a)) && !one) {
         std::string ax = axn(a);
         std::vector<Note> notes;
         notes.push_back(fix(fmt::format("take the norm of {} in a GradNormSq without {} in `axis` and add the two norms (Megatron counts a "
@@ -129,7 +130,7 @@ void Checker::grad_norm_sq() {
         return report(CheckId::IllegalCollective,
                       fmt::format("GradNormSq sums the ranks' squared norms over {}, but {} is {} over {}: every rank of {} holds the same elements "
                                   "of it, so its squares are counted {} times (grad-norm double counting: NVIDIA-NeMo/RL#3788, "
-                                  "ByteDance-Seed/VeOmni#862)",
+                                  "ByteDance-Seed/VeOmni#184)",
                                   ax, iname(i), ps(x), ax, ax, axsize(a)),
                       iname(i), std::move(notes));
       }

@@ -30,6 +30,11 @@ struct TrainCase {
   bool grad_sync_mistake = false;  // the mistake is applied to the grad_sync (by with_grad_sync)
   bool predivide = false;          // write grad_sync as DeepSpeed's pre-divide / all-reduce / post-multiply
   int variant = 0;                 // which grad_sync mistake
+  // The optimizer step after grad_sync (drawn from its own stream, so the rest of the program is as without it):
+  // 0 none, 1 SGD with momentum, 2 AdamW; with global-norm clipping or not; the optimizer mistake (-1: none).
+  int optim = 0;
+  bool clip = false;
+  int optim_mistake = -1;
 };
 
 TrainCase generate_train(std::uint64_t seed, bool bug);
