@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "autograd/autograd.h"
 #include "spatial/spatial.h"
@@ -32,11 +33,14 @@ std::string first_error(const std::vector<Diagnostic>& diags) {
 // updates: by its declared placement, so a spec that updates it differs). Gradients are compared already.
 void optimizer_outputs(const Program& p, const Program& t, std::size_t first_optim, const std::vector<const ValueType*>& last, Program& c) {
   if (!p.has_optimizer) return;
-  std::vector<char> plan_w(t.names.size(), 0), spec_w(t.names.size(), 0), declared(t.names.size(), 0);
+  std::vector<char> plan_w(t.names.size(), 0), spec_w(t.names.size(), 0);
   for (std::size_t i = first_optim; i < t.ops.size(); ++i)
     for (NameId n : t.outs(t.ops[i])) plan_w[static_cast<std::size_t>(n)] = 1;
-  for (const auto& op : p.has_spec ? p.spec_optimizer : p.optimizer)
-    for (NameId n : p.outs(op)) spec_w[static_cast<std::size_t>(n)] = 1;
+  // the spec's optimizer: the last ops of the pair's spec ops (as many as the list has; gradients renamed as the plan's)
+  std::size_t k = (p.has_spec ? p.spec_optimizer : p.optimizer).size();
+  for (std::size_t i = c.spec_ops.size() - std::min(k, c.spec_ops.size()); i < c.spec_ops.size(); ++i)
+    for (NameId n : c.outs(c.spec_ops[i]))
+      if (static_cast<std::size_t>(n) < spec_w.size()) spec_w[static_cast<std::size_t>(n)] = 1;
   std::vector<const TensorDecl*> decl(t.names.size(), nullptr);
   for (const auto& d : p.tensors) decl[static_cast<std::size_t>(d.name)] = &d;
   auto compared = [&](NameId n) {
@@ -59,6 +63,24 @@ void optimizer_outputs(const Program& p, const Program& t, std::size_t first_opt
 }
 
 }  // namespace
+
+std::vector<NameId> rename_optimizer_grads(Program& t, std::vector<Op>& ops, std::size_t first) {
+  std::vector<NameId> out;
+  std::unordered_map<NameId, NameId> renamed;
+  for (std::size_t i = first; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    for (std::uint32_t j = op.first; j < op.first + op.n_in; ++j)
+      if (auto it = renamed.find(t.operands[j]); it != renamed.end()) t.operands[j] = it->second;
+    for (std::uint32_t j = op.first + op.n_in; j < op.first + op.n_in + op.n_out; ++j) {
+      NameId n = t.operands[j];
+      if (!t.name(n).ends_with(".grad")) continue;
+      NameId r = t.intern(t.name(n) + "@optimizer");
+      t.operands[j] = renamed[n] = r;
+      out.push_back(r);
+    }
+  }
+  return out;
+}
 
 std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_ops, NameId plan_seed, const std::vector<PairGrad>& grads, double n_copies,
                       TrainingPair& r, Program& c) {
@@ -105,6 +127,7 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
   // loss (every intermediate gradient is N times the spec's), and the P(avg) relabel with grad_sync's average
   // divides by N at the end; the spec mirrors both, so intermediate gradients are comparable stage by stage.
   NameId spec_seed = s.tensors.back().name;
+  rename_optimizer_grads(s, s.ops, sc.first_optim);
   std::vector<Op> spec_optim(s.ops.begin() + static_cast<std::ptrdiff_t>(sc.first_optim), s.ops.end());
   s.ops.resize(sc.first_optim);
   std::vector<Op> spec_ops = without_relabels(s.ops, sc.first_relabel, sc.first_sync);
@@ -177,6 +200,7 @@ TrainingPair training_pair(const Program& p) {
   r.plan_types = st;
   if (std::string e = first_error(tc.diags); !e.empty()) return r.why = "the plan's training step has errors (" + e + ")", r;
   Program& t = tc.program;
+  rename_optimizer_grads(t, t.ops, tc.first_optim);
   // The seed: each rank seeds its own backward with the same value (a P(sum) seed of a replicated loss is relabeled
   // P(avg) by the step, so the value is not split into summands).
   TensorDecl seed = t.tensors.back();

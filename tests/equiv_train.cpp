@@ -10,6 +10,7 @@
 #include <random>
 
 #include "autograd/autograd.h"
+#include "equiv/training.h"
 #include "interp/assembly.h"
 #include "interp/runner.h"
 #include "ir/loader.h"
@@ -845,13 +846,25 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   OracleOptions oo;
   oo.seed = 5;
   TrainingCheck tc;
+  SpatialTypes st;
+  TrainingOptions to;
+  to.step_types = &st;
   try {
-    tc = check_training(p);
+    tc = check_training(p, to);
   } catch (const LoadError& e) {
     return tr.failed = true, tr.what = e.what(), tr;
   }
   if (!tc.built) return tr.failed = true, tr.what = "no training step", tr;
   Program t = tc.program;
+  // The optimizer step (from tc.first_optim): a gradient it rewrites (clipped in place) is renamed there, so that
+  // `<param>.grad` holds what grad_sync left, read by the placement grad_sync left it in (a reduce-scattered shard).
+  std::map<NameId, Placements> grad_pl;
+  for (std::size_t i = 0; i < tc.first_optim && i < t.ops.size(); ++i) {
+    auto outs = t.outs(t.ops[i]);
+    for (std::size_t k = 0; k < outs.size(); ++k)
+      if (t.name(outs[k]).ends_with(".grad") && st.out(i, static_cast<int>(k)).ok) grad_pl[outs[k]] = st.out(i, static_cast<int>(k)).pl;
+  }
+  equiv_detail::rename_optimizer_grads(t, t.ops, tc.first_optim);
   auto sit = t.name_ids.find(p.name(p.loss) + ".grad");
   if (sit == t.name_ids.end()) return tr.failed = true, tr.what = "no seed", tr;
   NameId seed = sit->second;
@@ -876,7 +889,12 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   } catch (const std::runtime_error& e) {
     return tr.failed = true, tr.differs = true, tr.what = std::string("the plan's step fails: ") + e.what(), tr;
   }
-  auto plan_value = [&](NameId n, const Placements& pl, std::string& prob) { return global_of(t, dist, n, pl, oo, prob); };
+  auto plan_value = [&](NameId n, const Placements& pl, std::string& prob) {
+    auto it = grad_pl.find(n);  // only with an optimizer step, and only a synchronized gradient (a pending one stays read as its parameter)
+    bool own = p.has_optimizer && it != grad_pl.end() &&
+               std::none_of(it->second.begin(), it->second.begin() + t.axis_count(), [](const Placement& q) { return q.is_p() || q.is_v(); });
+    return global_of(t, dist, n, own ? it->second : pl, oo, prob);
+  };
   return compare_with_spec(p, t, inst, inputs, plan_value, max_elements);
 }
 

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -307,7 +308,10 @@ bool changes_values(const Program& p) {
     if (check_equivalence(p, o).verdict == EquivVerdict::Mismatch) return true;
   }
   // 8 elements of each gradient, spread evenly: a mutant that changes a gradient changes many of its elements
-  return p.has_spec && p.loss >= 0 && (p.train || p.has_backward) && test::gradient_truth(p, 8).differs;
+  if (!(p.has_spec && p.loss >= 0 && (p.train || p.has_backward))) return false;
+  test::Truth tr = test::gradient_truth(p, 8);
+  if (tr.differs && std::getenv("SPMD_MUTATION_DEBUG")) std::cout << "  ground truth: " << tr.what << "\n";
+  return tr.differs;
 }
 
 bool is_fixed(const fs::path& f) {
