@@ -63,26 +63,36 @@ void Checker::optimizer_update() {
                                   opname(), role(k, i), iname(i), axn(a)),
                       iname(i), std::move(notes));
       }
-      if (!x.is_s()) continue;
-      if (sharded < 0) {
-        sharded = i;
-        continue;
+      if (x.is_s() && sharded < 0) sharded = i;
+    }
+    // Sharded operands must agree. The odd one out is blamed against the placement most of them hold (ties: the
+    // gradient's), so a gradient reduce-scattered along another dim than the parameter and states is the one named.
+    int bad = -1, ref = -1, best = 0;
+    for (int i = 0; i < n_in(); ++i) {
+      if (!pin(i, a).is_s()) continue;
+      int votes = 0;
+      for (int j = 0; j < n_in(); ++j) votes += pin(j, a) == pin(i, a);
+      if (votes > best || (votes == best && i == 1)) best = votes, ref = i;
+    }
+    for (int i = 0; i < n_in() && ref >= 0; ++i)
+      if (pin(i, a).is_s() && !(pin(i, a) == pin(ref, a))) {
+        bad = i;
+        break;
       }
-      Placement want = pin(sharded, a);
-      if (x == want) continue;
-      // Name the state (or parameter) against the gradient when the gradient is the sharded one.
-      int bad = i, ref = sharded;
-      if (i == 1) std::swap(bad, ref);
+    if (bad >= 0) {
+      Placement x = pin(bad, a), want = pin(ref, a);
       std::vector<Note> notes;
-      origin_note(notes, in(ref), a);
-      std::string what = x.dim == want.dim ? fmt::format("{} in another shard order", ps(pin(bad, a))) : ps(pin(bad, a));
-      notes.push_back(fix(fmt::format("partition {} along dim {} over {} as {} is (the same placement, so each rank holds the slice of every operand it "
+      origin_note(notes, in(bad), a);
+      std::string what = x.dim == want.dim ? fmt::format("{} in another shard order", ps(x)) : ps(x);
+      notes.push_back(fix(fmt::format("{} {} along dim {} over {} as {} is (the same placement, so each rank holds the slice of every operand it "
                                       "updates)",
-                                      iname(bad), pin(ref, a).dim, axn(a), iname(ref))));
+                                      bad == 1 ? "reduce-scatter" : "partition", iname(bad), want.dim, axn(a), iname(ref))));
+      std::string unlike = bad == 1 ? "a gradient shard unlike the parameter and states it updates"
+                           : bad >= 2 ? (ref == 1 ? "an optimizer state partitioned unlike its gradient" : "an optimizer state partitioned unlike its parameter")
+                                      : "a parameter partitioned unlike its gradient";
       return report(CheckId::PlacementMismatch,
-                    fmt::format("{}: {} {} is {} over {}, but {} {} is {}: each rank would update its slice of {} with another slice of {} (an "
-                                "optimizer state partitioned unlike its gradient)",
-                                opname(), role(k, bad), iname(bad), what, axn(a), role(k, ref), iname(ref), ps(pin(ref, a)), iname(bad), iname(ref)),
+                    fmt::format("{}: {} {} is {} over {}, but {} {} is {}: each rank would combine its slice of {} with another slice of {} ({})", opname(),
+                                role(k, bad), iname(bad), what, axn(a), role(k, ref), iname(ref), ps(want), iname(ref), iname(bad), unlike),
                     iname(bad), std::move(notes));
     }
     if (sharded >= 0) set_from(o, a, pin(sharded, a), sharded);
