@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,11 @@ TrainCase generate_train(std::uint64_t seed, bool bug);
 // mistake when `bug`); false when the forward has other errors (`why` says which).
 bool with_grad_sync(const TrainCase& c, bool bug, std::string& text, std::string& why);
 
+// The optimizer step of `c` (c.optim: SGD with momentum or AdamW on every parameter, after global-norm clipping or
+// not) and its spec, added to the program text `text` (with its grad_sync); the case's optimizer mistake when `bug`.
+// False when the mistake has nothing to apply to (tests/equiv_train_optim.cpp).
+bool with_optimizer(const TrainCase& c, bool bug, std::string& text);
+
 // The errors `spmdcheck check` reports before the value check (spatial, temporal, training step).
 std::vector<Diagnostic> type_errors(const Program& p);
 
@@ -61,5 +67,10 @@ Truth gradient_truth(const Program& p, std::size_t max_elements = 0);
 // spec's forward loss of `p` on the global `inputs` and its central finite differences.
 Truth compare_with_spec(const Program& p, const Program& t, const interp::Instantiation& inst, const std::vector<std::pair<NameId, interp::Tensor>>& inputs,
                         const std::function<interp::Tensor(NameId, const Placements&, std::string&)>& plan_value, std::size_t max_elements);
+
+// The spec's optimizer step against the plan's (tests/equiv_train_optim.cpp): evaluated in doubles on the global
+// `inputs` and the finite-difference gradients `fd_grads`; sets tr.differs when an updated tensor differs.
+void optimizer_truth(const Program& p, const std::vector<std::pair<NameId, interp::Tensor>>& inputs, const std::map<NameId, std::vector<double>>& fd_grads,
+                     const std::function<interp::Tensor(NameId, const Placements&, std::string&)>& plan_value, Truth& tr);
 
 }  // namespace spmd::test
