@@ -1,7 +1,7 @@
 // autograd/autograd.h - checks a training program: its backward and its gradient synchronization.
 //
 // check_training builds the training step as one ordinary program (the forward ops, the backward -
-// derived op by op, or the file's hand-written `backward:` - and `grad_sync:`, with `<loss>.grad`
+// derived op by op, or the file's hand-written `backward:` - `grad_sync:` and `optimizer:`, with `<loss>.grad`
 // declared with the dual of the loss's placement) and runs the spatial checks on it. A hand-written
 // backward is compared with the forward: a backward collective that is not the dual of its forward
 // one, a missing dual and an extra collective are gradient-duality. A parameter that is R (or I) on
@@ -34,10 +34,10 @@ struct ForwardUndo {
   bool saved = false;
   std::size_t ops = 0, operands = 0, names = 0, tensors = 0, int_lists = 0, shapes = 0, placement_maps = 0, coords = 0, name_lists = 0;
   ExprPool exprs;
-  std::vector<Op> backward, grad_sync;
+  std::vector<Op> backward, grad_sync, optimizer;
   std::vector<OutputDecl> outputs;
   std::vector<std::string> expect;
-  bool has_backward = false, has_grad_sync = false, train = false, has_expect = false;
+  bool has_backward = false, has_grad_sync = false, has_optimizer = false, train = false, has_expect = false;
   Loc backward_loc;
 };
 
@@ -49,6 +49,7 @@ struct TrainingCheck {
   // moves); grad_sync's ops start at first_sync.
   std::size_t first_relabel = 0, first_sync = 0;
   std::vector<std::int32_t> forward_op;  // a derived backward: per op in [first_backward, first_relabel), the forward op it is a VJP of
+  std::size_t first_optim = 0;     // the ops of `optimizer:` start here (after grad_sync's)
   std::vector<Diagnostic> diags;   // findings in the backward and grad_sync, gradient-duality, unsynced-gradient
 };
 

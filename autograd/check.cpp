@@ -84,15 +84,19 @@ class TrainingChecker {
     first_bwd_ = n_ops_;  // a derived backward is appended to the ops already, a hand-written one here
     std::size_t params = 0;
     for (const auto& d : fwd_tensors()) params += d.param;
-    reserve_huge(t.ops, t.ops.size() + undo_.backward.size() + params * static_cast<std::size_t>(t.axis_count()) + undo_.grad_sync.size());
+    reserve_huge(t.ops, t.ops.size() + undo_.backward.size() + params * static_cast<std::size_t>(t.axis_count()) + undo_.grad_sync.size() +
+                            undo_.optimizer.size());
     t.ops.insert(t.ops.end(), undo_.backward.begin(), undo_.backward.end());
     first_relabel_ = t.ops.size();
     relabel_mean_loss(t, lt);
     first_sync_ = t.ops.size();
     t.ops.insert(t.ops.end(), undo_.grad_sync.begin(), undo_.grad_sync.end());
+    first_optim_ = t.ops.size();
+    t.ops.insert(t.ops.end(), undo_.optimizer.begin(), undo_.optimizer.end());
     t.backward.clear();
     t.grad_sync.clear();
-    t.has_backward = t.has_grad_sync = t.train = false;
+    t.optimizer.clear();
+    t.has_backward = t.has_grad_sync = t.has_optimizer = t.train = false;
     t.outputs.clear();
     t.has_expect = false;
     r.first_backward = first_bwd_;
@@ -101,6 +105,7 @@ class TrainingChecker {
     so.types = &tt_;
     so.prefix = &ft;
     so.prefix_ops = first_bwd_;
+    so.no_grad_from = first_optim_;
     std::vector<Diagnostic> spatial = check_spatial(t, so);
     index(t);
     if (compensated(t, spatial)) {  // grad_sync scales those gradients back: check the step without their relabels
@@ -130,10 +135,12 @@ class TrainingChecker {
     if (!hand_) self_check(t, r.diags);
     unsynced(t, r.diags);
     mean_loss_findings(t, r.diags);
+    optimizer_consequences(r.diags);
     sort_and_cap(r.diags, r.diags.size());
     r.first_relabel = first_relabel_;
     r.first_sync = first_sync_;
     if (!hand_) r.forward_op = forward_op_;
+    r.first_optim = first_optim_;
     if (o_.step_types) *o_.step_types = std::move(tt_);
     return r;
   }
@@ -301,7 +308,7 @@ class TrainingChecker {
         if (t.exprs.is_const(e)) n *= static_cast<double>(t.exprs.value(e));
         else concrete = false;
       }
-      auto f = sync_scale(t, first_sync_, t.ins(t.ops[ops[0]])[0]);
+      auto f = sync_scale(t, first_sync_, first_optim_, t.ins(t.ops[ops[0]])[0]);
       if (!concrete || !f || std::abs(*f * n - 1) > 1e-9) continue;
       for (std::size_t j : ops) {
         Op& o = t.ops[j];
@@ -657,6 +664,18 @@ class TrainingChecker {
     }
   }
 
+  // An optimizer op that reads a gradient unsynced-gradient reports (still pending) repeats that finding: the fix is
+  // the gradient's reduction in grad_sync, which unsynced-gradient gives.
+  void optimizer_consequences(std::vector<Diagnostic>& diags) const {
+    std::unordered_set<std::string> unsynced_grads;
+    for (const auto& d : diags)
+      if (d.id == CheckId::UnsyncedGradient) unsynced_grads.insert(d.tensor);
+    if (unsynced_grads.empty()) return;
+    std::erase_if(diags, [&](const Diagnostic& d) {
+      return d.op >= static_cast<int>(first_optim_) && d.id == CheckId::PartialMisuse && unsynced_grads.count(d.tensor) > 0;
+    });
+  }
+
   // Where a gradient became P over axis a: the first op on its chain whose inputs were not P there.
   void origin(const Program& t, std::int64_t w, int a, const std::string& grad, std::vector<Note>& notes) const {
     for (std::size_t steps = 0; w >= 0 && steps < t.ops.size(); ++steps) {
@@ -711,12 +730,15 @@ class TrainingChecker {
     u.exprs = p.exprs;
     u.backward = std::move(p.backward);
     u.grad_sync = std::move(p.grad_sync);
+    u.optimizer = std::move(p.optimizer);
     p.backward.clear();
     p.grad_sync.clear();
+    p.optimizer.clear();
     u.outputs = p.outputs;
     u.expect = p.expect;
     u.has_backward = p.has_backward;
     u.has_grad_sync = p.has_grad_sync;
+    u.has_optimizer = p.has_optimizer;
     u.train = p.train;
     u.has_expect = p.has_expect;
     u.backward_loc = p.backward_loc;
@@ -725,7 +747,7 @@ class TrainingChecker {
   TrainingOptions o_;
   bool hand_ = false;
   std::vector<std::int32_t> forward_op_;
-  std::size_t first_bwd_ = 0, first_relabel_ = 0, first_sync_ = 0;
+  std::size_t first_bwd_ = 0, first_relabel_ = 0, first_sync_ = 0, first_optim_ = 0;
   std::uint32_t avg_axes_ = 0;         // axes on which the loss is P(avg) or R: the backward computes N times its gradient
   std::uint32_t repl_axes_ = 0;        // those on which it is R
   const SpatialTypes* ft_ = nullptr;   // the forward's types
@@ -783,10 +805,12 @@ void restore_forward(Program& p, ForwardUndo& u) {
   p.exprs = std::move(u.exprs);
   p.backward = std::move(u.backward);
   p.grad_sync = std::move(u.grad_sync);
+  p.optimizer = std::move(u.optimizer);
   p.outputs = std::move(u.outputs);
   p.expect = std::move(u.expect);
   p.has_backward = u.has_backward;
   p.has_grad_sync = u.has_grad_sync;
+  p.has_optimizer = u.has_optimizer;
   p.train = u.train;
   p.has_expect = u.has_expect;
   p.backward_loc = u.backward_loc;

@@ -133,6 +133,10 @@ void Deriver::vjp() {
     case OpKind::ZeROGatherParam: return zero_gather();
     case OpKind::ZeROScatterGrad: return zero_scatter();
     case OpKind::ZeROPartitionOptState: return conversion();  // R -> S(d): the dual is S(d) -> P per axis, as Convert's
+    case OpKind::GradNormSq:
+    case OpKind::AdamWUpdate:
+    case OpKind::SGDUpdate:
+    case OpKind::ClipCoef: no_vjp("it is part of the optimizer step, which runs after the backward: write it under `optimizer:`");
   }
 }
 

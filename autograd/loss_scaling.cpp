@@ -55,10 +55,10 @@ std::string grads_text(const std::vector<FoldedGrad>& f) {
   return s;
 }
 
-std::optional<double> sync_scale(const Program& t, std::size_t first_sync, NameId g) {
+std::optional<double> sync_scale(const Program& t, std::size_t first_sync, std::size_t end, NameId g) {
   double f = 1;
   NameId n = g;
-  for (std::size_t j = first_sync; j < t.ops.size(); ++j) {
+  for (std::size_t j = first_sync; j < end; ++j) {
     const Op& op = t.ops[j];
     auto ins = t.ins(op);
     if (std::find(ins.begin(), ins.end(), n) == ins.end()) continue;

@@ -27,10 +27,10 @@ std::string axis_attr(const Program& p, std::uint32_t m);
 std::string scale_text(const Program& t, std::uint32_t axes);
 // "w1.grad (S(1) over that axis) and w2.grad (S(0) over that axis)".
 std::string grads_text(const std::vector<FoldedGrad>& f);
-// The constant factor the grad_sync ops of step t (from op first_sync on) apply to gradient g on its way to
+// The constant factor the grad_sync ops of step t (ops [first_sync, end)) apply to gradient g on its way to
 // the optimizer (which reads g's last version): scalar Multiply / Div and LossScale; collectives and
 // conversions move data and are typed. nullopt when another op touches it.
-std::optional<double> sync_scale(const Program& t, std::size_t first_sync, NameId g);
+std::optional<double> sync_scale(const Program& t, std::size_t first_sync, std::size_t end, NameId g);
 // The replicated (R over one of `axes`) floating-point values that forward ops after op w combine with values
 // computed from w's output: with `dst: I` on w those values become I there, and an R operand beside them would
 // be invariant-mix. Empty when the single edit is the whole fix.

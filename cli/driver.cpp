@@ -366,7 +366,7 @@ int cmd_report(const std::string& path, const std::string& output, const Options
       step = check_training(r.program, {opt.z3_timeout_ms, nullptr, true, &step_types});  // checks the forward again: its verdict decides
     } catch (const LoadError&) {  // check_file has reported it
     }
-    if (step.built) rs = {&step.program, &step_types, step.first_backward, step.first_sync};
+    if (step.built) rs = {&step.program, &step_types, step.first_backward, step.first_sync, step.first_optim};
   }
   std::string text;  // the source shown on the page; none for a file that is not a readable program (a device, too large)
   try {

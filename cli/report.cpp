@@ -60,7 +60,7 @@ figure.layout-fig { margin: 0; padding: 8px; border: 1px solid var(--line); bord
 figure.layout-fig.flagged { border: 2px solid var(--err); } figure.layout-fig b.flagged { color: var(--err); }
 figure.layout-fig[hidden] { display: none; }
 p.filter input { font: inherit; padding: 2px 6px; width: 220px; }
-table.placements tr.backward td { background: #fbfaf4; } table.placements tr.grad_sync td { background: #f4f9f4; }
+table.placements tr.backward td { background: #fbfaf4; } table.placements tr.grad_sync td { background: #f4f9f4; } table.placements tr.optimizer td { background: #f4f6fb; }
 table.placements tr:target td { background: #fff8c5; }
 figure.layout-fig figcaption { font-size: 13px; margin-bottom: 4px; }
 figure.layout-fig ul { margin: 4px 0 0 0; padding-left: 18px; font-size: 12px; color: var(--muted); max-width: 520px; }
@@ -241,7 +241,7 @@ std::string row_id(ValueRef r) { return r.op == -1 ? fmt::format("v-d{}", r.k) :
 std::string part_of(const ReportStep& step, int i) {
   if (!step.program) return "";
   if (static_cast<std::size_t>(i) < step.first_backward) return "forward";
-  return static_cast<std::size_t>(i) < step.first_sync ? "backward" : "grad_sync";
+  return static_cast<std::size_t>(i) < step.first_sync ? "backward" : static_cast<std::size_t>(i) < step.first_optim ? "grad_sync" : "optimizer";
 }
 
 // The placement table: a row per value, its placement per axis and the one step that explains it, linked to the
@@ -250,7 +250,7 @@ std::string placements_section(const Program& p, const SpatialTypes& types, cons
   std::string t = "<section id=\"placements\"><h2>Placements per op</h2>";
   if (step.program)
     t += "<p class=\"muted\">The training step: the forward, its backward (derived, or written under <code>backward:</code>; each op at the line of "
-         "the forward op it differentiates) and <code>grad_sync:</code>. Gradients are named <code>x.grad</code>.</p>";
+         "the forward op it differentiates) , <code>grad_sync:</code> and <code>optimizer:</code>. Gradients are named <code>x.grad</code>.</p>";
   t += "<p class=\"muted\">why: how the placement arose at this value; &larr; links to the row of the input it was kept from, whose own row "
        "continues the explanation.</p><table class=\"placements\"><thead><tr><th>op</th><th>line</th><th>kind</th><th>value</th><th>global shape</th>";
   for (const auto& ax : p.mesh) t += fmt::format("<th>{}</th>", esc(ax.name));

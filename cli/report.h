@@ -14,11 +14,11 @@ namespace spmd {
 
 // The training step of a training program (its forward, backward and grad_sync as one program, and their types):
 // the report then shows the gradients' placements and layouts too. Ops before first_backward are the forward's,
-// those from first_sync on are grad_sync's.
+// those from first_sync on are grad_sync's, those from first_optim on the optimizer's.
 struct ReportStep {
   const Program* program = nullptr;
   const SpatialTypes* types = nullptr;
-  std::size_t first_backward = 0, first_sync = 0;
+  std::size_t first_backward = 0, first_sync = 0, first_optim = static_cast<std::size_t>(-1);
 };
 
 // `types` may be null (a schedule, or a file that did not load); `step` is empty for a program that does not train.

@@ -199,7 +199,8 @@ json program_schema() {
                {"properties",
                 {{"ops", {{"anyOf", json::array({op_list_schema(), {{"type", "null"}}})}}},
                  {"outputs", {{"anyOf", json::array({{{"type", "array"}, {"items", name_schema()}}, name_map, {{"type", "null"}}})}}},
-                 {"lineage", {{"anyOf", json::array({name_map, {{"type", "null"}}})}}}}}};
+                 {"lineage", {{"anyOf", json::array({name_map, {{"type", "null"}}})}}},
+                 {"optimizer", {{"anyOf", json::array({op_list_schema(), {{"type", "null"}}})}}}}}};
   json module = {{"type", "object"},
                  {"additionalProperties", false},
                  {"required", json::array({"ops"})},
@@ -239,6 +240,7 @@ json program_schema() {
         {"train", bool_schema()},
         {"backward", op_list_schema()},
         {"grad_sync", op_list_schema()},
+        {"optimizer", op_list_schema()},
         {"spec", spec}}}};
 }
 

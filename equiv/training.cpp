@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "autograd/autograd.h"
 #include "spatial/spatial.h"
@@ -20,9 +21,8 @@ std::vector<Op> without_relabels(const std::vector<Op>& ops, std::size_t from, s
   return out;
 }
 
-// The pair's last steps: each compared gradient an output (read by its placement) against the spec's of the same
-// name, the training keys dropped (the pair is a plain plan/spec program), and `c` moved into `r`.
-void finish_pair(Program& c, const std::vector<PairGrad>& grads, TrainingPair& r) {
+// Each compared gradient an output of the pair (read by its placement) against the spec's of the same name.
+void add_grad_outputs(Program& c, const std::vector<PairGrad>& grads) {
   for (const auto& g : grads) {
     OutputDecl od;
     od.name = g.name;
@@ -32,8 +32,12 @@ void finish_pair(Program& c, const std::vector<PairGrad>& grads, TrainingPair& r
     c.outputs.push_back(od);
     if (c.has_spec) c.spec_outputs.push_back({g.name, g.name, g.loc});
   }
-  c.train = c.has_backward = c.has_grad_sync = c.has_expect = false;
-  c.backward.clear(), c.grad_sync.clear(), c.expect.clear();
+}
+
+// The pair's last step: the training keys dropped (the pair is a plain plan/spec program), `c` moved into `r`.
+void finish_pair(Program& c, TrainingPair& r) {
+  c.train = c.has_backward = c.has_grad_sync = c.has_optimizer = c.has_spec_optimizer = c.has_expect = false;
+  c.backward.clear(), c.grad_sync.clear(), c.optimizer.clear(), c.spec_optimizer.clear(), c.expect.clear();
   c.loss = -1;
   r.pending.resize(c.names.size(), 0);
   r.program = std::move(c);
@@ -46,7 +50,60 @@ std::string first_error(const std::vector<Diagnostic>& diags) {
   return "";
 }
 
+// The optimizer's results as compared outputs of the pair `c`: every declared tensor (a parameter, an fp32 master, an
+// optimizer state) that the plan's optimizer (its ops from `first_optim` in the step `t`) or the spec's writes, and
+// every other name both write, each read by the placement of the plan's last write (a declared tensor the plan never
+// updates: by its declared placement, so a spec that updates it differs). Gradients are compared already.
+void optimizer_outputs(const Program& p, const Program& t, std::size_t first_optim, const std::vector<const ValueType*>& last, Program& c) {
+  if (!p.has_optimizer) return;
+  std::vector<char> plan_w(t.names.size(), 0), spec_w(t.names.size(), 0);
+  for (std::size_t i = first_optim; i < t.ops.size(); ++i)
+    for (NameId n : t.outs(t.ops[i])) plan_w[static_cast<std::size_t>(n)] = 1;
+  // the spec's optimizer: the last ops of the pair's spec ops (as many as the list has; gradients renamed as the plan's)
+  std::size_t k = (p.has_spec ? p.spec_optimizer : p.optimizer).size();
+  for (std::size_t i = c.spec_ops.size() - std::min(k, c.spec_ops.size()); i < c.spec_ops.size(); ++i)
+    for (NameId n : c.outs(c.spec_ops[i]))
+      if (static_cast<std::size_t>(n) < spec_w.size()) spec_w[static_cast<std::size_t>(n)] = 1;
+  std::vector<const TensorDecl*> decl(t.names.size(), nullptr);
+  for (const auto& d : p.tensors) decl[static_cast<std::size_t>(d.name)] = &d;
+  auto compared = [&](NameId n) {
+    return std::any_of(c.outputs.begin(), c.outputs.end(), [&](const OutputDecl& od) { return od.name == n; }) ||
+           std::any_of(c.spec_outputs.begin(), c.spec_outputs.end(), [&](const Program::SpecLink& l) { return l.plan == n; });
+  };
+  for (std::size_t n = 0; n < t.names.size(); ++n) {
+    bool d = decl[n] != nullptr;
+    if (!(d ? plan_w[n] || spec_w[n] : plan_w[n] && spec_w[n])) continue;
+    NameId id = static_cast<NameId>(n);
+    if (compared(id)) continue;
+    OutputDecl od;
+    od.name = id;
+    od.loc = d ? decl[n]->loc : p.optimizer_loc;
+    od.has_placement = true;
+    od.placement = plan_w[n] && last[n] ? last[n]->pl : decl[n]->placement;
+    c.outputs.push_back(od);
+    c.spec_outputs.push_back({id, id, od.loc});
+  }
+}
+
 }  // namespace
+
+std::vector<NameId> rename_optimizer_grads(Program& t, std::vector<Op>& ops, std::size_t first) {
+  std::vector<NameId> out;
+  std::unordered_map<NameId, NameId> renamed;
+  for (std::size_t i = first; i < ops.size(); ++i) {
+    const Op& op = ops[i];
+    for (std::uint32_t j = op.first; j < op.first + op.n_in; ++j)
+      if (auto it = renamed.find(t.operands[j]); it != renamed.end()) t.operands[j] = it->second;
+    for (std::uint32_t j = op.first + op.n_in; j < op.first + op.n_in + op.n_out; ++j) {
+      NameId n = t.operands[j];
+      if (!t.name(n).ends_with(".grad")) continue;
+      NameId r = t.intern(t.name(n) + "@optimizer");
+      t.operands[j] = renamed[n] = r;
+      out.push_back(r);
+    }
+  }
+  return out;
+}
 
 std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_ops, NameId plan_seed, const std::vector<PairGrad>& grads, double n_copies,
                       TrainingPair& r, Program& c) {
@@ -73,6 +130,10 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
   s.train = true;
   s.has_backward = s.has_grad_sync = s.has_spec = s.has_expect = s.local_view = false;
   s.backward.clear(), s.grad_sync.clear(), s.spec_ops.clear(), s.outputs.clear(), s.expect.clear(), s.spec_outputs.clear(), s.lineage.clear();
+  // The spec's optimizer (`spec.optimizer`; without a spec, the plan's own on the mesh of ones) runs after its backward.
+  s.has_optimizer = p.has_spec ? p.has_spec_optimizer : p.has_optimizer;
+  s.optimizer = p.has_spec ? p.spec_optimizer : p.optimizer;
+  s.has_spec_optimizer = false, s.spec_optimizer.clear();
   ForwardUndo undo;
   TrainingCheck sc;
   TrainingOptions so;
@@ -89,6 +150,9 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
   // loss (every intermediate gradient is N times the spec's), and the P(avg) relabel with grad_sync's average
   // divides by N at the end; the spec mirrors both, so intermediate gradients are comparable stage by stage.
   NameId spec_seed = s.tensors.back().name;
+  rename_optimizer_grads(s, s.ops, sc.first_optim);
+  std::vector<Op> spec_optim(s.ops.begin() + static_cast<std::ptrdiff_t>(sc.first_optim), s.ops.end());
+  s.ops.resize(sc.first_optim);
   std::vector<Op> spec_ops = without_relabels(s.ops, sc.first_relabel, sc.first_sync);
   NameId seed_in = plan_seed;
   std::vector<Op> prologue;
@@ -115,6 +179,7 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
       m.attrs.has_number = true;
       s.add_op(spec_ops, m, std::span<const NameId>(&g.name, 1), std::span<const NameId>(&g.name, 1));
     }
+  spec_ops.insert(spec_ops.end(), spec_optim.begin(), spec_optim.end());  // after the gradients' 1/N
   // A parameter the spec's loss depends on but no plan gradient reaches: the plan would never update it.
   for (const auto& d : p.tensors) {
     if (!d.param) continue;
@@ -158,6 +223,7 @@ TrainingPair training_pair(const Program& p) {
   r.plan_types = st;
   if (std::string e = first_error(tc.diags); !e.empty()) return r.why = "the plan's training step has errors (" + e + ")", r;
   Program& t = tc.program;
+  rename_optimizer_grads(t, t.ops, tc.first_optim);
   // The seed: each rank seeds its own backward with the same value (a P(sum) seed of a replicated loss is relabeled
   // P(avg) by the step, so the value is not split into summands).
   TensorDecl seed = t.tensors.back();
@@ -222,7 +288,9 @@ TrainingPair training_pair(const Program& p) {
       if (c.has_spec) c.spec_outputs.push_back({p.loss, p.loss, p.loss_loc});
     }
   }
-  finish_pair(c, grads, r);
+  add_grad_outputs(c, grads);
+  optimizer_outputs(p, t, tc.first_optim, last, c);
+  finish_pair(c, r);
   return r;
 }
 
@@ -264,7 +332,8 @@ TrainingPair local_training_pair(const Program& p) {
   c.tensors.push_back(sd);
   c.local_view = true;
   c.outputs = p.outputs;
-  finish_pair(c, grads, r);
+  add_grad_outputs(c, grads);
+  finish_pair(c, r);
   return r;
 }
 

@@ -60,6 +60,11 @@ struct PairGrad {
 std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_ops, NameId plan_seed, const std::vector<PairGrad>& grads, double n_copies,
                       TrainingPair& r, Program& c);
 
+// A gradient `<x>.grad` that ops [first, end of `ops`) of `t` write again (clipped or unscaled in place by the
+// optimizer step) is renamed there `<x>.grad@optimizer` (reads after the write follow), so that `<x>.grad` keeps
+// what grad_sync left: the gradient compared. The renamed names in write order.
+std::vector<NameId> rename_optimizer_grads(Program& t, std::vector<Op>& ops, std::size_t first);
+
 // `p` has `loss:` and `train: true` (or a hand-written `backward:`). Throws nothing: a backward that cannot be
 // derived is a reason (`why`).
 TrainingPair training_pair(const Program& p);

@@ -175,6 +175,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
   if (op.kind == OpKind::MoEGateGrad) return moe_gate_grad(oi, members);
   if (op.kind == OpKind::MoEDispatch || op.kind == OpKind::MoECombine) return moe(oi, members);
   if (op.kind == OpKind::RingRotate || op.kind == OpKind::RingAttention) return ring_group(oi, members);
+  if (op.kind == OpKind::GradNormSq) return grad_norm_sq(oi, members);  // ops_optim.cpp
   const OpAttrs& at = op.attrs;
   std::size_t n = members.size();
   std::vector<const Val*> xs;
@@ -406,6 +407,10 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::Bincount:
     case OpKind::ExpertCompute:
     case OpKind::MoEGateGrad:
+    case OpKind::GradNormSq:  // returned above
+    case OpKind::AdamWUpdate:
+    case OpKind::SGDUpdate:
+    case OpKind::ClipCoef:
       throw std::logic_error("step_group: not a collective: " + std::string(op_name(op.kind)));
   }
   // After the collective the value is no longer labelled V over its axes (AllToAll of V keeps the label).

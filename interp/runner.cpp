@@ -16,6 +16,7 @@ Runner::Runner(const Program& p, const std::vector<std::int64_t>& vars, std::vec
   ranks_ = 1;
   for (auto s : sizes_) ranks_ *= s;
   env_.assign(static_cast<std::size_t>(ranks_), std::vector<Val>(p.names.size()));
+  nonneg_ = nonnegative_inputs(p);
   coords_.resize(static_cast<std::size_t>(ranks_));
   for (std::int64_t r = 0; r < ranks_; ++r) {
     auto& c = coords_[static_cast<std::size_t>(r)];
@@ -125,7 +126,8 @@ void Runner::declare_values(const TensorDecl& t, std::int64_t range, std::uint64
       if (t.dtype == DType::Bool) range = 2;
       // the field lanes (when on) are drawn from the same hash: every run gives a global element one value
       v.t.data[w] = is_int(t.dtype) ? Num::input(static_cast<double>(h % static_cast<std::uint64_t>(std::max<std::int64_t>(1, range))), h, true)
-                                    : Num::input(unit(h) * 4.0 - 2.0, h, false);  // [-2, 2): integer casts are not all 0
+                                    : Num::input(nonneg_[static_cast<std::size_t>(t.name)] ? unit(h) * 2.0 : unit(h) * 4.0 - 2.0, h,
+                                                 false);  // [-2, 2): integer casts are not all 0; [0, 2) for a second moment
       for (int d = static_cast<int>(ls.size()) - 1; d >= 0; --d) {
         if (++idx[static_cast<std::size_t>(d)] < ls[static_cast<std::size_t>(d)]) break;
         idx[static_cast<std::size_t>(d)] = 0;
@@ -515,6 +517,10 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::EmbeddingGrad: return embedding_grad(oi, r, c, taint);
     case OpKind::CrossEntropyGrad: return cross_entropy_grad(oi, {r});
     case OpKind::TopKGrad: return topk_grad(oi, r, c, taint);
+    // The optimizer step (ops_optim.cpp); GradNormSq runs in step_group.
+    case OpKind::AdamWUpdate:
+    case OpKind::SGDUpdate: return optimizer_update(oi, r, c, taint);
+    case OpKind::ClipCoef: return clip_coef(oi, r, taint);
     // Opaque ops (OverlapRegion, a schedule's Step) have no numeric kernel: the program is skipped with the
     // reason (has_value_kernel), never counted as agreement. Collectives run in step_group
     // (ops_collectives.cpp) and the later ops are rejected by the loader: neither reaches here.
@@ -535,6 +541,7 @@ void Runner::step_local(int oi, std::int64_t r) {
     case OpKind::MoEDispatch:
     case OpKind::MoECombine:
     case OpKind::MoEGateGrad:  // an all-to-all inside: step_group (ops_grad.cpp)
+    case OpKind::GradNormSq:
       throw InterpError(std::string(op_name(op.kind)) + " has no numeric kernel in the oracle");
   }
 }

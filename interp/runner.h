@@ -91,6 +91,9 @@ inline double unit(std::uint64_t h) { return static_cast<double>(h >> 11) * (1.0
 // of `ops` reading the gradient's x; -1 when there is none or more than one (then it has no value kernel).
 int dropout_forward(const Program& p, const std::vector<Op>& ops, const Op& grad);
 
+// Per NameId: the declared inputs drawn non-negative (the exp_avg_sq that AdamWUpdate in `p`'s ops or spec ops read).
+std::vector<char> nonnegative_inputs(const Program& p);
+
 // The single-device run's taint of a result that leaves the reals where its inputs did not (ops_elementwise.cpp).
 std::string leaves_reals(bool global, const Tensor& out, std::initializer_list<const Tensor*> ins, const std::string& taint);
 
@@ -260,6 +263,10 @@ class Runner {
   void convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   // ZeRO (ops_zero.cpp); ZeROGatherParam and ZeROScatterGrad run in step_group as AllGather and ReduceScatter
   void zero_partition(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  // ---- optimizer (ops_optim.cpp); GradNormSq runs in step_group ------------------------------------
+  void optimizer_update(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
+  void clip_coef(int oi, std::int64_t r, const std::string& taint);
+  void grad_norm_sq(int oi, const std::vector<std::int64_t>& members);
 
   // ---- FP8 (ops_fp8.cpp) ------------------------------------------------------------------------
   void amax(int oi, std::int64_t r, const std::string& taint);
@@ -314,6 +321,7 @@ class Runner {
   std::uint64_t seed_ = 0;
   std::vector<std::vector<Val>> env_;
   std::vector<std::vector<std::int64_t>> coords_;  // rank -> its mesh coordinates
+  std::vector<char> nonneg_;  // per NameId: an input drawn non-negative (an AdamW exp_avg_sq; ops_optim.cpp)
   std::map<std::pair<std::int64_t, std::int64_t>, std::deque<Val>> queues_;
   // free_dead: NameId -> the last op reading it (-1: none), and the names kept whatever their last reader
   void declare_values(const TensorDecl& t, std::int64_t range, std::uint64_t seed);

@@ -129,6 +129,8 @@ void Loader::load(N root) {
       fail_at(p_.view_loc, "`view: local` with per-rank `programs:` does not support `backward:` or `grad_sync:` yet: write one local-view `ops:` list");
     if ((p_.has_backward || p_.has_grad_sync) && !p_.has_spec)
       fail_at(p_.view_loc, "a local-view training step needs a `spec:`: its gradients are compared with the spec's derived backward");
+    if (p_.has_optimizer)
+      fail_at(p_.view_loc, "`view: local` does not support `optimizer:` yet: write the optimizer step in a global-view program, or drop `view: local`");
     // Ops whose meaning is a global-view layout (a placement change, a kernel that reads the shard layout) have
     // no local-view meaning yet (docs/format.md, "Local view").
     for (const auto* list : {&p_.ops, &p_.backward, &p_.grad_sync})

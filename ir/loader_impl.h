@@ -92,6 +92,10 @@ inline bool parse_bool(std::string_view s, bool& v) {
 inline const char* number_range_error(OpKind kind, std::string_view name, double v) {
   bool attention = kind == OpKind::FlashAttention || kind == OpKind::AttentionGrad || kind == OpKind::RingAttention || kind == OpKind::RingAttentionStep;
   if (attention && name == "scale" && !(v > 0)) return "must be positive (the softmax scale of the scores, default 1/sqrt(D))";
+  // the optimizer ops (torch.optim's own checks)
+  if ((name == "beta1" || name == "beta2" || name == "momentum" || name == "dampening") && (v < 0 || v >= 1)) return "must be in [0, 1)";
+  if ((name == "eps" || name == "weight_decay" || name == "lr") && v < 0) return "must not be negative";
+  if (name == "max_norm" && !(v > 0)) return "must be positive";
   return nullptr;
 }
 inline const char* size_range_error(OpKind kind, std::string_view name, std::int64_t v) {
@@ -104,7 +108,7 @@ inline const char* size_range_error(OpKind kind, std::string_view name, std::int
 
 inline const std::vector<std::string> kTopKeys = {"name", "description", "mesh", "sizes", "tensors", "ops", "outputs",
                                                  "expect", "programs", "schedule", "train", "backward", "p2p_model",
-                                                 "loss", "grad_sync", "modules", "include", "spec", "view"};
+                                                 "loss", "grad_sync", "optimizer", "modules", "include", "spec", "view"};
 
 // Bounds on module expansion (docs/format.md, "Limits"): checked before an instance is expanded, so a small
 // file cannot expand into more memory or time than a large one (nested `repeat` multiplies).
@@ -208,6 +212,7 @@ class Loader {
   static N find_key(N map, const std::string& key);
   // ---- equivalence: `spec:` (ir/loader_spec.cpp) ----------------------------------------------
   void load_spec(N root);
+  void load_spec_optimizer(N spec, N key, std::vector<char>& spec_def);
   // ---- outputs and expectations -------------------------------------------------------------
   void load_outputs(N n);
   void load_expect(N n);

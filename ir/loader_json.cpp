@@ -276,7 +276,7 @@ bool Loader::load_op_json(RawJson& at) {
         }
         break;
       case AttrType::Number: {
-        if (v.list || v.text.empty() || v.text.size() > 63) return false;
+        if (v.list || v.text.empty() || v.text.size() > 63 || Program::several_numbers(*kind)) return false;  // several: the general path
         char buf[64];
         std::memcpy(buf, v.text.data(), v.text.size());
         buf[v.text.size()] = 0;

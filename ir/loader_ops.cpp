@@ -412,7 +412,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
     }
     case AttrType::Int:
       if (n == "src" || n == "dst") a.rank = static_cast<std::int32_t>(attr_int(v, what, 0, 1 << 20));
-      else if (n == "step") a.k = static_cast<std::int32_t>(attr_int(v, what, 0, 1 << 20));
+      else if (n == "step") a.k = static_cast<std::int32_t>(attr_int(v, what, op.kind == OpKind::AdamWUpdate ? 1 : 0, 1 << 20));  // AdamW counts from 1
       else if (n == "margin") a.k = static_cast<std::int32_t>(attr_int(v, what, 0, 64));  // FP8Scale: scale / 2^margin
       else if (n == "concat_dim") a.dim2 = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
       else a.dim = static_cast<std::int16_t>(attr_int(v, what, -kMaxRank, kMaxRank - 1));
@@ -455,6 +455,7 @@ void Loader::load_attr(Op& op, const AttrSpec& spec, N v, const std::string& whe
       if (n == "scalar" && d == 0 && op.kind == OpKind::Div) fail(v, what + " must not be 0 (Div divides by it)");
       if (n == "capacity_factor" && (d <= 0 || d > 1e6)) fail(v, what + " must be in (0, 1e6], got " + s);
       if (const char* why = number_range_error(op.kind, n, d)) fail(v, what + " " + why + ", got " + s);
+      if (Program::several_numbers(op.kind)) return p_.set_number_attr(op, n, d);  // the optimizer ops
       a.number = d;
       a.has_number = true;
       return;

@@ -1,6 +1,6 @@
 // ir/loader_spec.cpp - `spec:`, the single-device model a plan must equal (docs/format.md, "Equivalence").
 //
-// spec: {ops: [...], outputs: [names] | {plan_output: spec_tensor}, lineage: {plan_tensor: spec_tensor}}
+// spec: {ops: [...], outputs: [names] | {plan_output: spec_tensor}, lineage: {plan_tensor: spec_tensor}, optimizer: [...]}
 // Spec ops are loaded like `ops:` items (the same op table, attributes, modules and located errors) into
 // Program::spec_ops, always in the global view; they read the declared (global) tensors and earlier spec ops only. Every plan output is
 // compared with a spec tensor: a plan output left out would be a value nobody checks, so it is an error.
@@ -39,7 +39,7 @@ void Loader::load_spec(N root) {
     fail(key,
          "`spec` with a `schedule` needs `stages:` in the schedule (the module each stage runs): with opaque steps the plan computes no "
          "values; write the stages under `stages:` or as `programs:`");
-  for_each_key(n, {"ops", "outputs", "lineage"}, "`spec`", [](N, N) {});
+  for_each_key(n, {"ops", "outputs", "lineage", "optimizer"}, "`spec`", [](N, N) {});
   N ops = n["ops"], outs = n["outputs"], lineage = n["lineage"];
   bool no_ops = !ops.IsDefined() || ops.IsNull() || (ops.IsSequence() && ops.size() == 0);
   bool no_outs = !outs.IsDefined() || outs.IsNull() || (outs.size() == 0 && (outs.IsSequence() || outs.IsMap()));
@@ -90,11 +90,12 @@ void Loader::load_spec(N root) {
     target_ = &p_.ops;
   }
   spec_def.resize(p_.names.size());
+  load_spec_optimizer(n, key, spec_def);
 
   // The plan's names: declared tensors and everything its ops (forward, backward, grad_sync) write.
   std::vector<char> plan_def(p_.names.size());
   for (const auto& t : p_.tensors) mark(plan_def, t.name);
-  for (const auto* list : {&p_.ops, &p_.backward, &p_.grad_sync})
+  for (const auto* list : {&p_.ops, &p_.backward, &p_.grad_sync, &p_.optimizer})
     for (const auto& op : *list)
       for (NameId o : p_.outs(op)) mark(plan_def, o);
   for (const auto& st : p_.schedule.stages)
@@ -172,6 +173,56 @@ void Loader::load_spec(N root) {
       p_.lineage.push_back({it->second, s, k.loc()});
     });
   }
+}
+
+// `spec.optimizer`: the single-device update the plan's `optimizer:` must equal. Its ops read declared tensors,
+// spec ops' values and the gradients of the spec's derived backward (`<tensor>.grad`); it needs a training program.
+void Loader::load_spec_optimizer(N spec, N key, std::vector<char>& spec_def) {
+  N o = spec["optimizer"];
+  if (!o.IsDefined()) {
+    if (p_.has_optimizer)
+      fail(key, "the plan has `optimizer:` (line " + std::to_string(p_.optimizer_loc.line) +
+                    ") but the spec has none: write the single-device update the plan's must equal under `optimizer:` of `spec` (the same optimizer on "
+                    "whole tensors)");
+    return;
+  }
+  N okey = spec.key_node("optimizer");
+  if (!p_.has_optimizer)
+    fail(okey.IsDefined() ? okey : o,
+         "the spec has `optimizer:` but the plan has none: write the plan's update under a top-level `optimizer:` (after `grad_sync:`), or drop the "
+         "spec's");
+  if (p_.loss < 0) fail(okey.IsDefined() ? okey : o, "`optimizer` of `spec` needs a training program (`loss:`, with `train: true` or `backward:`)");
+  p_.has_spec_optimizer = true;
+  p_.spec_optimizer_loc = okey.IsDefined() ? okey.loc() : o.loc();
+  if (o.IsNull()) return;
+  if (!o.IsSequence()) fail(o, "`optimizer` of `spec` must be a list of ops like {op: AdamWUpdate, in: [w, w.grad, m, v], out: [w, m, v], lr: 1e-3}");
+  if (o.size() > kMaxOps) fail(o, "`optimizer` of `spec` has too many ops");
+  spec_def.resize(p_.names.size());
+  auto defined = [&](NameId id) { return static_cast<std::size_t>(id) < spec_def.size() && spec_def[static_cast<std::size_t>(id)]; };
+  auto is_grad = [&](NameId id) {
+    const std::string& nm = p_.name(id);
+    if (nm.size() <= 5 || nm.compare(nm.size() - 5, 5, ".grad") != 0) return false;
+    auto it = p_.name_ids.find(nm.substr(0, nm.size() - 5));
+    return it != p_.name_ids.end() && defined(it->second);
+  };
+  target_ = &p_.spec_optimizer;
+  for (const auto& item : o) {
+    load_op(item);
+    const Op& op = p_.spec_optimizer.back();
+    for (NameId in : p_.ins(op))
+      if (!defined(in) && !is_grad(in)) {
+        target_ = &p_.ops;
+        fail(item.IsMap() && item["in"].IsDefined() ? item["in"] : item,
+             "`optimizer` of `spec` op " + std::string(op_name(op.kind)) + " reads '" + p_.name(in) +
+                 "', which no declared tensor, spec op or earlier spec optimizer op defines" + near(p_.name(in), sorted_names(p_, spec_def)) +
+                 " (the spec's gradients are named <tensor>.grad)");
+      }
+    for (NameId out : p_.outs(op)) {
+      if (static_cast<std::size_t>(out) >= spec_def.size()) spec_def.resize(p_.names.size(), 0);
+      spec_def[static_cast<std::size_t>(out)] = 1;
+    }
+  }
+  target_ = &p_.ops;
 }
 
 }  // namespace spmd::load_detail

@@ -1,17 +1,19 @@
-// ir/loader_train.cpp - training keys (loss, train, backward, grad_sync), outputs and expect.
+// ir/loader_train.cpp - training keys (loss, train, backward, grad_sync, optimizer), outputs and expect.
 #include "ir/loader_impl.h"
 
 #include <cmath>
 
 namespace spmd::load_detail {
 
-// ---- training: loss, train, backward, grad_sync ---------------------------------------------
+// ---- training: loss, train, backward, grad_sync, optimizer ----------------------------------
 void Loader::load_training(N root) {
-  if (!root["loss"].IsDefined() && !root["train"].IsDefined() && !root["backward"].IsDefined() && !root["grad_sync"].IsDefined()) return;
+  if (!root["loss"].IsDefined() && !root["train"].IsDefined() && !root["backward"].IsDefined() && !root["grad_sync"].IsDefined() &&
+      !root["optimizer"].IsDefined())
+    return;
   // A backward appended after per-rank programs would belong to no rank's op range and never be checked:
   // refuse it rather than pass it unchecked.
   if (p_.per_rank)
-    for (const char* k : {"train", "backward", "grad_sync", "loss"})
+    for (const char* k : {"train", "backward", "grad_sync", "optimizer", "loss"})
       if (root[k].IsDefined())
         fail(find_key(root, k), std::string("`") + k + "` with per-rank `programs:` is not supported yet: the backward is derived and checked for " +
                                     "one program run by every rank (`ops:`); write each rank's backward ops into its own program");
@@ -86,6 +88,17 @@ void Loader::load_training(N root) {
     p_.has_grad_sync = true;
     p_.grad_sync_loc = key.loc();
     load_list(g, p_.grad_sync, "grad_sync", !p_.has_backward);
+  }
+  // The optimizer step: after grad_sync, on the gradients, parameters and optimizer states (docs/format.md, "Optimizer").
+  if (auto o = root["optimizer"]; o.IsDefined()) {
+    auto key = find_key(root, "optimizer");
+    need_loss(key, "`optimizer:`");
+    if (p_.schedule.present)  // the pipeline lowering (equiv/pipeline.h) places no optimizer yet: refuse it rather than leave it unchecked
+      fail(key, "`optimizer:` with a `schedule:` is not supported yet: the schedule's lowering places no optimizer step; check the update in a "
+                "program without the schedule");
+    p_.has_optimizer = true;
+    p_.optimizer_loc = key.loc();
+    load_list(o, p_.optimizer, "optimizer", !p_.has_backward);
   }
 }
 

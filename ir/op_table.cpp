@@ -116,6 +116,7 @@ std::string_view category_name(OpCategory c) {
     case OpCategory::precision: return "precision";
     case OpCategory::shape: return "shape";
     case OpCategory::spmd: return "spmd";
+    case OpCategory::optimizer: return "optimizer";
     case OpCategory::later: return "not supported yet";
   }
   return "?";

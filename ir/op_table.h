@@ -15,7 +15,7 @@ enum class OpKind : std::uint8_t {
 #undef OP
 };
 
-enum class OpCategory : std::uint8_t { compute, gradient, collective, p2p, async, precision, shape, spmd, later };
+enum class OpCategory : std::uint8_t { compute, gradient, collective, p2p, async, precision, shape, spmd, optimizer, later };
 
 enum class AttrType : std::uint8_t { Axes, Int, Ints, Number, Bool, Placement, Placements, Reduce, DType, Shape, Name, Names, Coords, Enum, Size };
 

@@ -54,7 +54,7 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     }
     case AttrType::Int:
       if (n == "src" || n == "dst") return a.rank >= 0 ? std::optional(std::to_string(a.rank)) : std::nullopt;
-      if (n == "step") return std::to_string(a.k);
+      if (n == "step") return op.kind == OpKind::AdamWUpdate && a.k == 0 ? std::nullopt : std::optional(std::to_string(a.k));  // AdamW: 0 = not given (1)
       if (n == "concat_dim") return a.dim2 != kUnset ? std::optional(std::to_string(a.dim2)) : std::nullopt;
       return a.dim != kUnset ? std::optional(std::to_string(a.dim)) : std::nullopt;
     case AttrType::Ints: {
@@ -65,6 +65,10 @@ std::optional<std::string> attr_value(const Program& p, const Op& op, const Attr
     }
     case AttrType::Number:
       if (a.scalar_expr) return p.expr_str(p.scalar_expr(op));
+      if (Program::several_numbers(op.kind)) {  // the optimizer ops keep theirs in number_lists
+        double v = p.number_attr(op, n, std::nan(""));
+        return std::isnan(v) ? std::nullopt : std::optional(number(v));
+      }
       return a.has_number ? std::optional(number(a.number)) : std::nullopt;
     case AttrType::Bool: {
       bool v = n == "keepdim" ? a.keepdim : n == "causal" ? a.causal : n == "dropless" ? a.dropless : n == "inverse" ? a.inverse : n == "uneven" ? a.uneven : n == "reverse" ? a.reverse : a.vocab_parallel;
@@ -250,9 +254,11 @@ std::string print_program(const Program& p) {
   if (p.train) o << "train: true\n";
   if (p.has_backward) print_ops(o, p, "backward", p.backward);
   if (p.has_grad_sync) print_ops(o, p, "grad_sync", p.grad_sync);
+  if (p.has_optimizer) print_ops(o, p, "optimizer", p.optimizer);
   if (p.has_spec) {  // the map forms say everything the list forms can
     o << "spec:\n";
     print_ops(o, p, "ops", p.spec_ops, "  ");
+    if (p.has_spec_optimizer) print_ops(o, p, "optimizer", p.spec_optimizer, "  ");
     auto links = [&](const char* key, const std::vector<Program::SpecLink>& v) {
       o << "  " << key << ": {";
       for (std::size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << p.name(v[i].plan) << ": " << p.name(v[i].spec);

@@ -1,5 +1,7 @@
 // ir/program.cpp - small Program helpers and dtypes.
 #include "ir/program.h"
+
+#include <cmath>
 #include <stdexcept>
 
 #include <cstring>
@@ -176,6 +178,34 @@ void Program::set_size_attr(Op& op, std::string_view attr, ExprId e) {
     shapes.emplace_back(static_cast<std::size_t>(n), -1);
   }
   shapes[op.attrs.sizes][static_cast<std::size_t>(slot)] = e;
+}
+
+int Program::number_slot(OpKind kind, std::string_view attr, int* count) {
+  int slot = -1, n = 0;
+  for (const auto& a : op_info(kind).attrs) {
+    if (a.type != AttrType::Number) continue;
+    if (a.name == attr) slot = n;
+    ++n;
+  }
+  if (count) *count = n;
+  return slot;
+}
+
+double Program::number_attr(const Op& op, std::string_view attr, double dflt) const {
+  int slot = number_slot(op.kind, attr);
+  if (slot < 0 || op.attrs.numbers == kNoIndex) return dflt;
+  double v = number_lists[op.attrs.numbers][static_cast<std::size_t>(slot)];
+  return std::isnan(v) ? dflt : v;
+}
+
+void Program::set_number_attr(Op& op, std::string_view attr, double v) {
+  int n = 0, slot = number_slot(op.kind, attr, &n);
+  if (slot < 0) throw std::logic_error("set_number_attr: " + std::string(op_name(op.kind)) + " has no number attribute " + std::string(attr));
+  if (op.attrs.numbers == kNoIndex) {
+    op.attrs.numbers = static_cast<std::uint32_t>(number_lists.size());
+    number_lists.emplace_back(static_cast<std::size_t>(n), std::nan(""));
+  }
+  number_lists[op.attrs.numbers][static_cast<std::size_t>(slot)] = v;
 }
 
 void annotate_instances(const Program& p, std::vector<Diagnostic>& diags) {

@@ -136,6 +136,7 @@ struct OpAttrs {
   std::uint32_t handles = kNoIndex;    // `handles`: index into Program::name_lists
   std::uint32_t sizes = kNoIndex;      // `size` attributes: index into Program::shapes, one slot per size attribute of the op (in op-table order), -1 = not given
   std::uint32_t bad_axis = kNoIndex;   // an `axis` the mesh lacks: index into Program::bad_axes (a finding, not a load error)
+  std::uint32_t numbers = kNoIndex;    // the number attributes of an op with several (the optimizer ops): index into Program::number_lists
   NameId handle = -1, stream = -1, group = -1;  // group: a batched point-to-point group (batch_isend_irecv)
   NameId matches = -1, label = -1;              // Recv: the name its Send must send; Step: its label (e.g. 1F3)
   NameId sync = -1;                              // WaitStream: the stream waited for (`for`); RecordEvent / WaitEvent: the event
@@ -262,6 +263,7 @@ struct Program {
   std::vector<Placements> placement_maps;
   std::vector<std::vector<std::pair<int, std::int64_t>>> coords;
   std::vector<std::vector<NameId>> name_lists;
+  std::vector<std::vector<double>> number_lists;  // per op with several number attributes: one slot each (op-table order), NaN = not given
   struct BadAxis {
     std::string name;
     Loc loc;
@@ -280,6 +282,11 @@ struct Program {
   bool has_grad_sync = false;
   Loc grad_sync_loc;
   std::vector<Op> grad_sync;
+  // `optimizer:` (docs/format.md, "Optimizer"): the update run after grad_sync (AdamWUpdate, SGDUpdate, GradNormSq,
+  // ClipCoef and ordinary ops on the gradients, parameters and optimizer states); `spec.optimizer` is the spec's.
+  bool has_optimizer = false;
+  Loc optimizer_loc;
+  std::vector<Op> optimizer;
   std::vector<Instance> instances;         // innermost first for nested ones
   // Equivalence (docs/format.md, "Equivalence"; docs/equivalence.md): `view: local` makes `ops:` a local-view
   // plan (shard_map / Megatron style: each rank computes on its local pieces, sizes may use axis_index(NAME));
@@ -296,6 +303,9 @@ struct Program {
   std::vector<Op> spec_ops;
   std::vector<SpecLink> spec_outputs;  // compared: each plan output with its spec tensor
   std::vector<SpecLink> lineage;       // intermediate correspondences (equal names are implicit)
+  bool has_spec_optimizer = false;     // `spec.optimizer`: the single-device update the plan's `optimizer:` must equal
+  Loc spec_optimizer_loc;
+  std::vector<Op> spec_optimizer;
 
   // `at:` of imported ops (docs/import.md): "file:line[:col] [text] | file:line[:col] [text] | ...", the first
   // entry the op's place in the model's source, the others notes (the captured graph's line).
@@ -328,6 +338,17 @@ struct Program {
   ExprId scalar_expr(const Op& op) const { return op.attrs.scalar_expr ? shapes[op.attrs.sizes][0] : -1; }
   // Sets size attribute `attr` of `op` to `e` (creating the op's slots on first use).
   void set_size_attr(Op& op, std::string_view attr, ExprId e);
+  // Ops with several number attributes (the optimizer ops) keep them in number_lists: the slot of `attr` among the
+  // number attributes of `kind` (-1: none by that name) and their count; an op with at most one uses OpAttrs::number.
+  static int number_slot(OpKind kind, std::string_view attr, int* count = nullptr);
+  static bool several_numbers(OpKind kind) {
+    int n = 0;
+    number_slot(kind, "", &n);
+    return n > 1;
+  }
+  // The value of number attribute `attr` of such an op, or `dflt` when it was not given.
+  double number_attr(const Op& op, std::string_view attr, double dflt) const;
+  void set_number_attr(Op& op, std::string_view attr, double v);
 };
 
 // Adds to each diagnostic at an op that came from a module instance a note naming the instance ("in layer 37 of

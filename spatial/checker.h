@@ -228,6 +228,10 @@ class Checker {
   void zero_gather();
   void zero_scatter();
   void zero_partition();
+  // optimizer (rules_optim.cpp)
+  void optimizer_update();
+  void grad_norm_sq();
+  void clip_coef();
   bool recv_waits(int i) const;
   void recv();
 
@@ -394,6 +398,8 @@ class Checker {
   std::vector<ShapeClaim>* claims_ = nullptr;
   const SpatialTypes* prefix_ = nullptr;  // types of ops [0, prefix_ops_), checked before
   std::size_t prefix_ops_ = 0;
+  std::size_t no_grad_from_ = static_cast<std::size_t>(-1);
+  std::vector<Value> no_grad_in_;  // the inputs of an op past no_grad_from_, I read as R
   std::unordered_map<NameId, MoEDispatchRecord> moe_dispatches_;
   std::unordered_map<NameId, ExprId> topk_experts_;  // TopKGate indices -> the experts they pick among  // routing indices -> the latest MoEDispatch by them
 };

@@ -34,7 +34,7 @@ Checker::Checker(const Program& p, const SpatialOptions& o)
       inferred_(o.inferred_outputs),
       claims_(o.claims),
       prefix_(o.prefix),
-      prefix_ops_(o.prefix ? std::min(o.prefix_ops, o.prefix->out_base.size()) : 0) {
+      prefix_ops_(o.prefix ? std::min(o.prefix_ops, o.prefix->out_base.size()) : 0), no_grad_from_(o.no_grad_from) {
   mask_sizes_.fill(-1);
 }
 
@@ -502,6 +502,16 @@ void Checker::step(int i) {
     else if (v.poisoned) poisoned = true;
     in_.push_back(&v);
   }
+  if (static_cast<std::size_t>(i) >= no_grad_from_ && !given) {  // not differentiated: I is R (SpatialOptions::no_grad_from)
+    no_grad_in_.clear();
+    no_grad_in_.reserve(in_.size());
+    for (const Value* v : in_) {
+      no_grad_in_.push_back(*v);
+      for (auto& q : no_grad_in_.back().pl)
+        if (q.is_i()) q = Placement::r();
+    }
+    for (std::size_t k = 0; k < in_.size(); ++k) in_[k] = &no_grad_in_[k];
+  }
   if (!moe_dispatches_.empty() || !topk_experts_.empty())  // a name written again no longer holds the routing they recorded
     for (NameId o : p_.outs(*op_)) moe_dispatches_.erase(o), topk_experts_.erase(o);
   if (!failed_ && !poisoned) {
@@ -733,6 +743,10 @@ void Checker::apply() {
     case OpKind::RingAttentionStep: return ring_attention_step();
     case OpKind::RingAttention: return ring_attention();
     case OpKind::LoadBalance: return load_balance();
+    case OpKind::AdamWUpdate:
+    case OpKind::SGDUpdate: return optimizer_update();
+    case OpKind::GradNormSq: return grad_norm_sq();
+    case OpKind::ClipCoef: return clip_coef();
   }
 }
 

@@ -78,6 +78,9 @@ struct SpatialOptions {
   // When set, receives every symbolic shape claim (deduplicated), in the expressions of `types->exprs` (set `types`
   // too: the checker's own expressions live there).
   std::vector<ShapeClaim>* claims = nullptr;
+  // Ops from this index on are never differentiated (a training step's `optimizer:`): I and R differ only in their
+  // gradient, so there an I operand is read as R (an invariant bias and a replicated clip coefficient mix freely).
+  std::size_t no_grad_from = static_cast<std::size_t>(-1);
 };
 
 // A local-view program (`view: local`) gets no findings: its values have no placement.

@@ -366,7 +366,7 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
     }
     ++t.evaluated;
     for (const char* f : {"op: ReduceScatter", "op: AllGather", "dst: I", "op: Convert", "op: LossScale", "op: Concat", "op: Reshape", "grad_sync:", "scalar: 0.25}",
-                          "tp: S(1)", "cp: S(0)", "op: Exp", "op: SiLU", "op: GELU", "op: Sigmoid", "op: Sqrt", "op: Rsqrt", "op: Log", "op: RMSNorm", "op: LayerNorm", "op: Softmax", "op: CrossEntropyLoss", "vocab_parallel: true", "op: FlashAttention", "causal: true", "cp: cp", "op: Embedding", "[4, 2], placement: {tp: S(0)}"})
+                          "tp: S(1)", "cp: S(0)", "op: Exp", "op: SiLU", "op: GELU", "op: Sigmoid", "op: Sqrt", "op: Rsqrt", "op: Log", "op: RMSNorm", "op: LayerNorm", "op: Softmax", "op: CrossEntropyLoss", "vocab_parallel: true", "op: FlashAttention", "causal: true", "cp: cp", "op: Embedding", "[4, 2], placement: {tp: S(0)}", "optimizer:", "op: SGDUpdate", "op: AdamWUpdate", "op: GradNormSq"})
       t.features[f] += text.find(f) != std::string::npos;
     {
       std::map<NameId, int> uses;

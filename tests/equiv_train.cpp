@@ -47,6 +47,13 @@ const char* const kMistakes[] = {
     "attention causal flag flipped in the plan",     // 19
 };
 constexpr int kFirstSync = 7, kLastSync = 13, kClasses = 20;
+// The optimizer mistake classes (TrainCase::optim_mistake).
+const char* const kOptimMistakes[] = {
+    "grad norm double-counted (summed over an axis the gradient is replicated on)",  // 0
+    "optimizer state partitioned unlike its gradient (the wrong shard)",             // 1
+    "learning rate changed in the plan",                                             // 2
+    "optimizer state not written back",                                              // 3
+};
 bool is_sync(int m) { return m >= kFirstSync && m <= kLastSync; }
 
 enum class Tp { None, I, R, S, Q };  // Q: sequence parallel, the token dim S(0) over tp (Megatron SP)
@@ -373,6 +380,13 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
   Gen g(seed, bug);
   TrainCase c;
   g.mistake = g.pick(kClasses);
+  {  // the optimizer step, from its own stream; half of the programs with one get their mistake there
+    std::mt19937_64 orng(seed * 0x2545f4914f6cdd1dULL + 77);
+    c.optim = static_cast<int>(orng() % 3);
+    c.clip = c.optim && orng() % 2;
+    int om = static_cast<int>(orng() % 8);
+    if (c.optim && om < 4) c.optim_mistake = om, g.mistake = -1;
+  }
   c.predivide = g.coin(0.3);
   c.variant = g.pick(4);
   // The mesh: a non-empty subset of dp, cp, tp.
@@ -489,11 +503,14 @@ TrainCase generate_train(std::uint64_t seed, bool bug) {
     if ((g.mistake == 8 || g.mistake == 9) && !c.predivide) c.predivide = true;
     c.mistake = bug ? kMistakes[g.mistake] : "";
     c.variant = g.mistake;
+  } else if (c.optim_mistake >= 0) {
+    c.mistake = bug ? kOptimMistakes[c.optim_mistake] : "";
   } else {
     c.mistake = g.injected && bug ? kMistakes[g.mistake] : "";
   }
   return c;
 }
+
 
 std::vector<Diagnostic> type_errors(const Program& p) {
   std::vector<Diagnostic> out;
@@ -620,6 +637,7 @@ bool with_grad_sync(const TrainCase& c, bool bug, std::string& text, std::string
     for (const auto& l : lines) gs += "  - " + l + "\n";
     text.insert(text.find("outputs:\n"), gs);
   }
+  if (c.optim && !with_optimizer(c, bug, text)) return why = "not applicable", false;
   return true;
 }
 
@@ -638,19 +656,31 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   OracleOptions oo;
   oo.seed = 5;
   Program t;
+  std::map<NameId, Placements> grad_pl;  // with an optimizer step: each gradient's placement as grad_sync left it
   if (p.local_view) {  // the plan's step is its own forward, hand-written backward and grad_sync, rank by rank
     equiv_detail::TrainingPair lp = equiv_detail::local_training_pair(p);
     if (!lp.ok) return tr.failed = true, tr.what = lp.why, tr;
     t = std::move(lp.program);
   } else {
     TrainingCheck tc;
+    SpatialTypes st;
+    TrainingOptions to;
+    to.step_types = &st;
     try {
-      tc = check_training(p);
+      tc = check_training(p, to);
     } catch (const LoadError& e) {
       return tr.failed = true, tr.what = e.what(), tr;
     }
     if (!tc.built) return tr.failed = true, tr.what = "no training step", tr;
     t = std::move(tc.program);
+    // The optimizer step (from tc.first_optim): a gradient it rewrites (clipped in place) is renamed there, so that
+    // `<param>.grad` holds what grad_sync left, read by the placement grad_sync left it in (a reduce-scattered shard).
+    for (std::size_t i = 0; i < tc.first_optim && i < t.ops.size(); ++i) {
+      auto outs = t.outs(t.ops[i]);
+      for (std::size_t k = 0; k < outs.size(); ++k)
+        if (t.name(outs[k]).ends_with(".grad") && st.out(i, static_cast<int>(k)).ok) grad_pl[outs[k]] = st.out(i, static_cast<int>(k)).pl;
+    }
+    equiv_detail::rename_optimizer_grads(t, t.ops, tc.first_optim);
   }
   auto sit = t.name_ids.find(p.name(p.loss) + ".grad");
   if (sit == t.name_ids.end()) return tr.failed = true, tr.what = "no seed", tr;
@@ -676,7 +706,12 @@ Truth gradient_truth(const Program& p, std::size_t max_elements) {
   } catch (const std::runtime_error& e) {
     return tr.failed = true, tr.differs = true, tr.what = std::string("the plan's step fails: ") + e.what(), tr;
   }
-  auto plan_value = [&](NameId n, const Placements& pl, std::string& prob) { return global_of(t, dist, n, pl, oo, prob); };
+  auto plan_value = [&](NameId n, const Placements& pl, std::string& prob) {
+    auto it = grad_pl.find(n);  // only with an optimizer step, and only a synchronized gradient (a pending one stays read as its parameter)
+    bool own = p.has_optimizer && it != grad_pl.end() &&
+               std::none_of(it->second.begin(), it->second.begin() + t.axis_count(), [](const Placement& q) { return q.is_p() || q.is_v(); });
+    return global_of(t, dist, n, own ? it->second : pl, oo, prob);
+  };
   return compare_with_spec(p, t, inst, inputs, plan_value, max_elements);
 }
 
@@ -724,6 +759,7 @@ Truth compare_with_spec(const Program& p, const Program& t, const interp::Instan
       if (std::abs(x - l0) > 1e-11 * std::max(1.0, std::abs(l0)))  // doubles in another order: about 1e-15
         return tr.differs = true, tr.what = fmt::format("loss is {} in the plan, {} in the spec", x, l0), tr;
     }
+  std::map<NameId, std::vector<double>> fd_grads;  // the finite-difference gradients computed in full
   for (const auto& d : p.tensors) {
     if (!d.param) continue;
     auto it = t.name_ids.find(p.name(d.name) + ".grad");
@@ -752,6 +788,7 @@ Truth compare_with_spec(const Program& p, const Program& t, const interp::Instan
       scale = std::max({scale, std::abs(fd[k]), std::abs(g.data[k].d)});
     }
     double tol = 1e-5 * scale + 1e-9 * std::max(1.0, std::abs(l0));
+    if (stride == 1) fd_grads[it->second] = fd;  // every element: the optimizer's truth can use it
     for (std::size_t k : ks) {
       ++tr.compared;
       // A deep stack (a pipeline of residual layers) can leave the step's truncation error above the tolerance: an
@@ -762,6 +799,7 @@ Truth compare_with_spec(const Program& p, const Program& t, const interp::Instan
                tr.what = fmt::format("{}.grad[{}] is {} in the plan, {} by finite differences", p.name(d.name), k, g.data[k].d, fd[k]), tr;
     }
   }
+  optimizer_truth(p, inputs, fd_grads, plan_value, tr);
   return tr;
 }
 

@@ -15,6 +15,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ struct TrainCase {
   bool grad_sync_mistake = false;  // the mistake is applied to the grad_sync (by with_grad_sync)
   bool predivide = false;          // write grad_sync as DeepSpeed's pre-divide / all-reduce / post-multiply
   int variant = 0;                 // which grad_sync mistake
+  // The optimizer step after grad_sync (drawn from its own stream, so the rest of the program is as without it):
+  // 0 none, 1 SGD with momentum, 2 AdamW; with global-norm clipping or not; the optimizer mistake (-1: none).
+  int optim = 0;
+  bool clip = false;
+  int optim_mistake = -1;
 };
 
 TrainCase generate_train(std::uint64_t seed, bool bug);
@@ -37,6 +43,11 @@ TrainCase generate_train(std::uint64_t seed, bool bug);
 // The grad_sync block for `forward` from the type checker's unsynced-gradient fixes (with the case's grad_sync
 // mistake when `bug`); false when the forward has other errors (`why` says which).
 bool with_grad_sync(const TrainCase& c, bool bug, std::string& text, std::string& why);
+
+// The optimizer step of `c` (c.optim: SGD with momentum or AdamW on every parameter, after global-norm clipping or
+// not) and its spec, added to the program text `text` (with its grad_sync); the case's optimizer mistake when `bug`.
+// False when the mistake has nothing to apply to (tests/equiv_train_optim.cpp).
+bool with_optimizer(const TrainCase& c, bool bug, std::string& text);
 
 // The errors `spmdcheck check` reports before the value check (spatial, temporal, training step).
 std::vector<Diagnostic> type_errors(const Program& p);
@@ -56,5 +67,10 @@ Truth gradient_truth(const Program& p, std::size_t max_elements = 0);
 // spec's forward loss of `p` on the global `inputs` and its central finite differences.
 Truth compare_with_spec(const Program& p, const Program& t, const interp::Instantiation& inst, const std::vector<std::pair<NameId, interp::Tensor>>& inputs,
                         const std::function<interp::Tensor(NameId, const Placements&, std::string&)>& plan_value, std::size_t max_elements);
+
+// The spec's optimizer step against the plan's (tests/equiv_train_optim.cpp): evaluated in doubles on the global
+// `inputs` and the finite-difference gradients `fd_grads`; sets tr.differs when an updated tensor differs.
+void optimizer_truth(const Program& p, const std::vector<std::pair<NameId, interp::Tensor>>& inputs, const std::map<NameId, std::vector<double>>& fd_grads,
+                     const std::function<interp::Tensor(NameId, const Placements&, std::string&)>& plan_value, Truth& tr);
 
 }  // namespace spmd::test

@@ -23,6 +23,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -48,10 +50,11 @@ struct Mutant {
 
 bool is_collective(const Op& op) { return op_info(op.kind).category == OpCategory::collective; }
 
-// The op lists a mutant may change: the forward, a hand-written backward and the gradient synchronization.
+// The op lists a mutant may change: the forward, a hand-written backward, the gradient synchronization and the
+// optimizer step.
 using OpList = std::vector<Op> Program::*;
-constexpr OpList kLists[] = {&Program::ops, &Program::backward, &Program::grad_sync};
-const char* const kListNames[] = {"", "backward ", "grad_sync "};
+constexpr OpList kLists[] = {&Program::ops, &Program::backward, &Program::grad_sync, &Program::optimizer};
+const char* const kListNames[] = {"", "backward ", "grad_sync ", "optimizer "};
 
 // Renames every later read of `from` to `to` (ops after `after` in list `li`, then the later lists; outputs, spec links).
 void rename_reads(Program& p, std::size_t li, std::size_t after, NameId from, NameId to) {
@@ -155,6 +158,33 @@ std::vector<Mutant> mutants_of(const Program& base) {
         Mutant m{"constant of " + where(op, li), base};
         double& x = mop(m).attrs.number;
         x = x == 0 ? 1 : 2 * x;
+        out.push_back(std::move(m));
+      }
+      if (op.attrs.numbers != kNoIndex)  // the optimizer ops' several numbers (lr, betas, momentum, max_norm...)
+        for (std::size_t k = 0; k < base.number_lists[op.attrs.numbers].size(); ++k) {
+          if (std::isnan(base.number_lists[op.attrs.numbers][k])) continue;
+          Mutant m{fmt::format("number {} of {}", k, where(op, li)), base};
+          double& x = m.p.number_lists[op.attrs.numbers][k];
+          x = x == 0 ? 0.5 : 2 * x;
+          out.push_back(std::move(m));
+        }
+      if (op.kind == OpKind::AdamWUpdate) {  // the bias corrections of another step; the two states swapped
+        Mutant m{"step of " + where(op, li) + " plus one", base};
+        mop(m).attrs.k = std::max(1, op.attrs.k) + 1;
+        out.push_back(std::move(m));
+        Mutant s2{"states of " + where(op, li) + " swapped", base};
+        std::swap(s2.p.operands[op.first + 2], s2.p.operands[op.first + 3]);
+        out.push_back(std::move(s2));
+      }
+      if (op.kind == OpKind::GradNormSq)  // the norm double-counted (a listed axis more) or left local (one fewer)
+        for (std::size_t a = 0; a < base.mesh.size(); ++a) {
+          Mutant m{fmt::format("axis {} of {} {}", base.mesh[a].name, where(op, li), op.attrs.axes & (1u << a) ? "dropped" : "added"), base};
+          mop(m).attrs.axes ^= 1u << a;
+          out.push_back(std::move(m));
+        }
+      if ((op.kind == OpKind::ReduceScatter || op.kind == OpKind::AllGather) && op.attrs.dim != kUnset) {  // another shard: the wrong gradient shard
+        Mutant m{"dim of " + where(op, li) + " changed", base};
+        mop(m).attrs.dim = static_cast<std::int16_t>(op.attrs.dim == 0 ? 1 : 0);
         out.push_back(std::move(m));
       }
       if (op.kind == OpKind::Ge || op.kind == OpKind::Gt || op.kind == OpKind::Le || op.kind == OpKind::Lt) {  // a bound off by one
@@ -278,7 +308,10 @@ bool changes_values(const Program& p) {
     if (check_equivalence(p, o).verdict == EquivVerdict::Mismatch) return true;
   }
   // 8 elements of each gradient, spread evenly: a mutant that changes a gradient changes many of its elements
-  return p.has_spec && p.loss >= 0 && (p.train || p.has_backward) && test::gradient_truth(p, 8).differs;
+  if (!(p.has_spec && p.loss >= 0 && (p.train || p.has_backward))) return false;
+  test::Truth tr = test::gradient_truth(p, 8);
+  if (tr.differs && std::getenv("SPMD_MUTATION_DEBUG")) std::cout << "  ground truth: " << tr.what << "\n";
+  return tr.differs;
 }
 
 bool is_fixed(const fs::path& f) {
