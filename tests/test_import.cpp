@@ -408,14 +408,15 @@ TEST_CASE("import: `spmdcheck import fx` writes the program; JSON names the mode
 }
 
 // The corpus of docs/import.md (GraphGuard's captured graphs, ../shared/data/fx): skipped with a message when absent.
-TEST_CASE("import corpus: GPT at tensor parallel 2, 4, 8 against 1 and the HLO Llama at 2 against 1 agree; the four bug cases are found at the model's line") {
+TEST_CASE("import corpus: GPT at tensor parallel 2, 4, 8 against 1 and the HLO Llama at 2 against 1 agree; the four bug cases are found at the model's line" *
+          doctest::test_suite("corpus")) {
   // ../shared/data/fx beside the repository (or beside the worktrees' folder), or $SPMDCHECK_CORPUS
   std::string corpus = std::string(SPMD_SOURCE_DIR) + "/../shared/data/fx";
   std::error_code ec;
   if (!fs::is_directory(corpus, ec)) corpus = std::string(SPMD_SOURCE_DIR) + "/../../shared/data/fx";
   if (const char* env = std::getenv("SPMDCHECK_CORPUS"); env && *env) corpus = env;
   if (!fs::is_directory(corpus, ec)) {
-    MESSAGE("skipped: the corpus " << corpus << " is absent (docs/import.md)");
+    MESSAGE("skipped: the outside corpus " << corpus << " is absent (a clone on its own; docs/import.md)");
     return;
   }
   std::string rel = std::string(SPMD_SOURCE_DIR) + "/relations/";
