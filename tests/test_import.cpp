@@ -101,6 +101,20 @@ TEST_CASE("import: a tensor-parallel MLP is proved equivalent; placements are in
   CHECK(p.has_spec);
 }
 
+TEST_CASE("import: a graph that returns pytree.tree_unflatten([...], self._out_spec) (a heap-use-after-free under ASan before)") {
+  auto unflatten = [](std::string g) {
+    auto at = g.rfind("return [");
+    auto end = g.find("]\n", at);
+    return g.substr(0, at) + "return pytree.tree_unflatten([" + g.substr(at + 8, end - at - 8) + ", None], self._out_spec)\n";
+  };
+  std::string seq = unflatten(fx(R"(x: "f32[4, 8]")", {R"(y: "f32[4, 8]" = torch.ops.aten.neg.default(x))"}, "y"));
+  std::string rank = unflatten(fx(R"(x: "f32[4, 8]")", {R"(y: "f32[4, 8]" = torch.ops.aten.neg.default(x))"}, "y"));
+  REQUIRE(seq.find("tree_unflatten([y, None], self._out_spec)") != std::string::npos);
+  Run r = check("tree_unflatten", seq, {rank, rank});
+  CHECK(r.code == 0);
+  CHECK(r.out.empty());
+}
+
 TEST_CASE("import: a missing all-reduce is a value-mismatch at the model's line, naming the reduction and the spec's op") {
   Run r = check("mlp_bug", kMlpSeq, same(mlp_rank(false), 2));
   CHECK(r.code == 1);
