@@ -713,12 +713,14 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   }
   // Trials: each draws fresh primes, random functions and inputs; the error bound of agreeing trials multiplies.
   // A trial whose field arithmetic hit a zero divisor does not count.
-  double log2_bound = 0;  // log2 of the probability that every agreeing trial agreed by chance
-  int trials = 0;
-  bool staged = false;
-  std::uint64_t max_degree = 0, max_uf = 0;
-  const Op* choice = value_choice(p);  // a choice by value: static (routing, max/min), or met by a mask of float data in a run
-  bool choices = choice != nullptr;
+  struct Tally {
+    double log2_bound = 0;  // log2 of the probability that every agreeing trial agreed by chance
+    int trials = 0;
+    bool staged = false;
+    std::uint64_t max_degree = 0, max_uf = 0;
+    const Op* choice = nullptr;  // a choice by value: static (routing, max/min), or met by a mask of float data in a run
+  } tally;
+  tally.choice = value_choice(p);
   // A pipeline's integer inputs cut into microbatches (labels, ids): the verdict holds for the drawn values, and a
   // shuffled or dropped microbatch of few small labels can leave one draw unchanged; three draws at least.
   int min_trials = 1;
@@ -732,7 +734,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   // The trials; `sets`: max and min reductions as functions of sets (interp/num.h, set_extreme), the pass that
   // proves a program whose only choices by value are those reductions. A result to return at once, or none.
   auto run_trials = [&](bool sets) -> std::optional<EquivResult> {
-  for (int attempt = 0; attempt < kMaxAttempts && (log2_bound > kLog2Target || choices || trials < min_trials); ++attempt) {
+  for (int attempt = 0; attempt < kMaxAttempts && (tally.log2_bound > kLog2Target || tally.choice || tally.trials < min_trials); ++attempt) {
     std::uint64_t ts = attempt == 0 ? opt.seed : mix(opt.seed ^ (0x7e57ULL + static_cast<std::uint64_t>(attempt)));
     num::Lanes guard({ts, sets});
     std::unique_ptr<Run> run;
@@ -744,7 +746,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       if (run->failure.empty() && !num::trial_failed() && cuts_hold(s, *run)) {
         diff = compare(s, *run, links, degree);
         if (!diff || diff->kind != DiffKind::Lanes)
-          staged = staged || s.n_cuts > 0;
+          tally.staged = tally.staged || s.n_cuts > 0;
         else
           run.reset();
       } else {
@@ -763,13 +765,12 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     if (!run->failure.empty()) return located_failure(*run);
     if (num::trial_failed()) continue;
     if (diff) return report_difference(s, links, *diff, ts, work, res);
-    if (!choice && run->plan->inexact_choice >= 0) choice = &p.ops[static_cast<std::size_t>(run->plan->inexact_choice)];
-    if (!choice && run->model->inexact_choice >= 0) choice = &s.model.ops[static_cast<std::size_t>(run->model->inexact_choice)];
-    choices = choice != nullptr;
-    ++trials;
+    if (!tally.choice && run->plan->inexact_choice >= 0) tally.choice = &p.ops[static_cast<std::size_t>(run->plan->inexact_choice)];
+    if (!tally.choice && run->model->inexact_choice >= 0) tally.choice = &s.model.ops[static_cast<std::size_t>(run->model->inexact_choice)];
+    ++tally.trials;
     std::uint64_t uf = num::uf_evaluations();
-    max_degree = std::max(max_degree, degree), max_uf = std::max(max_uf, uf);
-    log2_bound += trial_log2_bound(degree);
+    tally.max_degree = std::max(tally.max_degree, degree), tally.max_uf = std::max(tally.max_uf, uf);
+    tally.log2_bound += trial_log2_bound(degree);
   }
   return std::nullopt;
   };
@@ -778,46 +779,42 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   // whatever element is the largest. A difference, a failure or another choice there leaves the verdict of the trials
   // above (a set can differ where the extremes agree: max over {x, -inf} against max over {x}).
   bool by_sets = false;
-  if (choice && !value_choice(p, true)) {
-    const Op* first = choice;
-    double b0 = log2_bound;
-    int t0 = trials;
-    bool st0 = staged;
-    std::uint64_t d0 = max_degree, u0 = max_uf;
-    log2_bound = 0, trials = 0, staged = false, max_degree = 0, max_uf = 0, choice = nullptr, choices = false;
+  if (tally.choice && !value_choice(p, true)) {
+    const Tally first = tally;
+    tally = Tally{};
     std::optional<EquivResult> r;
     try {
       r = run_trials(true);
     } catch (const std::exception&) {
       r = EquivResult{};
     }
-    if (r || choice) log2_bound = b0, trials = t0, staged = st0, max_degree = d0, max_uf = u0, choice = first;
+    if (r || tally.choice) tally = first;
     else by_sets = true;
   }
   std::string scope = scope_text(p);
   if (by_sets) scope += "; max and min reductions as functions of the set of their operands, so for every order of the values";
-  if (choice) {
+  if (tally.choice) {
     // The exact lanes follow the branch the doubles take, so they cannot see a choice made on the wrong values when
     // the drawn inputs happen to lead both programs to the same branch: equal on every trial is evidence, not proof.
     res.verdict = EquivVerdict::Unknown;
     res.message = fmt::format(
         "equal to the spec on {} trials of drawn inputs{}, but not proved: {} (line {}) chooses by value, and the exact arithmetic "
         "follows the choice the drawn values make",
-        trials, covers, op_name(choice->kind), choice->loc.line);
+        tally.trials, covers, op_name(tally.choice->kind), tally.choice->loc.line);
     Diagnostic d;
     d.id = CheckId::ValueUnproved;
     d.severity = Severity::Warning;
-    d.loc = choice->loc;
+    d.loc = tally.choice->loc;
     d.message = "equivalence not proved: " + res.message;
     res.diags.push_back(std::move(d));
     return res;
   }
-  if (staged) scope += fmt::format("; verified in stages at {} lineage point{}", s.n_cuts, s.n_cuts == 1 ? "" : "s");
-  if (log2_bound > kLog2Target) {
+  if (tally.staged) scope += fmt::format("; verified in stages at {} lineage point{}", s.n_cuts, s.n_cuts == 1 ? "" : "s");
+  if (tally.log2_bound > kLog2Target) {
     res.verdict = EquivVerdict::Unknown;
     res.message =
         fmt::format("equal to the spec in {} trial{}{}, but the error bound 2^{:.0f} is above 2^{} (degree bound {}, {} random-function evaluations)",
-                    trials, trials == 1 ? "" : "s", covers, log2_bound, kLog2Target, max_degree, max_uf);
+                    tally.trials, tally.trials == 1 ? "" : "s", covers, tally.log2_bound, kLog2Target, tally.max_degree, tally.max_uf);
     Diagnostic d;
     d.id = CheckId::ValueUnproved;
     d.severity = Severity::Warning;
@@ -830,7 +827,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     return res;
   }
   res.verdict = EquivVerdict::Equivalent;
-  res.error_bound = std::exp2(log2_bound);
+  res.error_bound = std::exp2(tally.log2_bound);
   res.message = fmt::format(
       "{} output{} equal to the spec for all real inputs{}{} (error probability below 2^{:.0f}: {} trial{}, degree bound {}, {} random-function "
       "evaluations; real arithmetic, floating-point rounding out of scope)",
@@ -838,7 +835,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       !covers.empty()   ? covers
       : s.sizes.empty() ? ""
                         : " at " + s.sizes,
-      scope, log2_bound, trials, trials == 1 ? "" : "s", max_degree, max_uf);
+      scope, tally.log2_bound, tally.trials, tally.trials == 1 ? "" : "s", tally.max_degree, tally.max_uf);
   return res;
 }
 

@@ -473,12 +473,7 @@ void all_to_all(Ctx& c) {
 // ppermute) is a RingRotate to the next (or the previous) device; any other permutation is not supported yet
 void collective_permute(Ctx& c) {
   const Value& x = c.T("x");
-  std::vector<std::int64_t> ids;
-  std::string num;
-  for (char ch : c.v("source_target_pairs").s + ",") {
-    if (std::isdigit(static_cast<unsigned char>(ch))) num += ch;
-    else if (!num.empty()) ids.push_back(std::stoll(num)), num.clear();
-  }
+  std::vector<std::int64_t> ids = int_list(c, "source_target_pairs");
   const auto n = static_cast<std::int64_t>(ids.size() / 2);
   std::vector<char> seen(static_cast<std::size_t>(n), 0);
   bool next = n > 0 && ids.size() % 2 == 0, prev = next;

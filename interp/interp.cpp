@@ -212,19 +212,18 @@ Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& siz
             return res.problem = "ranks " + where(0) + " and " + where(m) + " hold pieces of different shapes (" + shape_text(acc.shape) + " and " +
                                  shape_text(members[static_cast<std::size_t>(m)].shape) + ") for a P value",
                    res;
-        const bool as_sets = (pa.op == ReduceOp::Max || pa.op == ReduceOp::Min) && num::sets();  // num.h, set_extreme
-        if (as_sets) {
+        if ((pa.op == ReduceOp::Max || pa.op == ReduceOp::Min) && num::sets()) {  // num.h, set_extreme
           std::vector<const Num*> at(static_cast<std::size_t>(n));
           for (std::size_t e = 0; e < acc.data.size(); ++e) {
             for (std::size_t m = 0; m < at.size(); ++m) at[m] = &members[m].data[e];
             acc.data[e] = num::set_extreme(at.data(), at.size(), pa.op == ReduceOp::Max);
           }
-        }
-        for (std::int64_t m = 1; m < n && !as_sets; ++m) {
-          for (std::size_t e = 0; e < acc.data.size(); ++e) {
-            const Num& x = members[static_cast<std::size_t>(m)].data[e];
-            acc.data[e] = pa.op == ReduceOp::Max ? pick_max(acc.data[e], x) : pa.op == ReduceOp::Min ? pick_min(acc.data[e], x) : acc.data[e] + x;
-          }
+        } else {
+          for (std::int64_t m = 1; m < n; ++m)
+            for (std::size_t e = 0; e < acc.data.size(); ++e) {
+              const Num& x = members[static_cast<std::size_t>(m)].data[e];
+              acc.data[e] = pa.op == ReduceOp::Max ? pick_max(acc.data[e], x) : pa.op == ReduceOp::Min ? pick_min(acc.data[e], x) : acc.data[e] + x;
+            }
         }
         if (pa.op == ReduceOp::Avg) {
           const Num nn = static_cast<double>(n);

@@ -153,16 +153,24 @@ std::string Program::shape_str(std::span<const ExprId> shape) const {
   return s + "]";
 }
 
-int Program::size_slot(OpKind kind, std::string_view attr, int* count) {
+namespace {
+
+// The slot of attribute `attr` among the attributes of `kind` of type `type` (op-table order; -1: none by that
+// name), and in `count` how many it has.
+int attr_slot(OpKind kind, AttrType type, std::string_view attr, int* count) {
   int slot = -1, n = 0;
   for (const auto& a : op_info(kind).attrs) {
-    if (a.type != AttrType::Size) continue;
+    if (a.type != type) continue;
     if (a.name == attr) slot = n;
     ++n;
   }
   if (count) *count = n;
   return slot;
 }
+
+}  // namespace
+
+int Program::size_slot(OpKind kind, std::string_view attr, int* count) { return attr_slot(kind, AttrType::Size, attr, count); }
 
 ExprId Program::size_attr(const Op& op, std::string_view attr) const {
   int slot = size_slot(op.kind, attr);
@@ -180,16 +188,7 @@ void Program::set_size_attr(Op& op, std::string_view attr, ExprId e) {
   shapes[op.attrs.sizes][static_cast<std::size_t>(slot)] = e;
 }
 
-int Program::number_slot(OpKind kind, std::string_view attr, int* count) {
-  int slot = -1, n = 0;
-  for (const auto& a : op_info(kind).attrs) {
-    if (a.type != AttrType::Number) continue;
-    if (a.name == attr) slot = n;
-    ++n;
-  }
-  if (count) *count = n;
-  return slot;
-}
+int Program::number_slot(OpKind kind, std::string_view attr, int* count) { return attr_slot(kind, AttrType::Number, attr, count); }
 
 double Program::number_attr(const Op& op, std::string_view attr, double dflt) const {
   int slot = number_slot(op.kind, attr);
