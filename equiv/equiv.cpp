@@ -92,6 +92,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
   run->model = std::make_unique<Runner>(s.model, s.inst.vars, std::vector<std::int64_t>(s.inst.mesh.size(), 1), true, s.oo, work, s.inst.mesh);
   Runner& dist = *run->plan;
   Runner& one = *run->model;
+  if (!s.value_mesh.empty()) dist.set_value_sizes(s.value_mesh);
   dist.real_shapes = s.plan_real;
   one.real_shapes = s.model_real;
   try {
@@ -544,7 +545,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   for (const auto& op : p.ops)
     if (op.kind == OpKind::Reinterpret)
       return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
-  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {0, 0}, {0, 0}, 0, nullptr, nullptr, {}, {}, nullptr};
+  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {0, 0}, {0, 0}, 0, nullptr, nullptr, {}, {}, nullptr, {}};
   if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd, s.pair = pending;
   s.oo.seed = opt.seed;
   if (opt.max_bytes > 0) s.oo.max_bytes = opt.max_bytes;
@@ -553,6 +554,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   if (red) {
     s.inst.vars = red->r.vars;
     for (const auto& ax : p.mesh) s.inst.mesh.push_back(p.exprs.eval(ax.size, s.inst.vars).value_or(1));
+    if (red->r.mesh.size() == s.inst.mesh.size() && red->r.mesh != s.inst.mesh) s.value_mesh = std::exchange(s.inst.mesh, red->r.mesh);
     s.plan_real = &red->plan_real;
     s.model_real = &red->model_real;
     std::string declared;
@@ -847,14 +849,19 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   bool pipelined = p.schedule.present && !p.schedule.stages.empty();
   bool training = p.loss >= 0 && (p.train || p.has_backward);
   // Shape reduction: the program with its sizes as variables, run at the smallest sizes with its partition structure
-  // (not yet for per-rank programs and pipelines: those run at their declared sizes).
+  // (not yet for per-rank programs: those run at their declared sizes; nor a local-view training step: its
+  // hand-written backward has no types to reduce by).
   std::vector<std::int64_t> base;
-  // (nor a local-view training step: its hand-written backward has no types to reduce by)
-  std::optional<Program> g = opt.reduce && !pipelined && !p.per_rank && !(p.local_view && training) ? generalized(p, opt, base) : std::nullopt;
+  std::optional<Program> g = opt.reduce && !p.per_rank && !(p.local_view && training) ? generalized(p, opt, base) : std::nullopt;
   Reduced red;
   equiv_detail::TrainingPair tp;
   bool reduced = false;
-  if (g) {
+  if (g && pipelined) {  // the lowered schedule of the program with its sizes as variables (equiv/pipeline.h)
+    g = equiv_detail::at_sizes(*g, base);
+    tp = equiv_detail::pipeline_pair(*g);
+    reduced = tp.ok && prepare_pipeline_reduction(*g, base, tp, red);
+    if (!reduced) tp = equiv_detail::TrainingPair{};
+  } else if (g) {
     // every size at one value (the declared ones, symbolic ones at their instantiation): the checks below decide
     // their claims by evaluation, never by the solver
     g = equiv_detail::at_sizes(*g, base);
@@ -884,9 +891,9 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   if (!pipelined && !training) return checked(check_pair(q, opt, nullptr, rp), forward_as_declared);
   // A training program: the plan's training step against the spec's (its gradients compared too). A pipelined
   // schedule: its per-rank programs with each stage's forward and backward per microbatch (equiv/pipeline.h).
-  if (pipelined)
-    tp = equiv_detail::pipeline_pair(p);
-  else if (p.per_rank)
+  if (pipelined) {
+    if (!reduced) tp = equiv_detail::pipeline_pair(p);
+  } else if (p.per_rank)
     tp.why = "the backward of per-rank `programs:` is not derived (a pipeline's is: write it as a `schedule:` with stages)";
   else if (p.local_view)
     tp = equiv_detail::local_training_pair(p);
@@ -895,7 +902,7 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   if ((pipelined || p.local_view) && !tp.ok) return not_checked(p, tp.why);
   if (tp.ok) {
     EquivResult res = checked(check_pair(tp.program, opt, &tp, rp), [&](const EquivOptions& o) -> std::optional<EquivResult> {
-      tp = equiv_detail::training_pair(p);
+      tp = pipelined ? equiv_detail::pipeline_pair(p) : equiv_detail::training_pair(p);
       if (!tp.ok) return std::nullopt;
       return check_pair(tp.program, o, &tp, nullptr);
     });

@@ -85,6 +85,8 @@ struct Setup {
   // once dead (Runner::free_dead).
   std::vector<char> plan_keep, model_keep;
   const TrainingPair* pair = nullptr;  // a training pair: microbatch inputs and op families of a pipeline
+  // On a reduced mesh (equiv/reduce.h, choose_mesh): the declared mesh, the plan runner's value_sizes; else empty.
+  std::vector<std::int64_t> value_mesh;
 };
 
 struct SpecValue {
@@ -152,5 +154,10 @@ std::optional<Program> generalized(const Program& p, const EquivOptions& opt, st
 // reduced sizes must type-check exactly as at the declared ones (the same findings, the same placement for every
 // value), or it is not used. False: nothing to reduce, or the reduction does not hold.
 bool prepare_reduction(const Program& g, const std::vector<std::int64_t>& base, const TrainingPair* tp, Reduced& red);
+// The same for a pipelined schedule (`g` with `stages:`, `tp` its pipeline_pair): the facts are the one-microbatch
+// step's (pipeline_step_forward, typed on the mesh without the pipeline axis, which choose_mesh may reduce; the
+// pipeline axis and the microbatch count are kept) and the spec's; each lowered op reads the real extents of the step
+// op it is an instance of (TrainingPair::family).
+bool prepare_pipeline_reduction(const Program& g, const std::vector<std::int64_t>& base, const TrainingPair& tp, Reduced& red);
 
 }  // namespace spmd::equiv_detail

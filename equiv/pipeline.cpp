@@ -83,8 +83,10 @@ Program microbatch_forward(const Program& p, std::int64_t parts, std::vector<int
       if (t.name != b.name) continue;
       ExprId e = t.shape[static_cast<std::size_t>(b.dim)];
       const std::string what = fmt::format("batch input '{}' (dim {})", p.name(b.name), b.dim);
-      if (!p.exprs.is_const(e)) throw LoadError(b.loc, what + " needs a concrete size to be cut into microbatches");
-      std::int64_t n = p.exprs.value(e), shards = 1;
+      // (a size loaded as a variable for shape reduction has one value: the microbatch's dim is its expression / parts)
+      auto declared = p.exprs.single_value(e, p.vars);
+      if (!declared) throw LoadError(b.loc, what + " needs a concrete size to be cut into microbatches");
+      std::int64_t n = *declared, shards = 1;
       for (std::size_t a = 0; a < p.mesh.size(); ++a)
         if (t.placement[a].is_s(b.dim)) {
           if (!p.exprs.is_const(p.mesh[a].size)) throw LoadError(b.loc, what + " is sharded over mesh axis " + p.mesh[a].name + ", which needs a concrete size");
@@ -92,7 +94,7 @@ Program microbatch_forward(const Program& p, std::int64_t parts, std::vector<int
         }
       if (n % (shards * parts) != 0)
         throw LoadError(b.loc, fmt::format("{} has size {}: each of its {} rank blocks must cut into {} microbatches of equal size", what, n, shards, parts));
-      t.shape[static_cast<std::size_t>(b.dim)] = q.exprs.constant(n / parts);
+      t.shape[static_cast<std::size_t>(b.dim)] = p.exprs.is_const(e) ? q.exprs.constant(n / parts) : q.exprs.div(e, q.exprs.constant(parts));
     }
   for (auto& o : q.outputs) o.ranks.clear();
   q.has_spec = false, q.spec_ops.clear(), q.spec_outputs.clear(), q.lineage.clear();
@@ -102,6 +104,14 @@ Program microbatch_forward(const Program& p, std::int64_t parts, std::vector<int
 }
 
 }  // namespace
+
+Program pipeline_step_forward(const Program& p) {
+  const Schedule s = program_schedule(p, p.file);
+  std::vector<int> stage_of;
+  Program q = microbatch_forward(p, s.microbatches * p.schedule.steps, stage_of);
+  remove_axis(q, p.schedule.axis);
+  return q;
+}
 
 PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
   PipelineLowering out;
@@ -433,6 +443,8 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
       out.n_copies *= static_cast<double>(T.exprs.value(e));
     }
   out.seed = seed;
+  out.step_ops = T.ops;
+  out.step_types = std::move(st);
   out.program = std::move(L);
   out.built = true;
   return out;
@@ -481,6 +493,8 @@ TrainingPair pipeline_pair(const Program& p) {
   c.loss = -1;
   r.microbatches = std::move(pl.meta.microbatches);
   r.family = std::move(pl.meta.family);
+  r.plan_typed = std::move(pl.step_ops);  // (the step's ops: what each lowered op is an instance of, equiv/reduce.h)
+  r.plan_types = std::move(pl.step_types);
   r.mb = std::move(pl.meta.mb);
   r.generated = std::move(pl.meta.generated);
   r.derived = std::move(pl.meta.derived);

@@ -28,7 +28,14 @@ struct PipelineLowering {
   NameId seed = -1;               // the backward's seed `<loss>.grad`: one declared value every microbatch's backward reads
   double n_copies = 1;            // the copies of the loss the ranks differentiate (equiv/training.h)
   equiv_detail::TrainingPair meta;  // microbatches, family, generated, derived
+  std::vector<Op> step_ops;       // the one-microbatch training step (operands in `program`) and its types, with no
+  SpatialTypes step_types;        // pipeline axis: each lowered op with a family is an instance of one of these ops
 };
+
+// The one-microbatch step's forward that lower_pipeline types: every stage's ops in order, the batch inputs at the
+// microbatch's size (a size loaded as a variable: its expression over the microbatch count), without the pipeline
+// axis. Throws LoadError as lower_pipeline does.
+Program pipeline_step_forward(const Program& p);
 
 // Lowers `p` (a `schedule:` with `stages:`) along the action grid `s`. Throws LoadError for input the schedule cannot
 // run (a stage count that differs from the grid's, a batch dim the microbatches do not divide, a parameter that two

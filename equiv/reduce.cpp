@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -18,6 +19,7 @@ struct Fact {
   const ExprPool* pool;
   ExprId a, b;                  // Block: a is the dim, b unused
   std::int64_t parts = 1;       // Block: the ranks the dim is cut over
+  std::int64_t dparts = 1;      // Block: the ranks it is cut over on the declared mesh (choose_mesh)
   std::int64_t ra = 0, rb = 0;  // the values at the declared sizes
   std::vector<int> vars;
 };
@@ -65,6 +67,11 @@ bool keeps(const Fact& f, const std::vector<std::int64_t>& vals) {
       return f.ra <= 1 ? *a == f.ra : *a >= 2;
     case Fact::Block: {
       if (f.ra == 1) return *a == 1;  // a broadcast dim stays one
+      if (f.dparts != f.parts) {  // cut over a reduced mesh: equal blocks; one element a block stays one, two or more stay two or more
+        if (f.ra % f.dparts != 0 || *a % f.parts != 0) return false;
+        std::int64_t declared = f.ra / f.dparts, now = *a / f.parts;
+        return declared <= 1 ? now == declared : now >= 2;
+      }
       if (*a < std::min<std::int64_t>(f.ra, 2)) return false;
       if (f.parts <= 1) return true;
       if (chunk_shape(*a, f.parts) != chunk_shape(f.ra, f.parts)) return false;
@@ -121,7 +128,8 @@ std::string loc_text(const Op& op) { return fmt::format("line {}", op.loc.line);
 
 }  // namespace
 
-Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& base, const std::vector<TypedOps>& lists) {
+Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& base, const std::vector<TypedOps>& lists,
+                           const std::vector<std::int64_t>& declared_mesh) {
   Reduction red;
   red.vars = base;
   const std::size_t nv = g.vars.size();
@@ -146,7 +154,7 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   std::vector<Fact> facts;
   std::set<std::tuple<const ExprPool*, int, ExprId, ExprId, std::int64_t>> seen;
   auto add = [&](Fact f) {
-    if (!seen.insert({f.pool, static_cast<int>(f.kind), f.a, f.b, f.parts}).second) return;
+    if (!seen.insert({f.pool, static_cast<int>(f.kind), f.a, f.b, f.parts * 65536 + f.dparts}).second) return;
     try {
       f.pool->collect_vars(f.a, f.vars);
       if (f.kind == Fact::Divisible || f.kind == Fact::Equal) f.pool->collect_vars(f.b, f.vars);
@@ -193,10 +201,10 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
     for (int d = 0; d < t.rank; ++d) {
       ExprId e = t.shape[static_cast<std::size_t>(d)];
       if (pool.is_const(e)) continue;
-      std::int64_t parts = 1;
+      std::int64_t parts = 1, dparts = 1;
       for (std::size_t a = 0; a < g.mesh.size(); ++a)
-        if (t.pl[a].is_s(d)) parts *= mesh[a];
-      add({Fact::Block, &pool, e, -1, parts, 0, 0, {}});
+        if (t.pl[a].is_s(d)) parts *= mesh[a], dparts *= a < declared_mesh.size() ? declared_mesh[a] : mesh[a];
+      add({Fact::Block, &pool, e, -1, parts, dparts, 0, 0, {}});
     }
   };
   // Every size expression the program writes (shapes, size attributes, in every op list): its divisions stay exact
@@ -204,9 +212,9 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   auto add_written = [&](ExprId e) {
     if (e < 0 || g.exprs.is_const(e)) return;
     g.exprs.visit(e, [&](ExprId sub) {
-      if (g.exprs.node(sub).op == EOp::Div && !g.exprs.has_axis(sub)) add({Fact::ExactDiv, &g.exprs, sub, -1, 1, 0, 0, {}});
+      if (g.exprs.node(sub).op == EOp::Div && !g.exprs.has_axis(sub)) add({Fact::ExactDiv, &g.exprs, sub, -1, 1, 1, 0, 0, {}});
     });
-    if (!g.exprs.has_axis(e)) add({Fact::Value, &g.exprs, e, -1, 1, 0, 0, {}});
+    if (!g.exprs.has_axis(e)) add({Fact::Value, &g.exprs, e, -1, 1, 1, 0, 0, {}});
   };
   for (const auto& shape : g.shapes)
     for (ExprId e : shape) add_written(e);
@@ -224,7 +232,7 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
     }
     const ExprPool& pool = l.types->exprs;
     if (l.claims)
-      for (const auto& c : *l.claims) add({static_cast<Fact::Kind>(c.kind), &pool, c.a, c.b, 1, 0, 0, {}});
+      for (const auto& c : *l.claims) add({static_cast<Fact::Kind>(c.kind), &pool, c.a, c.b, 1, 1, 0, 0, {}});
     for (const auto& t : l.types->decls) add_value(pool, t);
     for (const auto& t : l.types->outs) add_value(pool, t);
     // A size attribute written as a number, on an op whose input dims follow sizes, would land elsewhere on the
@@ -345,6 +353,53 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   return red;
 }
 
+namespace {
+
+// Whether `op`, which names mesh axes, uses them only through the partition and a function of the whole group that
+// does not depend on which rank is which (choose_mesh): a reduction, a concatenation in rank order, an exchange of
+// blocks, a slice of the own block. A root, a ring, a point-to-point transfer, MoE capacity groups and
+// context-parallel attention's positions tell ranks apart.
+bool symmetric_over_axes(const Op& op) {
+  static constexpr OpKind kSymmetric[] = {OpKind::AllReduce,        OpKind::AllGather,       OpKind::ReduceScatter,         OpKind::Convert,
+                                          OpKind::ZeROGatherParam,  OpKind::ZeROScatterGrad, OpKind::ZeROPartitionOptState, OpKind::GradNormSq,
+                                          OpKind::CrossEntropyLoss, OpKind::CrossEntropyGrad, OpKind::LossScale};
+  if (op.kind == OpKind::AllToAll) return op.attrs.shape == kNoIndex;  // explicit split sizes differ per rank
+  return std::find(std::begin(kSymmetric), std::end(kSymmetric), op.kind) != std::end(kSymmetric);
+}
+
+}  // namespace
+
+std::vector<std::int64_t> choose_mesh(const Program& g, const std::vector<const std::vector<Op>*>& lists, std::vector<std::string>& kept) {
+  std::vector<std::int64_t> mesh(g.mesh.size(), 1);
+  for (std::size_t a = 0; a < g.mesh.size(); ++a)
+    if (g.exprs.is_const(g.mesh[a].size)) mesh[a] = g.exprs.value(g.mesh[a].size);
+  std::vector<std::int64_t> out = mesh;
+  if (g.local_view || g.per_rank || g.schedule.present) return out;
+  for (std::size_t a = 0; a < g.mesh.size(); ++a) {
+    if (!g.exprs.is_const(g.mesh[a].size) || mesh[a] <= 2) continue;
+    std::string why;
+    for (const auto& od : g.outputs)
+      for (auto [axis, c] : od.ranks)
+        if (static_cast<std::size_t>(axis) == a && why.empty())
+          why = fmt::format("output {} is read from {} = {} only (line {})", g.name(od.name), g.mesh[a].name, c, od.loc.line);
+    for (const auto* list : lists)
+      for (const auto& op : *list)
+        if (why.empty() && (op.attrs.axes & (1u << a)) && !symmetric_over_axes(op))
+          why = fmt::format("{} ({}) tells its ranks apart", op_name(op.kind), loc_text(op));
+    if (why.empty())
+      out[a] = 2;
+    else
+      kept.push_back(fmt::format("{} = {} ranks: {}", g.mesh[a].name, mesh[a], why));
+  }
+  return out;
+}
+
+Program at_mesh(const Program& g, const std::vector<std::int64_t>& mesh) {
+  Program q = g;
+  for (std::size_t a = 0; a < q.mesh.size() && a < mesh.size(); ++a) q.mesh[a].size = q.exprs.constant(mesh[a]);
+  return q;
+}
+
 Program at_sizes(const Program& g, const std::vector<std::int64_t>& vars) {
   Program q = g;
   for (std::size_t v = 0; v < q.vars.size() && v < vars.size(); ++v) {
@@ -400,8 +455,14 @@ bool same_op(const Program& p, const Op& x, const std::vector<std::int64_t>& pv,
     return false;
   auto idx_eq = [](std::uint32_t m, std::uint32_t n) { return (m == kNoIndex) == (n == kNoIndex); };
   if (!idx_eq(a.dims, b.dims) || !idx_eq(a.shape, b.shape) || !idx_eq(a.placements, b.placements) || !idx_eq(a.coords, b.coords) ||
-      !idx_eq(a.handles, b.handles) || !idx_eq(a.sizes, b.sizes) || !idx_eq(a.bad_axis, b.bad_axis))
+      !idx_eq(a.handles, b.handles) || !idx_eq(a.sizes, b.sizes) || !idx_eq(a.bad_axis, b.bad_axis) || !idx_eq(a.numbers, b.numbers))
     return false;
+  if (a.numbers != kNoIndex) {  // the optimizer ops' lr, betas... (NaN: not given)
+    const auto &u = p.number_lists[a.numbers], &v = g.number_lists[b.numbers];
+    if (u.size() != v.size()) return false;
+    for (std::size_t i = 0; i < u.size(); ++i)
+      if (!(u[i] == v[i] || (std::isnan(u[i]) && std::isnan(v[i])))) return false;
+  }
   if (a.dims != kNoIndex && p.int_lists[a.dims] != g.int_lists[b.dims]) return false;
   if (a.placements != kNoIndex && p.placement_maps[a.placements] != g.placement_maps[b.placements]) return false;
   if (a.coords != kNoIndex && p.coords[a.coords] != g.coords[b.coords]) return false;
@@ -456,8 +517,24 @@ bool same_program(const Program& p, const Program& g, const std::vector<std::int
       p.has_backward != g.has_backward || p.has_grad_sync != g.has_grad_sync || p.has_spec != g.has_spec || (p.loss < 0) != (g.loss < 0))
     return false;
   if (p.loss >= 0 && p.name(p.loss) != g.name(g.loss)) return false;
+  if (p.has_optimizer != g.has_optimizer || p.has_spec_optimizer != g.has_spec_optimizer) return false;
+  // a pipelined schedule: its stages, microbatches and merges (a mutant may edit any of them)
+  const ScheduleSpec &ps = p.schedule, &gs = g.schedule;
+  if (ps.kind != gs.kind || ps.csv != gs.csv || ps.axis != gs.axis || ps.ranks != gs.ranks || ps.microbatches != gs.microbatches ||
+      ps.virtual_stages != gs.virtual_stages || ps.steps != gs.steps || ps.scale_grads != gs.scale_grads || ps.stages.size() != gs.stages.size() ||
+      ps.batch.size() != gs.batch.size() || ps.merge.size() != gs.merge.size())
+    return false;
+  for (std::size_t k = 0; k < ps.stages.size(); ++k)
+    if (!same_names(p, ps.stages[k].ins, g, gs.stages[k].ins) || !same_names(p, ps.stages[k].outs, g, gs.stages[k].outs) ||
+        !same_ops(p, ps.stages[k].ops, pv, g, gs.stages[k].ops, gv))
+      return false;
+  for (std::size_t k = 0; k < ps.batch.size(); ++k)
+    if (p.name(ps.batch[k].name) != g.name(gs.batch[k].name) || ps.batch[k].dim != gs.batch[k].dim || ps.batch[k].order != gs.batch[k].order) return false;
+  for (std::size_t k = 0; k < ps.merge.size(); ++k)
+    if (p.name(ps.merge[k].name) != g.name(gs.merge[k].name) || ps.merge[k].kind != gs.merge[k].kind || ps.merge[k].dim != gs.merge[k].dim) return false;
   return same_ops(p, p.ops, pv, g, g.ops, gv) && same_ops(p, p.spec_ops, pv, g, g.spec_ops, gv) && same_ops(p, p.backward, pv, g, g.backward, gv) &&
-         same_ops(p, p.grad_sync, pv, g, g.grad_sync, gv) && same_links(p, p.spec_outputs, g, g.spec_outputs) &&
+         same_ops(p, p.grad_sync, pv, g, g.grad_sync, gv) && same_ops(p, p.optimizer, pv, g, g.optimizer, gv) &&
+         same_ops(p, p.spec_optimizer, pv, g, g.spec_optimizer, gv) && same_links(p, p.spec_outputs, g, g.spec_outputs) &&
          same_links(p, p.lineage, g, g.lineage);
 }
 

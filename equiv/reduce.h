@@ -31,16 +31,35 @@ struct TypedOps {
 };
 
 struct Reduction {
-  bool applied = false;             // some size was reduced
+  bool applied = false;             // some size (or mesh axis) was reduced
   std::vector<std::int64_t> vars;   // per size variable of the program: the value the run uses
+  std::vector<std::int64_t> mesh;   // per mesh axis: the ranks the run uses (choose_mesh); empty: as declared
   std::string text;                 // "H 16384 -> 16, S 8192 -> 8"
   std::vector<std::string> kept;    // "D = 128 (a Slice bound is written as a number, line 12)"
 };
 
 // The reduction of the generalized program `g` given the value `base` every variable has without reduction
 // (a generalized size: its declared value; a symbolic size: its instantiation). Only SizeVar::general variables
-// move. `lists` are the typed op lists whose values constrain it (the plan's forward and the spec's).
-Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& base, const std::vector<TypedOps>& lists);
+// move. `lists` are the typed op lists whose values constrain it (the plan's forward and the spec's). When `g` is
+// on a reduced mesh (at_mesh), `declared_mesh` is the declared one: a dim cut into N blocks there, now cut into
+// fewer, keeps its block structure (equal blocks; a block of one element stays one, of two or more stays two or more).
+Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& base, const std::vector<TypedOps>& lists,
+                           const std::vector<std::int64_t>& declared_mesh = {});
+
+// Mesh reduction: the ranks a global-view program's value check runs each mesh axis at. An axis of 3 or more ranks
+// that the ops use only through the partition and symmetric collectives (AllReduce, AllGather, ReduceScatter,
+// AllToAll without split sizes, ZeRO's gather / scatter / partition, a vocab-parallel cross-entropy, a grad norm,
+// Convert) runs at 2: every rank computes the same function of its block, so a difference at N ranks is a
+// difference on some block of some kind (its own, another's) and 2 ranks keep both kinds, as the shape reduction
+// keeps two elements of a dim. Every group size used as a value (an average's divisor, a sharded dim's real local
+// extent, the copies of the loss a training step differentiates) keeps its declared value (Runner::value_sizes).
+// Kept as declared, with the reason in `kept`: an axis some op uses asymmetrically (a ring, a send, a root, MoE
+// capacity groups, context-parallel attention's positions), an axis an output's `ranks:` selects, a per-rank,
+// local-view or pipelined program.
+std::vector<std::int64_t> choose_mesh(const Program& g, const std::vector<const std::vector<Op>*>& lists, std::vector<std::string>& kept);
+
+// `g` with its mesh axes at `mesh` ranks.
+Program at_mesh(const Program& g, const std::vector<std::int64_t>& mesh);
 
 // `g` with every variable's allowed set narrowed to the one value of `vars` (to type-check it at those sizes).
 Program at_sizes(const Program& g, const std::vector<std::int64_t>& vars);

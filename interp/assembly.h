@@ -43,9 +43,10 @@ Assembled assemble(const Program& p, Runner& run, NameId name, const Placements&
 // of `spec.outputs`), or without a spec the plan's own op list on one device.
 Program model_of(const Program& p);
 
-// The same from one piece per rank (ranks in row-major mesh order, `sizes` the mesh).
+// The same from one piece per rank (ranks in row-major mesh order, `sizes` the mesh). `counts` (Runner::value_sizes
+// on a reduced mesh): the group sizes a P(avg) divides by, when they are not `sizes`.
 Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& sizes, std::vector<Tensor> pieces, const Placements& pl,
-                          const OracleOptions& o);
+                          const OracleOptions& o, const std::vector<std::int64_t>* counts = nullptr);
 
 // Element `flat` of `gshape` as "[i, j, k]".
 std::string index_text(const Shape& gshape, std::int64_t flat);

@@ -129,8 +129,8 @@ double max_abs(const Tensor& t) {
 Assembled assemble(const Program& p, Runner& run, NameId name, const Placements& pl, const OracleOptions& o,
                    const std::vector<std::pair<int, std::int64_t>>& held) {
   std::vector<Tensor> pieces;
-  std::vector<std::int64_t> sizes = run.sizes();
-  for (auto [a, c] : held) sizes[static_cast<std::size_t>(a)] = 1;
+  std::vector<std::int64_t> sizes = run.sizes(), counts = run.value_sizes();
+  for (auto [a, c] : held) sizes[static_cast<std::size_t>(a)] = counts[static_cast<std::size_t>(a)] = 1;
   for (std::int64_t r = 0; r < run.ranks(); ++r) {
     auto coords = run.coords(r);
     if (!std::all_of(held.begin(), held.end(), [&](const auto& h) { return coords[static_cast<std::size_t>(h.first)] == h.second; })) continue;
@@ -142,7 +142,7 @@ Assembled assemble(const Program& p, Runner& run, NameId name, const Placements&
     }
     pieces.push_back(v.t);
   }
-  return assemble_pieces(p, sizes, std::move(pieces), pl, o);
+  return assemble_pieces(p, sizes, std::move(pieces), pl, o, counts != sizes ? &counts : nullptr);
 }
 
 Program model_of(const Program& p) {
@@ -172,7 +172,8 @@ Program model_of(const Program& p) {
   return m;
 }
 
-Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& sizes, std::vector<Tensor> cur, const Placements& pl, const OracleOptions& o) {
+Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& sizes, std::vector<Tensor> cur, const Placements& pl, const OracleOptions& o,
+                          const std::vector<std::int64_t>* counts) {
   Assembled res;
   std::size_t axes = sizes.size();
   // cur: pieces over the remaining (outer) axes, row-major
@@ -226,7 +227,7 @@ Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& siz
             }
         }
         if (pa.op == ReduceOp::Avg) {
-          const Num nn = static_cast<double>(n);
+          const Num nn = static_cast<double>(counts ? (*counts)[static_cast<std::size_t>(a)] : n);
           for (auto& e : acc.data) e /= nn;
         }
         next.push_back(std::move(acc));

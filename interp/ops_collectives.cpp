@@ -143,7 +143,7 @@ Num Runner::combine(ReduceOp op, const Num& a, const Num& b) {
   return a;
 }
 
-Tensor Runner::reduce_all(const std::vector<const Val*>& xs, ReduceOp op) {
+Tensor Runner::reduce_all(const std::vector<const Val*>& xs, ReduceOp op, std::uint32_t axes) {
   Tensor acc = xs[0]->t;
   for (std::size_t k = 1; k < xs.size(); ++k)
     if (xs[k]->t.shape != acc.shape)
@@ -158,8 +158,13 @@ Tensor Runner::reduce_all(const std::vector<const Val*>& xs, ReduceOp op) {
     for (std::size_t k = 1; k < xs.size(); ++k)
       for (std::size_t e = 0; e < acc.data.size(); ++e) acc.data[e] = combine(op, acc.data[e], xs[k]->t.data[e]);
   }
-  if (op == ReduceOp::Avg) {
-    const Num n = static_cast<double>(xs.size());
+  if (op == ReduceOp::Avg) {  // over the group's declared size (value_sizes: the same but on a reduced mesh)
+    auto group = static_cast<std::int64_t>(xs.size());
+    std::int64_t real = 1, here = 1;
+    for (std::size_t a = 0; a < sizes_.size(); ++a)
+      if (axes & (1u << a)) real *= value_sizes_[a], here *= sizes_[a];
+    if (here == group) group = real;
+    const Num n = static_cast<double>(group);
     for (auto& e : acc.data) e /= n;
   }
   charge(acc.numel() * static_cast<std::int64_t>(xs.size()));
@@ -192,7 +197,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
   auto dim_of = [&](int d, const Val& v) { return norm_dim(d == kUnset ? 0 : d, static_cast<int>(v.gshape.size())); };  // ZeRO: dim 0 by default
   switch (op.kind) {
     case OpKind::AllReduce: {
-      Tensor red = reduce_all(xs, at.rop);
+      Tensor red = reduce_all(xs, at.rop, axes);
       for (std::size_t k = 0; k < n; ++k) outs[k] = *xs[k], outs[k].t = red;
       break;
     }
@@ -211,7 +216,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     case OpKind::ReduceScatter:
     case OpKind::ZeROScatterGrad: {  // ops_zero.cpp: ZeRO's gradient scatter is a ReduceScatter (torch.chunk slices)
       int d = dim_of(at.dim, *xs[0]);
-      Tensor red = reduce_all(xs, at.rop);
+      Tensor red = reduce_all(xs, at.rop, axes);
       for (std::size_t k = 0; k < n; ++k) {
         std::int64_t lo, hi;
         chunk_range(red.shape[static_cast<std::size_t>(d)], static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), lo, hi);
@@ -230,7 +235,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
     }
     case OpKind::Reduce: {
       std::size_t s = src_member("Reduce destination");
-      Tensor red = reduce_all(xs, at.rop);
+      Tensor red = reduce_all(xs, at.rop, axes);
       for (std::size_t k = 0; k < n; ++k) outs[k] = *xs[k], outs[k].t = k == s ? red : nan_like(red);
       if (global_) taint = "Reduce leaves its result on one rank only (V)";
       break;

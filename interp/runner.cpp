@@ -11,6 +11,7 @@ Runner::Runner(const Program& p, const std::vector<std::int64_t>& vars, std::vec
        std::int64_t& work, std::vector<std::int64_t> real_sizes)
     : p_(p), vars_(vars), sizes_(std::move(axis_sizes)), real_sizes_(std::move(real_sizes)), global_(global), opt_(o), work_(work) {
   if (real_sizes_.empty()) real_sizes_ = sizes_;
+  value_sizes_ = sizes_;
   tune_heap();
   set_alloc_limits({o.max_elements, o.max_bytes});
   ranks_ = 1;
@@ -293,6 +294,15 @@ std::int64_t Runner::real_global(int oi, int k, std::size_t d) const {
 }
 
 std::int64_t Runner::real_local(std::int64_t real, std::int64_t reduced, std::uint32_t mask, std::uint32_t ord, const std::vector<std::int64_t>& c) const {
+  if (real > 0 && value_sizes_ != sizes_) {  // on a reduced mesh: the real extent over the declared parts
+    std::int64_t n = 1, m = 1;
+    for (std::size_t a = 0; a < sizes_.size(); ++a)
+      if (mask & (1u << a)) n *= value_sizes_[a], m *= sizes_[a];
+    if (n != m) {
+      if (real % n) throw InterpError(fmt::format("a dim of {} elements is cut unevenly over {} ranks: its blocks are not known on the reduced mesh", real, n));
+      return real / n;
+    }
+  }
   std::int64_t lo, hi;
   block(real > 0 ? real : reduced, mask, c, lo, hi, ord);
   return hi - lo;

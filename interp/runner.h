@@ -145,6 +145,12 @@ class Runner {
 
   std::int64_t ranks() const { return ranks_; }
   const std::vector<std::int64_t>& sizes() const { return sizes_; }
+  // The mesh a group's size is read from where it is a value: a group average's divisor, a sharded dim's real local
+  // extent. It is `sizes()` unless the value check runs on a reduced mesh (equiv/reduce.h, "mesh reduction"): then it
+  // is the declared mesh, so an average over 2 ranks standing for 512 divides by 512, as every count does under
+  // shape reduction.
+  const std::vector<std::int64_t>& value_sizes() const { return value_sizes_; }
+  void set_value_sizes(std::vector<std::int64_t> v) { value_sizes_ = std::move(v); }
   const std::vector<std::int64_t>& coords(std::int64_t r) const { return coords_[static_cast<std::size_t>(r)]; }
   std::int64_t rank_of(const std::vector<std::int64_t>& c) const;
   Val& at(std::int64_t r, NameId n) { return env_[static_cast<std::size_t>(r)][static_cast<std::size_t>(n)]; }
@@ -298,7 +304,7 @@ class Runner {
   // ---- collectives (and the vocab-parallel loss, whose max and sum all-reduce inside) ----------------
   std::vector<std::int64_t> group(const Op& op, std::int64_t r);
   static Num combine(ReduceOp op, const Num& a, const Num& b);
-  Tensor reduce_all(const std::vector<const Val*>& xs, ReduceOp op);
+  Tensor reduce_all(const std::vector<const Val*>& xs, ReduceOp op, std::uint32_t axes);
   static Tensor nan_like(const Tensor& t) { return Tensor(t.shape, NAN); }
 
   void step_group(int oi, const std::vector<std::int64_t>& members);
@@ -312,6 +318,7 @@ class Runner {
   const Program& p_;
   const std::vector<std::int64_t>& vars_;
   std::vector<std::int64_t> sizes_;
+  std::vector<std::int64_t> value_sizes_;  // value_sizes()
   std::vector<std::int64_t> real_sizes_;  // the real mesh (the single-device run needs it for the per-rank shapes of V values)
   bool global_;
   const OracleOptions& opt_;

@@ -206,7 +206,15 @@ struct Gen {
     for (const char* ax : {"dp", "cp"}) {
       if ((std::string(ax) == "dp" && !dp) || (std::string(ax) == "cp" && !cp)) continue;
       std::string r = fresh("lr");
-      p_op(fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}}}", cur, r, ax));
+      // (a mesh reduction runs dp 4 at 2 ranks: an average over dp still divides by 4, so a factor written for
+      // 2 ranks stays wrong)
+      if (std::string(ax) == "dp" && dp > 2 && inject("the dp sum written as an average times 2 (right only at dp 2)")) {
+        std::string m = fresh("lm");
+        p_op(fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: dp, reduce: avg}}", cur, m));
+        p_op(fmt::format("{{op: Multiply, in: [{}], out: {}, scalar: 2}}", m, r));
+      } else {
+        p_op(fmt::format("{{op: AllReduce, in: [{}], out: {}, axis: {}}}", cur, r, ax));
+      }
       cur = r;
     }
     p_op(fmt::format("{{op: Multiply, in: [{}], out: {}, scalar: {}}}", cur, y, num(inv)));
@@ -221,7 +229,7 @@ struct Gen {
 ScaledProgram generate_scaled(std::uint64_t seed, int scale) {
   Gen g(seed, scale);
   static const std::vector<std::vector<std::pair<const char*, int>>> meshes = {
-      {{"tp", 2}}, {{"tp", 4}}, {{"dp", 2}, {"tp", 2}}, {{"cp", 2}, {"tp", 2}}, {{"cp", 2}}, {{"dp", 2}}};
+      {{"tp", 2}}, {{"tp", 4}}, {{"dp", 2}, {"tp", 2}}, {{"cp", 2}, {"tp", 2}}, {{"cp", 2}}, {{"dp", 2}}, {{"dp", 4}}, {{"dp", 4}, {"tp", 4}}};
   const auto& mesh = meshes[static_cast<std::size_t>(g.pick(static_cast<int>(meshes.size())))];
   std::string mesh_text;
   for (const auto& [ax, n] : mesh) {
@@ -231,7 +239,7 @@ ScaledProgram generate_scaled(std::uint64_t seed, int scale) {
     if (std::string(ax) == "dp") g.dp = n;
   }
   std::int64_t t = std::max(g.tp, 1), k = scale;
-  g.B = 2 * k, g.S = 4 * k, g.H = 4 * k * t, g.F = 4 * k * t, g.NH = t * k, g.D = 2 * k, g.V = 2 * t * k;
+  g.B = 2 * k * std::max<std::int64_t>(g.dp / 2, 1), g.S = 4 * k, g.H = 4 * k * t, g.F = 4 * k * t, g.NH = t * k, g.D = 2 * k, g.V = 2 * t * k;
   g.want_bug = g.coin(0.5);
   g.x = "x0";
   g.tensors = fmt::format("  x0: {{shape: [B, S, H], placement: {}}}\n", g.act_pl());

@@ -2,7 +2,7 @@
 //
 // The differential test of shape reduction (spmd_equiv_difftest --reduce N) needs the same program at several sizes:
 // generate_scaled draws, from `seed`, a global-view plan and its single-device spec over named sizes (B, S, H, F, NH,
-// D, V) on a 1-D or 2-D mesh - tensor-parallel MLPs with biases, RMSNorm/LayerNorm, a mean over a sequence sharded
+// D, V) on a 1-D or 2-D mesh (axes of 2 or 4 ranks, which a mesh reduction runs at 2) - tensor-parallel MLPs with biases, RMSNorm/LayerNorm, a mean over a sequence sharded
 // over cp with its 1/S written as a number, attention written out with its 1/sqrt(D) as a number against
 // FlashAttention's own scale, a vocab-parallel cross-entropy normalized by a written token count, RoPE at global
 // positions - and writes it at `scale` times the base sizes. Numbers that depend on sizes are computed from that

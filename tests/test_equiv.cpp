@@ -2,6 +2,7 @@
 //
 // The spec ops are added to a loaded plan by hand here, so these tests do not depend on the `spec:` syntax;
 // examples/equiv/ and tests/programs/equiv/ test the whole path from YAML.
+#include <cmath>
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -257,15 +258,101 @@ TEST_CASE("equiv: shape reduction proves the README example at its declared size
   EquivResult r = check_equivalence(load_program_string(kReadmeFixed, "mlp.yaml"));
   CHECK(r.verdict == EquivVerdict::Equivalent);
   // every dim keeps min(2, its block) elements a block: F is cut over tp = 4
-  CHECK(r.reduction == "B 8 -> 2, S 512 -> 4, H 1024 -> 6, F 4096 -> 8");
+  CHECK(r.reduction == "B 8 -> 2, S 512 -> 4, H 1024 -> 6, F 4096 -> 8, tp 4 -> 2 ranks");
   CHECK(r.message.find("at the declared sizes B = 8, S = 512, H = 1024, F = 4096") != std::string::npos);
+}
+
+TEST_CASE("equiv: mesh reduction runs a data-parallel axis at 2 ranks and keeps an axis a root tells apart") {
+  // dp = 512 used through its partition and an average: run at 2 ranks, the average dividing by 512 and each
+  // rank's Mean by its 8 rows
+  std::string text = R"(mesh: {dp: 512}
+sizes: {B: 4096, H: 64}
+tensors:
+  x: {shape: [B, H], placement: {dp: S(0)}}
+ops:
+  - {op: Mean, in: [x], out: s, dims: [0]}
+  - {op: AllReduce, in: [s], out: a, axis: dp, reduce: avg}
+  - {op: Multiply, in: [a], out: y, scalar: SCALE}
+outputs:
+  y: {}
+spec:
+  ops:
+    - {op: Sum, in: [x], out: y, dims: [0]}
+  outputs: [y]
+)";
+  auto with = [&](const char* scale) {
+    std::string t = text;
+    t.replace(t.find("SCALE"), 5, scale);
+    return check_equivalence(load_program_string(t, "dp.yaml"));
+  };
+  EquivResult ok = with("4096"), two = with("16");
+  CHECK(ok.verdict == EquivVerdict::Equivalent);
+  CHECK(ok.reduction.find("dp 512 -> 2 ranks") != std::string::npos);
+  CHECK(ok.diags.empty());
+  CHECK(two.verdict == EquivVerdict::Mismatch);  // 16 rows: 2 ranks of 8, what the run holds, not the batch
+  // a Broadcast from rank 0 tells its ranks apart: dp is kept (a mesh of 4 ranks runs as declared), and said
+  std::string root = R"(mesh: {dp: 4}
+sizes: {B: 8, H: 64}
+tensors:
+  x: {shape: [B, H]}
+ops:
+  - {op: Broadcast, in: [x], out: b, axis: dp, src: 0}
+  - {op: Multiply, in: [b], out: y, scalar: 2}
+outputs:
+  y: {}
+spec:
+  ops:
+    - {op: Multiply, in: [x], out: y, scalar: 2}
+  outputs: [y]
+)";
+  EquivResult kept = check_equivalence(load_program_string(root, "root.yaml"));
+  CHECK(kept.verdict == EquivVerdict::Equivalent);
+  CHECK(kept.reduction.find("ranks") == std::string::npos);
+  CHECK(kept.message.find("kept dp = 4 ranks: Broadcast (line 6) tells its ranks apart") != std::string::npos);
+}
+
+TEST_CASE("equiv: an optimizer edited after loading is not reduced from its text") {
+  // (a mutant of the optimizer step: the reduced check must run the edited program, not its text)
+  std::string text = R"(mesh: {dp: 8}
+sizes: {B: 64, H: 16}
+tensors:
+  x: {shape: [B, H], placement: {dp: S(0)}}
+  w: {shape: [H, H], param: true}
+  m: {shape: [H, H]}
+  v: {shape: [H, H]}
+ops:
+  - {op: MatMul, in: [x, w], out: y}
+  - {op: Mean, in: [y], out: loss, dims: [0, 1]}
+loss: loss
+train: true
+grad_sync:
+  - {op: AllReduce, in: [w.grad], out: w.grad, axis: dp, reduce: avg}
+optimizer:
+  - {op: AdamWUpdate, in: [w, w.grad, m, v], out: [w, m, v], lr: 0.01}
+spec:
+  ops:
+    - {op: MatMul, in: [x, w], out: y}
+    - {op: Mean, in: [y], out: loss, dims: [0, 1]}
+  outputs: []
+  optimizer:
+    - {op: AdamWUpdate, in: [w, w.grad, m, v], out: [w, m, v], lr: 0.01}
+)";
+  Program p = load_program_string(text, "adamw.yaml");
+  EquivResult ok = check_equivalence(p);
+  CHECK(ok.verdict == EquivVerdict::Equivalent);
+  CHECK(ok.reduction.find("dp 8 -> 2 ranks") != std::string::npos);
+  for (auto& x : p.number_lists[p.optimizer[0].attrs.numbers])
+    if (!std::isnan(x)) x *= 2;  // lr (and every other number given) doubled
+  EquivResult r = check_equivalence(p);
+  CHECK(r.verdict == EquivVerdict::Mismatch);
+  CHECK(r.reduction.empty());
 }
 
 TEST_CASE("equiv: a program edited after loading is not reduced from its text") {
   std::string text = kReadmeFixed;
   text.replace(text.find("{B: 8, S: 512, H: 1024, F: 4096}"), 32, "{B: 2, S: 8, H: 16, F: 32}");
   Program p = load_program_string(text, "mlp.yaml");
-  CHECK(check_equivalence(p).reduction == "S 8 -> 4, H 16 -> 6, F 32 -> 8");
+  CHECK(check_equivalence(p).reduction == "S 8 -> 4, H 16 -> 6, F 32 -> 8, tp 4 -> 2 ranks");
   p.ops[2].kind = OpKind::SiLU;  // a mutant: the text still says GELU
   EquivResult r = check_equivalence(p);
   CHECK(r.verdict == EquivVerdict::Equivalent);
