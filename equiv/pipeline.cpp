@@ -364,11 +364,7 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
     const RankProgram& orp = O.programs[r];
     std::vector<char> started(T.names.size(), 0), synced(static_cast<std::size_t>(S), 0), owns(static_cast<std::size_t>(S), 0);
     for (int k = 0; k < S; ++k) owns[static_cast<std::size_t>(k)] = owner[static_cast<std::size_t>(k)] == static_cast<int>(r);
-    bool optimized = false;
-    auto optimize = [&] {  // once every stage of the rank has run its grad_sync
-      for (int k = 0; k < S; ++k)
-        if (owns[static_cast<std::size_t>(k)] && !synced[static_cast<std::size_t>(k)]) return;
-      if (std::exchange(optimized, true)) return;
+    auto optimize = [&] {
       for (std::size_t j = fo; j < T.ops.size(); ++j) {
         const Op& op = T.ops[j];
         int st = optim_stage[j - fo];
@@ -436,7 +432,6 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
             if (step + 1 == K && !synced[ku]) {
               for (int j : sync[ku]) emit_copy(j, -1, false);
               synced[ku] = 1;
-              optimize();
             }
             break;
           case ActionType::Unshard:
@@ -463,7 +458,7 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
         for (int j : sync[static_cast<std::size_t>(k)]) emit_copy(j, -1, false);
         synced[static_cast<std::size_t>(k)] = 1;
       }
-    optimize();
+    optimize();  // optimizer.step() after the schedule's last run: every stage of the rank has run its grad_sync
     // The last stage's outputs gathered over the microbatches (`merge:`).
     if (owner[static_cast<std::size_t>(S - 1)] == static_cast<int>(r))
       for (const MergeSpec& m : sp.merge) {

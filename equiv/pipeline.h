@@ -6,7 +6,8 @@
 // from. The schedule's lowering (schedules/, the one the temporal checks simulate) then says what each rank runs; each
 // F, B, I and W becomes that stage's part of the step for the microbatch, with its names suffixed `@mb<k>`, each
 // backward adds the stage's parameter gradients into `<param>.grad`, and a stage's `grad_sync:` ops run after its last
-// backward (or at its REDUCE_GRAD), and the `optimizer:` ops on each rank once all its stages have synced (each op on the
+// backward (or at its REDUCE_GRAD), and the `optimizer:` ops at the end of each rank's program
+// (optimizer.step() after the schedule's last run) (each op on the
 // ranks of the stage whose parameters, gradients or states it touches; a GradNormSq on every rank over its stages'
 // gradients, summed over the pipeline axis when `axis:` names it).
 #pragma once
