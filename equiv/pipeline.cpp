@@ -34,7 +34,10 @@ Placements add_axis(Placements pl, int a, int n) {  // n: the axes after
   return pl;
 }
 
-void remove_axis(Program& q, int a) {
+// Removes the pipeline axis `a` from `q`; returns which `optimizer:` ops sum over it (GradNormSq with the axis in
+// `axis:`, Megatron's all-reduce of the norm over the pipeline group: put back by the lowering, where it sums the
+// stages' partial norms).
+std::vector<char> remove_axis(Program& q, int a) {
   int n = q.axis_count();
   for (auto& t : q.tensors) {
     if (!t.placement[static_cast<std::size_t>(a)].is_r())
@@ -44,8 +47,18 @@ void remove_axis(Program& q, int a) {
     t.placement = drop_axis(t.placement, a, n);
   }
   for (auto& o : q.outputs) o.placement = drop_axis(o.placement, a, n);
-  for (auto* list : {&q.ops, &q.grad_sync})
+  std::vector<char> pp_norm(q.optimizer.size(), 0);
+  for (std::size_t i = 0; i < q.optimizer.size(); ++i)
+    if (Op& op = q.optimizer[i]; op.kind == OpKind::GradNormSq && (op.attrs.axes & (1u << a))) {
+      pp_norm[i] = 1;
+      op.attrs.axes = drop_bit(op.attrs.axes, a);
+    }
+  for (auto* list : {&q.ops, &q.grad_sync, &q.optimizer})
     for (auto& op : *list) {
+      if ((op.attrs.axes & (1u << a)) && list == &q.optimizer)
+        throw LoadError(op.loc, fmt::format("{} communicates over the pipeline axis {}: the optimizer runs on each stage's ranks, and its only sum across "
+                                            "stages is a GradNormSq's `axis: {}` (Megatron's all-reduce of the squared norm over the pipeline group)",
+                                            op_name(op.kind), q.mesh[static_cast<std::size_t>(a)].name, q.mesh[static_cast<std::size_t>(a)].name));
       if (op.attrs.axes & (1u << a))
         throw LoadError(op.loc, fmt::format("{} communicates over the pipeline axis {}: a stage's ops and grad_sync run within its stage (the schedule moves "
                                             "values between stages)",
@@ -54,6 +67,7 @@ void remove_axis(Program& q, int a) {
     }
   for (auto& pm : q.placement_maps) pm = drop_axis(pm, a, n);
   q.mesh.erase(q.mesh.begin() + a);
+  return pp_norm;
 }
 
 void restore_axis(Program& t, int a, const MeshAxis& ax) {
@@ -98,6 +112,7 @@ Program microbatch_forward(const Program& p, std::int64_t parts, std::vector<int
     }
   for (auto& o : q.outputs) o.ranks.clear();
   q.has_spec = false, q.spec_ops.clear(), q.spec_outputs.clear(), q.lineage.clear();
+  q.has_spec_optimizer = false, q.spec_optimizer.clear();
   q.has_expect = false, q.expect.clear();
   q.train = true;
   return q;
@@ -132,7 +147,7 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
   std::vector<int> stage_of;
   Program q = microbatch_forward(p, N, stage_of);
   const int axis = sp.axis;
-  remove_axis(q, axis);
+  std::vector<char> pp_norm = remove_axis(q, axis);
   SpatialTypes ft, st;
   SpatialOptions so;
   so.types = &ft;
@@ -146,7 +161,10 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
   if (!tc.built || has_error(out.diags)) return out;
   Program T = std::move(tc.program);
   restore_axis(T, axis, p.mesh[static_cast<std::size_t>(axis)]);
-  const std::size_t nf = tc.first_backward, fr = tc.first_relabel, fs = tc.first_sync;
+  const std::size_t nf = tc.first_backward, fr = tc.first_relabel, fs = tc.first_sync, fo = tc.first_optim;
+  for (std::size_t i = 0; i < pp_norm.size() && fo + i < T.ops.size(); ++i)
+    if (pp_norm[i]) T.ops[fo + i].attrs.axes |= 1u << axis;
+  equiv_detail::rename_optimizer_grads(T, T.ops, fo);  // `<param>.grad` keeps what grad_sync left: the gradient compared
 
   // Which stage each op of the step belongs to: a forward op its stage's, a backward op its forward op's, a grad_sync
   // op the stage of the parameter whose gradient it reads.
@@ -174,7 +192,7 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
     grad_of[n] = it->second;
     if (is_param[n]) grad_param[static_cast<std::size_t>(it->second)] = static_cast<NameId>(n);
   }
-  for (std::size_t j = fs; j < T.ops.size(); ++j) {
+  for (std::size_t j = fs; j < fo; ++j) {
     const Op& op = T.ops[j];
     for (std::uint32_t o = op.first; o < op.first + op.n_in + op.n_out && op_stage[j] < 0; ++o)
       if (NameId w = grad_param[static_cast<std::size_t>(T.operands[o])]; w >= 0) op_stage[j] = param_stage[static_cast<std::size_t>(w)];
@@ -185,7 +203,38 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
   std::vector<std::vector<int>> fwd(static_cast<std::size_t>(S)), bwd(fwd), sync(fwd), iops(fwd), wops(fwd);
   for (std::size_t i = 0; i < nf; ++i) fwd[static_cast<std::size_t>(op_stage[i])].push_back(static_cast<int>(i));
   for (std::size_t j = nf; j < fr; ++j) bwd[static_cast<std::size_t>(op_stage[j])].push_back(static_cast<int>(j));
-  for (std::size_t j = fs; j < T.ops.size(); ++j) sync[static_cast<std::size_t>(op_stage[j])].push_back(static_cast<int>(j));
+  for (std::size_t j = fs; j < fo; ++j) sync[static_cast<std::size_t>(op_stage[j])].push_back(static_cast<int>(j));
+  // The optimizer step (docs/schedules.md, "The optimizer"): an op runs on the ranks of the stage whose parameters,
+  // gradients or states it reads or writes (a state takes the stage of the first op that updates it with them); an op
+  // that touches none (a clip coefficient) runs on every rank; a GradNormSq runs on every rank over the gradients its
+  // stages hold, summed over the pipeline axis when its `axis:` names it (else each rank's norm is its stages' only).
+  constexpr int kEvery = -2;
+  std::vector<int> name_stage(T.names.size(), -1), optim_stage(T.ops.size() - fo, kEvery);
+  for (std::size_t n = 0; n < T.names.size(); ++n) {
+    if (is_param[n]) name_stage[n] = param_stage[n];
+    if (grad_param[n] >= 0) name_stage[n] = param_stage[static_cast<std::size_t>(grad_param[n])];
+  }
+  for (std::size_t j = fo; j < T.ops.size(); ++j) {
+    const Op& op = T.ops[j];
+    int st = kEvery;
+    for (std::uint32_t o = op.first; o < op.first + op.n_in + op.n_out; ++o) {
+      auto n = static_cast<std::size_t>(T.operands[o]);
+      NameId w = is_param[n] ? static_cast<NameId>(n) : grad_param[n];
+      if (w >= 0 && param_stage[static_cast<std::size_t>(w)] < 0)
+        throw LoadError(op.loc, fmt::format("optimizer op {} reads or writes {}, but no stage reads parameter {}: it has no stage's ranks to run on", op_name(op.kind),
+                                            T.name(static_cast<NameId>(n)), T.name(w)));
+      int x = name_stage[n];
+      if (x < 0 || op.kind == OpKind::GradNormSq) continue;
+      if (st >= 0 && st != x)
+        throw LoadError(op.loc, fmt::format("optimizer op {} reads or writes {} of stage {} and values of stage {}: an optimizer op runs on one stage's ranks "
+                                            "(a norm across stages is one GradNormSq with `axis: {}`)",
+                                            op_name(op.kind), T.name(static_cast<NameId>(n)), x, st, T.mesh[static_cast<std::size_t>(axis)].name));
+      st = x;
+    }
+    optim_stage[j - fo] = st;
+    for (NameId n : T.outs(op))
+      if (name_stage[static_cast<std::size_t>(n)] == -1) name_stage[static_cast<std::size_t>(n)] = st;
+  }
   // Each stage's activation inputs (the previous stage's outputs) and the gradients it sends back.
   std::vector<std::vector<NameId>> act_in(static_cast<std::size_t>(S)), grad_out(act_in), params(act_in);
   for (int k = 1; k < S; ++k)
@@ -323,7 +372,24 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
     rp.selector = {{axis, static_cast<std::int64_t>(r)}};
     rp.first_op = static_cast<std::uint32_t>(L.ops.size());
     const RankProgram& orp = O.programs[r];
-    std::vector<char> started(T.names.size(), 0), synced(static_cast<std::size_t>(S), 0);
+    std::vector<char> started(T.names.size(), 0), synced(static_cast<std::size_t>(S), 0), owns(static_cast<std::size_t>(S), 0);
+    for (int k = 0; k < S; ++k) owns[static_cast<std::size_t>(k)] = owner[static_cast<std::size_t>(k)] == static_cast<int>(r);
+    auto optimize = [&] {
+      for (std::size_t j = fo; j < T.ops.size(); ++j) {
+        const Op& op = T.ops[j];
+        int st = optim_stage[j - fo];
+        if (op.kind == OpKind::GradNormSq) {  // the gradients of the rank's stages (and any of no stage)
+          ins.clear(), outs.clear();
+          for (NameId n : T.ins(op))
+            if (int x = name_stage[static_cast<std::size_t>(n)]; x < 0 || owns[static_cast<std::size_t>(x)]) ins.push_back(n);
+          for (NameId n : T.outs(op)) outs.push_back(n);
+          L.add_op(op, ins, outs).attrs.matches = outs[0];  // the ranks' gradients differ; the norm is one logical tensor
+          note(static_cast<int>(j), -1, false, false);
+        } else if (st < 0 || owns[static_cast<std::size_t>(st)]) {
+          emit_copy(static_cast<int>(j), -1, false);
+        }
+      }
+    };
     auto accumulate = [&](int stage, std::int64_t k) {
       for (NameId w : params[static_cast<std::size_t>(stage)]) {
         NameId g = grad_of[static_cast<std::size_t>(w)], gk = mb_name(g, k);
@@ -398,8 +464,11 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
     }
     // grad_sync: after the stage's last backward (the end of the rank's program), unless a REDUCE_GRAD placed it.
     for (int k = 0; k < S; ++k)
-      if (owner[static_cast<std::size_t>(k)] == static_cast<int>(r) && !synced[static_cast<std::size_t>(k)])
+      if (owns[static_cast<std::size_t>(k)] && !synced[static_cast<std::size_t>(k)]) {
         for (int j : sync[static_cast<std::size_t>(k)]) emit_copy(j, -1, false);
+        synced[static_cast<std::size_t>(k)] = 1;
+      }
+    optimize();  // optimizer.step() after the schedule's last run: every stage of the rank has run its grad_sync
     // The last stage's outputs gathered over the microbatches (`merge:`).
     if (owner[static_cast<std::size_t>(S - 1)] == static_cast<int>(r))
       for (const MergeSpec& m : sp.merge) {
@@ -442,6 +511,15 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
       if (!T.exprs.is_const(e)) return out.why = fmt::format("mesh axis {} has a symbolic size", T.mesh[static_cast<std::size_t>(a)].name), out;
       out.n_copies *= static_cast<double>(T.exprs.value(e));
     }
+  // The optimizer's results: read on the ranks of their stage (every rank: a value of no stage), by the placement of
+  // the step's last write.
+  out.optim_writes = equiv_detail::optimizer_writes(T, fo);
+  out.optim_pl.resize(T.names.size());
+  out.optim_ranks.resize(T.names.size());
+  for (std::size_t n = 0; n < T.names.size(); ++n) {
+    if (out.optim_writes[n] && last_type[n]) out.optim_pl[n] = add_axis(last_type[n]->pl, axis, T.axis_count());
+    if (name_stage[n] >= 0) out.optim_ranks[n] = {{axis, owner[static_cast<std::size_t>(name_stage[n])]}};
+  }
   out.seed = seed;
   out.step_ops = T.ops;
   out.step_types = std::move(st);
@@ -488,8 +566,11 @@ TrainingPair pipeline_pair(const Program& p) {
     c.outputs.push_back(od);
     c.spec_outputs.push_back({od.name, od.name, od.loc});
   }
-  c.train = c.has_backward = c.has_grad_sync = c.has_expect = false;
-  c.backward.clear(), c.grad_sync.clear(), c.expect.clear();
+  optimizer_outputs(
+      p, pl.optim_writes, [&](NameId n) { return pl.optim_writes[static_cast<std::size_t>(n)] ? &pl.optim_pl[static_cast<std::size_t>(n)] : nullptr; },
+      [&](NameId n) { return pl.optim_ranks[static_cast<std::size_t>(n)]; }, c);
+  c.train = c.has_backward = c.has_grad_sync = c.has_optimizer = c.has_spec_optimizer = c.has_expect = false;
+  c.backward.clear(), c.grad_sync.clear(), c.optimizer.clear(), c.spec_optimizer.clear(), c.expect.clear();
   c.loss = -1;
   r.microbatches = std::move(pl.meta.microbatches);
   r.family = std::move(pl.meta.family);

@@ -6,7 +6,10 @@
 // from. The schedule's lowering (schedules/, the one the temporal checks simulate) then says what each rank runs; each
 // F, B, I and W becomes that stage's part of the step for the microbatch, with its names suffixed `@mb<k>`, each
 // backward adds the stage's parameter gradients into `<param>.grad`, and a stage's `grad_sync:` ops run after its last
-// backward (or at its REDUCE_GRAD).
+// backward (or at its REDUCE_GRAD), and the `optimizer:` ops at the end of each rank's program
+// (optimizer.step() after the schedule's last run) (each op on the
+// ranks of the stage whose parameters, gradients or states it touches; a GradNormSq on every rank over its stages'
+// gradients, summed over the pipeline axis when `axis:` names it).
 #pragma once
 #include <string>
 #include <vector>
@@ -25,6 +28,11 @@ struct PipelineLowering {
   Program program;                // per-rank programs with real ops
   std::vector<equiv_detail::PairGrad> grads;  // each parameter's accumulated gradient, by its placement after grad_sync
   std::vector<std::vector<std::pair<int, std::int64_t>>> grad_ranks;  // and the ranks of its stage
+  // The optimizer step's results (per NameId of the step): written by it, the placement of its last write, the ranks
+  // that hold it (its stage's; none: every rank).
+  std::vector<char> optim_writes;
+  std::vector<Placements> optim_pl;
+  std::vector<std::vector<std::pair<int, std::int64_t>>> optim_ranks;
   NameId seed = -1;               // the backward's seed `<loss>.grad`: one declared value every microbatch's backward reads
   double n_copies = 1;            // the copies of the loss the ranks differentiate (equiv/training.h)
   equiv_detail::TrainingPair meta;  // microbatches, family, generated, derived
@@ -39,7 +47,8 @@ Program pipeline_step_forward(const Program& p);
 
 // Lowers `p` (a `schedule:` with `stages:`) along the action grid `s`. Throws LoadError for input the schedule cannot
 // run (a stage count that differs from the grid's, a batch dim the microbatches do not divide, a parameter that two
-// stages read, a grad_sync op that reads no parameter gradient).
+// stages read, a grad_sync op that reads no parameter gradient, an optimizer op that touches two stages' values or a
+// parameter no stage reads).
 PipelineLowering lower_pipeline(const Program& p, const Schedule& s);
 
 namespace equiv_detail {

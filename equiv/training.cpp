@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <unordered_map>
 
 #include "autograd/autograd.h"
@@ -50,27 +51,32 @@ std::string first_error(const std::vector<Diagnostic>& diags) {
   return "";
 }
 
-// The optimizer's results as compared outputs of the pair `c`: every declared tensor (a parameter, an fp32 master, an
-// optimizer state) that the plan's optimizer (its ops from `first_optim` in the step `t`) or the spec's writes, and
-// every other name both write, each read by the placement of the plan's last write (a declared tensor the plan never
-// updates: by its declared placement, so a spec that updates it differs). Gradients are compared already.
-void optimizer_outputs(const Program& p, const Program& t, std::size_t first_optim, const std::vector<const ValueType*>& last, Program& c) {
-  if (!p.has_optimizer) return;
-  std::vector<char> plan_w(t.names.size(), 0), spec_w(t.names.size(), 0);
+
+}  // namespace
+
+std::vector<char> optimizer_writes(const Program& t, std::size_t first_optim) {
+  std::vector<char> w(t.names.size(), 0);
   for (std::size_t i = first_optim; i < t.ops.size(); ++i)
-    for (NameId n : t.outs(t.ops[i])) plan_w[static_cast<std::size_t>(n)] = 1;
+    for (NameId n : t.outs(t.ops[i])) w[static_cast<std::size_t>(n)] = 1;
+  return w;
+}
+
+void optimizer_outputs(const Program& p, const std::vector<char>& plan_w, const std::function<const Placements*(NameId)>& last,
+                       const std::function<std::vector<std::pair<int, std::int64_t>>(NameId)>& ranks, Program& c) {
+  if (!p.has_optimizer) return;
+  std::vector<char> spec_w(plan_w.size(), 0);
   // the spec's optimizer: the last ops of the pair's spec ops (as many as the list has; gradients renamed as the plan's)
   std::size_t k = (p.has_spec ? p.spec_optimizer : p.optimizer).size();
   for (std::size_t i = c.spec_ops.size() - std::min(k, c.spec_ops.size()); i < c.spec_ops.size(); ++i)
     for (NameId n : c.outs(c.spec_ops[i]))
       if (static_cast<std::size_t>(n) < spec_w.size()) spec_w[static_cast<std::size_t>(n)] = 1;
-  std::vector<const TensorDecl*> decl(t.names.size(), nullptr);
+  std::vector<const TensorDecl*> decl(plan_w.size(), nullptr);
   for (const auto& d : p.tensors) decl[static_cast<std::size_t>(d.name)] = &d;
   auto compared = [&](NameId n) {
     return std::any_of(c.outputs.begin(), c.outputs.end(), [&](const OutputDecl& od) { return od.name == n; }) ||
            std::any_of(c.spec_outputs.begin(), c.spec_outputs.end(), [&](const Program::SpecLink& l) { return l.plan == n; });
   };
-  for (std::size_t n = 0; n < t.names.size(); ++n) {
+  for (std::size_t n = 0; n < plan_w.size(); ++n) {
     bool d = decl[n] != nullptr;
     if (!(d ? plan_w[n] || spec_w[n] : plan_w[n] && spec_w[n])) continue;
     NameId id = static_cast<NameId>(n);
@@ -79,13 +85,13 @@ void optimizer_outputs(const Program& p, const Program& t, std::size_t first_opt
     od.name = id;
     od.loc = d ? decl[n]->loc : p.optimizer_loc;
     od.has_placement = true;
-    od.placement = plan_w[n] && last[n] ? last[n]->pl : decl[n]->placement;
+    const Placements* pl = plan_w[n] ? last(id) : nullptr;
+    od.placement = pl ? *pl : decl[n]->placement;
+    od.ranks = ranks(id);
     c.outputs.push_back(od);
     c.spec_outputs.push_back({id, id, od.loc});
   }
 }
-
-}  // namespace
 
 std::vector<NameId> rename_optimizer_grads(Program& t, std::vector<Op>& ops, std::size_t first) {
   std::vector<NameId> out;
@@ -289,7 +295,9 @@ TrainingPair training_pair(const Program& p) {
     }
   }
   add_grad_outputs(c, grads);
-  optimizer_outputs(p, t, tc.first_optim, last, c);
+  optimizer_outputs(
+      p, optimizer_writes(t, tc.first_optim), [&](NameId n) { return last[static_cast<std::size_t>(n)] ? &last[static_cast<std::size_t>(n)]->pl : nullptr; },
+      [](NameId) { return std::vector<std::pair<int, std::int64_t>>{}; }, c);
   finish_pair(c, r);
   return r;
 }

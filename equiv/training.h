@@ -9,6 +9,7 @@
 // gradients move no data and are left out. Without a spec the model is the plan's own step run on one device. The
 // loss is compared too (by the placement of its last write) unless an output already names it.
 #pragma once
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +65,17 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
 // optimizer step) is renamed there `<x>.grad@optimizer` (reads after the write follow), so that `<x>.grad` keeps
 // what grad_sync left: the gradient compared. The renamed names in write order.
 std::vector<NameId> rename_optimizer_grads(Program& t, std::vector<Op>& ops, std::size_t first);
+
+// Which names ops [first_optim, end) of the step `t` write (the plan's optimizer step).
+std::vector<char> optimizer_writes(const Program& t, std::size_t first_optim);
+
+// The optimizer's results as compared outputs of the pair `c`: every declared tensor (a parameter, an fp32 master, an
+// optimizer state) that the plan's optimizer (`plan_w`, per NameId) or the spec's writes, and every other name both
+// write, each read by the placement of the plan's last write (`last`; a declared tensor the plan never updates: by
+// its declared placement, so a spec that updates it differs) on the ranks `ranks` gives (none: every rank).
+// Gradients are compared already.
+void optimizer_outputs(const Program& p, const std::vector<char>& plan_w, const std::function<const Placements*(NameId)>& last,
+                       const std::function<std::vector<std::pair<int, std::int64_t>>(NameId)>& ranks, Program& c);
 
 // `p` has `loss:` and `train: true` (or a hand-written `backward:`). Throws nothing: a backward that cannot be
 // derived is a reason (`why`).

@@ -112,20 +112,23 @@ void Runner::grad_norm_sq(int oi, const std::vector<std::int64_t>& members) {
   std::string taint = global_ ? taint_of(oi, members[0]) : "";
   Num total = 0.0;
   std::int64_t work = 0;
-  for (auto m : members)
-    for (int i = 0; i < op.n_in; ++i) {
-      const Val& x = in(oi, m, i);
+  // Across per-rank programs each member's op lists the gradients that member holds (a pipeline stage's own).
+  for (std::size_t k = 0; k < members.size(); ++k) {
+    int mo = member_op(oi, k);
+    for (int i = 0; i < p_.ops[static_cast<std::size_t>(mo)].n_in; ++i) {
+      const Val& x = in(mo, members[k], i);
       for (const auto& e : x.t.data) total += e * e;
       work += x.t.numel();
     }
+  }
   charge(work + 1);
   vlabel_in_ &= ~op.attrs.axes;
-  for (auto m : members) {
+  for (std::size_t k = 0; k < members.size(); ++k) {
     Val v;
     v.gshape = {};
     v.t = Tensor(Shape{}, 0.0);
     v.t.data[0] = total;
-    set_out(oi, m, 0, std::move(v), taint);
+    set_out(member_op(oi, k), members[k], 0, std::move(v), taint);
   }
 }
 

@@ -93,9 +93,8 @@ void Loader::load_training(N root) {
   if (auto o = root["optimizer"]; o.IsDefined()) {
     auto key = find_key(root, "optimizer");
     need_loss(key, "`optimizer:`");
-    if (p_.schedule.present)  // the pipeline lowering (equiv/pipeline.h) places no optimizer yet: refuse it rather than leave it unchecked
-      fail(key, "`optimizer:` with a `schedule:` is not supported yet: the schedule's lowering places no optimizer step; check the update in a "
-                "program without the schedule");
+    if (p_.schedule.present && p_.schedule.stages.empty())  // a schedule of bare actions has no ops to update
+      fail(key, "`optimizer:` with a `schedule:` needs `stages:` (the stages' ops and parameters the update runs on)");
     p_.has_optimizer = true;
     p_.optimizer_loc = key.loc();
     load_list(o, p_.optimizer, "optimizer", !p_.has_backward);

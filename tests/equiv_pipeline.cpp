@@ -74,11 +74,21 @@ PipelineCase generate_pipeline(std::uint64_t seed, bool bug) {
   if (dp == 2 && M >= 2) can.push_back("grad sync before the last backward");
   if (M >= 2) can.push_back("sends swapped");
   if (dp == 2) can.push_back("reduce op");
+  // The optimizer step (its own stream, so the rest of the program is drawn as without it): 0 none, 1 SGD with
+  // momentum, 2 AdamW; with a global-norm clip over the stages or not.
+  std::mt19937_64 orng(seed * 0xbf58476d1ce4e5b9ULL + 29);
+  int optim = static_cast<int>(orng() % 3);
+  bool clip = optim && orng() % 2;
+  // (a clip norm over each stage only is not drawn as a mistake: on the value check's inputs the clip is often
+  // inactive, and the check then says value-unproved - never equivalent - where the ground truth's inputs differ;
+  // examples/pipeline/pp_clip_grad_norm_*.yaml and the mutation test cover it)
+  if (optim) can.push_back("optimizer lr of one stage");
   std::string mistake = can.empty() ? "" : can[static_cast<std::size_t>(pick(static_cast<int>(can.size())))];
   if (!bug) mistake.clear();
   c.mistake = mistake;
   if (mistake == "scale_grads under accumulation") K = 2, N = K * M;
-  if (mistake == "grad sync before the last backward" || mistake == "sends swapped") csv_mode = mistake == "sends swapped" ? 1 : 0;
+  bool early = mistake == "grad sync before the last backward";
+  if (early || mistake == "sends swapped") csv_mode = mistake == "sends swapped" ? 1 : 0;
   int T = dp * N * per;
   int S = P * V;
   // Layers: per stage 1-2, each MatMul with an activation, a residual or a scale.
@@ -99,6 +109,15 @@ PipelineCase generate_pipeline(std::uint64_t seed, bool bug) {
   for (int st = 0; st < S; ++st)
     for (std::size_t j = 0; j < layers[static_cast<std::size_t>(st)].size(); ++j) out += fmt::format("  w{}_{}: {{shape: [H, H], param: true}}\n", st, j);
   out += "  w_out: {shape: [H, O], param: true}\n";
+  std::vector<std::pair<std::string, std::string>> params;  // name, shape
+  for (int st = 0; st < S; ++st)
+    for (std::size_t j = 0; j < layers[static_cast<std::size_t>(st)].size(); ++j) params.push_back({fmt::format("w{}_{}", st, j), "[H, H]"});
+  params.push_back({"w_out", "[H, O]"});
+  if (optim)
+    for (const auto& [w, shape] : params) {
+      out += fmt::format("  {}.m: {{shape: {}}}\n", w, shape);
+      if (optim == 2) out += fmt::format("  {}.v: {{shape: {}}}\n", w, shape);
+    }
   // One layer's ops (module-local names, or prefixed for the spec).
   auto layer_ops = [&](const Layer& l, const std::string& in, const std::string& w, const std::string& pre, const std::string& res, const std::string& ind) {
     std::string s, cur = pre + "m";
@@ -143,7 +162,7 @@ PipelineCase generate_pipeline(std::uint64_t seed, bool bug) {
   }
   out += fmt::format("schedule:\n");
   if (csv_mode <= 1) {
-    c.csv = schedule_text(kind, P, M, V, mistake == "grad sync before the last backward", csv_mode == 1, mistake == "sends swapped");
+    c.csv = schedule_text(kind, P, M, V, early, csv_mode == 1, mistake == "sends swapped");
     out += "  csv: pipe.csv\n";
   } else {
     out += fmt::format("  kind: {}\n  microbatches: {}\n", kind, M);
@@ -186,6 +205,37 @@ PipelineCase generate_pipeline(std::uint64_t seed, bool bug) {
       }
     out += fmt::format("  - {{op: AllReduce, in: [w_out.grad], out: w_out.grad, axis: dp{}}}\n", avg ? ", reduce: avg" : "");
   }
+  // The optimizer: each stage's parameters updated on its ranks; the clip's squared norm summed over pp.
+  std::string plan_opt, spec_opt;
+  if (optim) {
+    std::string gs;
+    for (const auto& pw : params) gs += (gs.empty() ? "" : ", ") + pw.first + ".grad";
+    auto both = [&](const std::string& pl, const std::string& sp) { plan_opt += "  - {" + pl + "}\n", spec_opt += "    - {" + sp + "}\n"; };
+    if (clip) {
+      both(fmt::format("op: GradNormSq, in: [{}], out: nsq, axis: pp", gs),
+           fmt::format("op: GradNormSq, in: [{}], out: nsq", gs));
+      both("op: ClipCoef, in: [nsq], out: coef, max_norm: 0.01", "op: ClipCoef, in: [nsq], out: coef, max_norm: 0.01");
+    }
+    bool first = true;
+    for (const auto& pw : params) {
+      const std::string& w = pw.first;
+      std::string g = w + ".grad";
+      if (clip) {
+        std::string m = fmt::format("op: Multiply, in: [{0}.grad, coef], out: {0}.gc", w);
+        both(m, m);
+        g = w + ".gc";
+      }
+      double lr = optim == 1 ? 0.1 : 0.01;
+      double plr = first && mistake == "optimizer lr of one stage" ? 2 * lr : lr;
+      first = false;
+      auto upd = [&](double r) {
+        return optim == 1 ? fmt::format("op: SGDUpdate, in: [{0}, {1}, {0}.m], out: [{0}, {0}.m], lr: {2}, momentum: 0.9", w, g, r)
+                          : fmt::format("op: AdamWUpdate, in: [{0}, {1}, {0}.m, {0}.v], out: [{0}, {0}.m, {0}.v], lr: {2}, weight_decay: 0.1", w, g, r);
+      };
+      both(upd(plr), upd(lr));
+    }
+    out += "optimizer:\n" + plan_opt;
+  }
   out += fmt::format("outputs:\n  loss: {{placement: {}}}\n", dp == 2 ? (loss_kind >= 2 ? "{dp: P(avg)}" : "{dp: P}") : "{}");
   out += "spec:\n  ops:\n";
   std::string cur = "x";
@@ -197,6 +247,7 @@ PipelineCase generate_pipeline(std::uint64_t seed, bool bug) {
     }
   out += head_ops(cur, "spec_", "    ", loss_kind == 0 || loss_kind == 1 ? "1/T" : "1");
   out += "  outputs: [loss]\n";
+  if (optim) out += "  optimizer:\n" + spec_opt;
   c.yaml = out;
   return c;
 }
@@ -221,6 +272,7 @@ Truth pipeline_truth(const Program& p, std::size_t max_elements) {
       if (od.name == n) return od.ranks;
     for (std::size_t i = 0; i < pl.grads.size(); ++i)
       if (pl.grads[i].name == n) return pl.grad_ranks[i];
+    if (static_cast<std::size_t>(n) < pl.optim_ranks.size()) return pl.optim_ranks[static_cast<std::size_t>(n)];  // an updated parameter or state
     return std::vector<std::pair<int, std::int64_t>>{};
   };
   // Two draws of the inputs (integer ones: labels in [0, 3), at most the classes the generator uses): a shuffled

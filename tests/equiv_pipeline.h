@@ -8,11 +8,13 @@
 // PyTorch's scale_grads) and the whole-batch spec. The same seed with bug = false and bug = true gives the same
 // program except for one mistake (`mistake`): a dropped or a shuffled microbatch, a normalization off by the
 // microbatch count, scale_grads under accumulation, a gradient reduction before a stage's last backward, two sends
-// swapped, a wrong reduce op.
+// swapped, a wrong reduce op. Some carry an optimizer step (SGD with momentum or AdamW on every parameter, after a
+// global-norm clip summed over the pipeline axis or without a clip) with its spec; their mistake: one stage's learning rate.
 //
 // pipeline_truth lowers the schedule (equiv/pipeline.h), runs every rank's program in doubles with each microbatch's
 // backward seeded with 1, reads each parameter's gradient from its stage's ranks and compares it (and the gathered
-// loss) with central finite differences of the spec's forward loss (tests/equiv_train.h).
+// loss) with central finite differences of the spec's forward loss (tests/equiv_train.h), and every parameter and state
+// the optimizer updates (from its stage's ranks) with the spec's optimizer run in doubles on those gradients.
 #pragma once
 #include <cstdint>
 #include <string>

@@ -179,7 +179,12 @@ TEST_CASE("pipeline: examples/pipeline bugs are found at the right op, fixed ver
                         Case{"grad_sync_before_last_backward_bug.yaml", EquivVerdict::Mismatch, 41},
                         Case{"grad_sync_before_last_backward_fixed.yaml", EquivVerdict::Equivalent, 0},
                         Case{"shuffled_microbatches_bug.yaml", EquivVerdict::Mismatch, 28},
-                        Case{"shuffled_microbatches_fixed.yaml", EquivVerdict::Equivalent, 0}}) {
+                        Case{"shuffled_microbatches_fixed.yaml", EquivVerdict::Equivalent, 0},
+                        Case{"pp_1f1b_adamw.yaml", EquivVerdict::Equivalent, 0},
+                        Case{"pp_clip_grad_norm_one_stage_bug.yaml", EquivVerdict::Mismatch, 42},
+                        Case{"pp_clip_grad_norm_fixed.yaml", EquivVerdict::Equivalent, 0},
+                        Case{"pp_adamw_step_counts_accumulation_bug.yaml", EquivVerdict::Mismatch, 46},
+                        Case{"pp_adamw_accumulation_fixed.yaml", EquivVerdict::Equivalent, 0}}) {
     std::string path = src(std::string("examples/pipeline/") + c.file);
     EquivResult r = check_equivalence(load_program_file(path));
     INFO(c.file << ": " << r.message);
