@@ -23,7 +23,8 @@
 // `--pipeline N` runs N random pipelined programs (tests/equiv_pipeline.h: a schedule with stages, generated or as
 // PyTorch's CSV, and one injected mistake in half of them). Ground truth: each rank's program run in doubles, each
 // parameter's gradient read from its stage, against finite differences of the spec's forward. Counted: verdicts,
-// false equivalent (exit 1), mistakes that change a gradient but `spmdcheck check` does not report.
+// false equivalent (exit 1), mistakes that change a gradient but `spmdcheck check` does not report. The value check
+// reduces sizes (and a dp of 4 to 2 ranks) as it does for users; the ground truth runs as declared.
 #include <fmt/format.h>
 
 #include <array>
@@ -435,6 +436,7 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
 struct PipelineTally {
   int cases = 0, load_errors = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0, differs = 0, false_equivalent = 0, truth_failed = 0;
   int clean = 0, clean_equivalent = 0, clean_differs = 0, missed = 0, extra_mismatch = 0;
+  int reduced = 0, mesh_reduced = 0;  // value checks run at reduced sizes; of them on a reduced mesh (dp 4 -> 2 ranks)
   std::map<std::string, std::array<int, 4>> per;  // mistake -> {cases, reported, changes values, missed}
   std::map<std::string, int> unproved;
 };
@@ -472,6 +474,8 @@ void run_pipeline(PipelineTally& t, std::uint64_t seed, int count, bool verbose)
         continue;
       }
       t.differs += tr.differs;
+      t.reduced += !r.reduction.empty();
+      t.mesh_reduced += r.reduction.find(" ranks") != std::string::npos;
       tally(r.verdict, t.equivalent, t.mismatch, t.unknown, t.skipped);
       if (r.verdict == EquivVerdict::Equivalent && tr.differs) {
         ++t.false_equivalent;
@@ -508,6 +512,7 @@ void run_pipeline(PipelineTally& t, std::uint64_t seed, int count, bool verbose)
               "checked; %d differ from the finite differences; %d false equivalent; %d value-changing mistakes not reported\n",
               t.cases, t.load_errors, t.truth_failed, t.equivalent, t.mismatch, t.unknown, t.skipped, t.differs, t.false_equivalent, t.missed);
   std::printf("  mistake-free programs: %d, %d proved equivalent, %d differ\n", t.clean, t.clean_equivalent, t.clean_differs);
+  std::printf("  value checks at reduced sizes: %d, %d of them on a reduced mesh\n", t.reduced, t.mesh_reduced);
   for (const auto& [m, c] : t.per) std::printf("  mistake x%d: %s: %d reported, %d change values, %d missed\n", c[0], m.c_str(), c[1], c[2], c[3]);
   for (const auto& [w, k] : t.unproved) std::printf("  mistake-free not proved x%d: %s\n", k, w.c_str());
 }

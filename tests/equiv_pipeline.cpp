@@ -56,6 +56,7 @@ PipelineCase generate_pipeline(std::uint64_t seed, bool bug) {
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<std::uint64_t>(n)); };
   PipelineCase c;
   int P = 2 + pick(2), dp = pick(2) ? 2 : 1;
+  if (dp == 2 && pick(3) == 0) dp = 4;  // (a mesh reduction runs dp 4 at 2 ranks, equiv/reduce.h)
   static const char* kKinds[] = {"GPipe", "1F1B", "ZBH1", "Interleaved1F1B"};
   std::string kind = kKinds[pick(4)];
   int V = kind == "Interleaved1F1B" ? 2 : 1;
@@ -71,9 +72,9 @@ PipelineCase generate_pipeline(std::uint64_t seed, bool bug) {
   if (N >= 2) can.insert(can.end(), {"dropped microbatch", "shuffled targets"});
   if ((loss_kind == 2 && N >= 2) || loss_kind <= 1) can.push_back("normalization");
   if (loss_kind == 3) can.push_back("scale_grads under accumulation");
-  if (dp == 2 && M >= 2) can.push_back("grad sync before the last backward");
+  if (dp >= 2 && M >= 2) can.push_back("grad sync before the last backward");
   if (M >= 2) can.push_back("sends swapped");
-  if (dp == 2) can.push_back("reduce op");
+  if (dp >= 2) can.push_back("reduce op");
   // The optimizer step (its own stream, so the rest of the program is drawn as without it): 0 none, 1 SGD with
   // momentum, 2 AdamW; with a global-norm clip over the stages or not.
   std::mt19937_64 orng(seed * 0xbf58476d1ce4e5b9ULL + 29);
@@ -102,8 +103,8 @@ PipelineCase generate_pipeline(std::uint64_t seed, bool bug) {
   }
   std::string y = loss_kind == 0 ? "y" : "labels";
   std::string out;
-  out += fmt::format("name: pipeline_gen\nmesh: {{pp: {}{}}}\nsizes: {{T: {}, H: {}, O: {}}}\ntensors:\n", P, dp == 2 ? ", dp: 2" : "", T, H, O);
-  std::string shard = dp == 2 ? ", placement: {dp: S(0)}" : "";
+  out += fmt::format("name: pipeline_gen\nmesh: {{pp: {}{}}}\nsizes: {{T: {}, H: {}, O: {}}}\ntensors:\n", P, dp >= 2 ? fmt::format(", dp: {}", dp) : "", T, H, O);
+  std::string shard = dp >= 2 ? ", placement: {dp: S(0)}" : "";
   out += fmt::format("  x: {{shape: [T, H]{}}}\n", shard);
   out += loss_kind == 0 ? fmt::format("  y: {{shape: [T, O]{}}}\n", shard) : fmt::format("  labels: {{shape: [T], dtype: i64{}}}\n", shard);
   for (int st = 0; st < S; ++st)
@@ -193,7 +194,7 @@ PipelineCase generate_pipeline(std::uint64_t seed, bool bug) {
     out += fmt::format("    - {{use: stage{}, in: [{}], out: [{}]}}\n", st, ins, last ? "loss" : fmt::format("h{}", st));
   }
   out += fmt::format("  merge: {{loss: {}}}\nloss: loss\n", loss_kind == 3 ? "mean" : "sum");
-  if (dp == 2) {
+  if (dp >= 2) {
     bool avg = loss_kind >= 2;
     out += "grad_sync:\n";
     bool first = true;
@@ -236,7 +237,7 @@ PipelineCase generate_pipeline(std::uint64_t seed, bool bug) {
     }
     out += "optimizer:\n" + plan_opt;
   }
-  out += fmt::format("outputs:\n  loss: {{placement: {}}}\n", dp == 2 ? (loss_kind >= 2 ? "{dp: P(avg)}" : "{dp: P}") : "{}");
+  out += fmt::format("outputs:\n  loss: {{placement: {}}}\n", dp >= 2 ? (loss_kind >= 2 ? "{dp: P(avg)}" : "{dp: P}") : "{}");
   out += "spec:\n  ops:\n";
   std::string cur = "x";
   for (int st = 0; st < S; ++st)
