@@ -232,6 +232,13 @@ bool generated_op(const Setup& s, int oi) {
   return s.pair && static_cast<std::size_t>(oi) < s.pair->generated.size() && s.pair->generated[static_cast<std::size_t>(oi)];
 }
 
+// A pipeline's Recv of a microbatch's value (an instance of its writer's family): a copy of the value on the next
+// stage's ranks, not a piece of it.
+bool received_copy(const Setup& s, int oi) {
+  auto o = static_cast<std::size_t>(oi);
+  return s.pair && o < s.pair->family.size() && s.pair->family[o] >= 0 && s.pair->mb[o] >= 0 && s.p.ops[o].kind == OpKind::Recv;
+}
+
 // A pipelined plan: the instances of one op of the one-microbatch step (one per microbatch) are read together, as the
 // spec sees them: concatenated along a dim (the microbatch split), summed or averaged (a loss or a gradient per
 // microbatch), or one of them when all agree; then by placement over the mesh. Other ops: their value alone.
@@ -243,14 +250,23 @@ const SpecValue* match_op(const Setup& s, const std::vector<SpecValue>& table, c
   int rank = -1;
   for (const Val& v : own[0])
     if (v.defined && rank < 0) rank = v.t.rank();
-  // Instances of one microbatch on other ranks (a value and its copy received by the next stage) are one value.
+  // Instances of one microbatch on other ranks (a value and its copy received by the next stage) are one value, read
+  // where it is written: its copies are not pieces of it (on a stage and the next of four pipeline ranks they cover no
+  // sub-mesh, and on two they would read as a sum or a concatenation of the copies).
   std::vector<std::vector<int>> by_mb;
   for (std::size_t k = 0; k < instances.size(); ++k) {
     int mb = s.pair->mb[static_cast<std::size_t>(instances[k])];
     if (k == 0 || mb != s.pair->mb[static_cast<std::size_t>(instances[k - 1])]) by_mb.emplace_back();
     by_mb.back().push_back(instances[k]);
   }
-  if (by_mb.size() < 2) return match(s, table, merged, zigzag, how);
+  for (auto& group : by_mb) {
+    auto copy = [&](int i) { return received_copy(s, i); };
+    if (!std::all_of(group.begin(), group.end(), copy)) group.erase(std::remove_if(group.begin(), group.end(), copy), group.end());
+  }
+  if (by_mb.size() < 2) {
+    const auto& one = by_mb[0];
+    return match(s, table, std::find(one.begin(), one.end(), oi) != one.end() ? merged : run.plan_vals[static_cast<std::size_t>(one[0])][0], zigzag, how);
+  }
   // A scalar of the backward (the gradient of a microbatch's loss) is read as the same value in every microbatch (the
   // dual of a loss read as their sum): summed, the gradients of wrongly scaled losses could add up to the right one.
   bool same_only = rank == 0 && static_cast<std::size_t>(oi) < s.pair->derived.size() && s.pair->derived[static_cast<std::size_t>(oi)];
@@ -411,7 +427,9 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
     return f >= 0 ? family[f] : alone;
   };
   // Per-rank programs: the same value written by other programs (the same name, the same write) is read with it.
+  // A pipeline's received copies are no such peers (received_copy).
   std::vector<std::vector<int>> peers = equiv_detail::name_peers(p);
+  for (auto& v : peers) v.erase(std::remove_if(v.begin(), v.end(), [&](int q) { return received_copy(s, q); }), v.end());
   auto values_of = [&](int oi) {
     std::vector<Val> v = run.plan_vals[static_cast<std::size_t>(oi)][0];
     for (int q : peers[static_cast<std::size_t>(oi)])
