@@ -401,7 +401,7 @@ int cmd_run(const std::vector<std::string>& files, const RunOptions& opt, const 
 
 // `spmdcheck equiv`: each file's plan against its spec (or its own ops on one device); exit 0 equivalent, 1 a
 // value mismatch, 2 bad input, 4 not proved (skipped, or equal in real numbers only).
-int cmd_equiv(const std::vector<std::string>& files, std::uint64_t seed, const Options& opt, std::ostream& out, bool declared) {
+int cmd_equiv(const std::vector<std::string>& files, const EquivOptions& given, const Options& opt, std::ostream& out) {
   int code = kClean;
   bool unproved = false;
   for (const auto& path : files) {
@@ -414,10 +414,7 @@ int cmd_equiv(const std::vector<std::string>& files, std::uint64_t seed, const O
       code = std::max(code, static_cast<int>(kBadInput));
       continue;
     }
-    EquivOptions eo;
-    eo.seed = seed;
-    eo.reduce = !declared;
-    EquivResult r = check_equivalence(p, eo);
+    EquivResult r = check_equivalence(p, given);
     annotate_instances(p, r.diags);
     annotate_origins(p, f, r.diags);
     out << render_text(f, r.diags);
@@ -513,6 +510,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     equiv->add_option("files", files, "program files")->required();
     equiv->add_option("--seed", equiv_seed, "the random field, the drawn inputs and the instantiation of symbolic sizes");
     bool equiv_declared = false;
+    EquivOptions equiv_opt;
+    equiv->add_option("--max-work", equiv_opt.max_work,
+                      "element operations in all of a check's runs (default 250,000,000: about 4 s); a check past it is not proved")
+        ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 50));
     equiv->add_flag("--declared-sizes", equiv_declared,
                     "run at the declared sizes, without shape reduction (docs/equivalence.md, \"Shape reduction\"); a run too large is not proved");
     std::string explain_file;
@@ -575,7 +576,11 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return kClean;
     }
     if (*test) return cmd_test(paths, opt, out);
-    if (*equiv) return cmd_equiv(files, equiv_seed, opt, out, equiv_declared);
+    if (*equiv) {
+      equiv_opt.seed = equiv_seed;
+      equiv_opt.reduce = !equiv_declared;
+      return cmd_equiv(files, equiv_opt, opt, out);
+    }
     if (*sched) {
       Schedule sc;
       if (*gen) {

@@ -227,7 +227,7 @@ std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& l
       d.kind = a.disagree ? DiffKind::Real : DiffKind::Form;  // ranks holding different values: a counterexample, located
       return d.what = "the plan's " + name + " cannot be assembled by its placement: " + a.problem, d;
     }
-    std::int64_t e = first_difference(a.t, g.t);
+    std::int64_t e = first_real_difference(a.t, g.t);
     if (e == -2)
       return d.what = fmt::format("the plan's {} assembles to shape {} but the spec's {} has shape {}", name, shape_text(a.t.shape), s.p.name(l.spec),
                                   shape_text(g.t.shape)),

@@ -28,6 +28,11 @@ bool close_to(double a, double b, double tol);
 double max_abs_of(const Tensor& t);
 // The first element where `a` and `b` differ in doubles (-1: none; -2: shapes differ).
 std::int64_t first_difference(const Tensor& a, const Tensor& b);
+// The first element where the doubles of `a` and `b` differ beyond the tolerance and the field lanes differ too (or
+// are off): a counterexample. Where every lane agrees the two exact values are equal (with the check's error bound),
+// so doubles apart there are rounding (a deep step summing microbatches in another order than the spec's whole
+// batch), out of scope as everywhere. -2: shapes differ; -1: none.
+std::int64_t first_real_difference(const Tensor& a, const Tensor& b);
 // The first element where the field lanes of `a` and `b` differ (-1: none, or lanes off; shapes must agree).
 std::int64_t first_lane_difference(const Tensor& a, const Tensor& b);
 // Equal in doubles and in every lane.

@@ -44,6 +44,19 @@ std::int64_t first_lane_difference(const Tensor& a, const Tensor& b) {
   return -1;
 }
 
+std::int64_t first_real_difference(const Tensor& a, const Tensor& b) {
+  if (a.shape != b.shape) return -2;
+  double tol = kAtol + kRtol * std::max(max_abs_of(a), max_abs_of(b));
+  const bool lanes = num::on();
+  for (std::size_t e = 0; e < a.data.size(); ++e) {
+    if (close_to(dbl(a.data[e]), dbl(b.data[e]), tol)) continue;
+    bool same_lanes = lanes;
+    for (int l = 0; l < kLanes && same_lanes; ++l) same_lanes = a.data[e].pure(l) == b.data[e].pure(l);
+    if (!same_lanes) return static_cast<std::int64_t>(e);
+  }
+  return -1;
+}
+
 // Equal in doubles and in every lane.
 bool same_value(const Tensor& a, const Tensor& b) { return first_difference(a, b) == -1 && first_lane_difference(a, b) == -1; }
 
