@@ -131,8 +131,39 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
     run->model_cut.assign(static_cast<std::size_t>(s.n_cuts), {});
     run->plan_cut.assign(static_cast<std::size_t>(s.n_cuts), std::vector<Val>(static_cast<std::size_t>(dist.ranks())));
     run->cut_left.assign(static_cast<std::size_t>(s.n_cuts), dist.ranks());
-    run->cut_ok.assign(static_cast<std::size_t>(s.n_cuts), 0);
+    run->cut_ok = s.cut_off;  // (a point not cut needs no check)
     run->cut_memo.assign(static_cast<std::size_t>(s.n_cuts), {});
+    // A pipeline's point: one write per instance on each rank whose program writes it (a Recv's copy is not one);
+    // every such rank writes each microbatch's once, or the point is not checked (so it does not hold).
+    if (std::any_of(s.cut_mb.begin(), s.cut_mb.end(), [](char m) { return m != 0; })) {
+      run->plan_cut_mb.resize(static_cast<std::size_t>(s.n_cuts));
+      std::vector<std::vector<std::int64_t>> writes(static_cast<std::size_t>(s.n_cuts));
+      for (std::size_t c = 0; c < s.cut_mb.size(); ++c)
+        if (s.cut_mb[c]) run->cut_left[c] = 0, writes[c].assign(static_cast<std::size_t>(dist.ranks()), 0);
+      for (std::int64_t r = 0; r < dist.ranks(); ++r) {
+        auto [from, to] = dist.op_range(r);
+        for (std::uint32_t oi = from; oi < to; ++oi) {
+          const Op& op = p.ops[oi];
+          if (op.kind == OpKind::Recv) continue;
+          for (std::size_t k = 0; k < op.n_out; ++k)
+            if (int c = s.plan_cut[static_cast<std::size_t>(p.outs(op)[k])]; c >= 0 && s.cut_mb[static_cast<std::size_t>(c)] && s.plan_final[op.first + op.n_in + k])
+              ++writes[static_cast<std::size_t>(c)][static_cast<std::size_t>(r)];
+        }
+      }
+      for (std::size_t c = 0; c < s.cut_mb.size(); ++c) {
+        if (!s.cut_mb[c]) continue;
+        MbCut& m = run->plan_cut_mb[c];
+        std::int64_t holders = 0;
+        for (std::int64_t w : writes[c]) {
+          if (w == 0) continue;
+          ++holders;
+          m.failed |= w != s.n_mb;
+        }
+        run->cut_left[c] = holders * s.n_mb;
+        m.inst.assign(static_cast<std::size_t>(s.n_mb), {});
+        m.left.assign(static_cast<std::size_t>(s.n_mb), holders);
+      }
+    }
   }
   if (!record && !s.plan_keep.empty()) dist.free_dead(s.plan_keep), one.free_dead(s.model_keep);
   if (record || cut) {
@@ -145,7 +176,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       }
       if (cut)
         for (NameId n : s.model.outs(op))
-          if (int c = s.model_cut[static_cast<std::size_t>(n)]; c >= 0 && s.model_last[static_cast<std::size_t>(n)] == oi) {
+          if (int c = s.model_cut[static_cast<std::size_t>(n)]; c >= 0 && !s.cut_off[static_cast<std::size_t>(c)] && s.model_last[static_cast<std::size_t>(n)] == oi) {
             r->model_cut[static_cast<std::size_t>(c)] = one.at(0, n).t;
             cut_lanes(one.at(0, n).t, c, nullptr);
           }
@@ -163,10 +194,32 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
           if (NameId n = p.outs(op)[k]; s.plan_cut[static_cast<std::size_t>(n)] >= 0 && s.plan_final[op.first + op.n_in + k]) {
             int c = s.plan_cut[static_cast<std::size_t>(n)];
             auto cu = static_cast<std::size_t>(c);
+            if (s.cut_off[cu]) continue;
+            const bool mb = s.cut_mb[cu];
+            if (mb) {  // an instance of a pipeline's point: microbatch k is checked once every holder has written it
+              int k = s.pair->mb[static_cast<std::size_t>(oi)];
+              MbCut& m = r->plan_cut_mb[cu];
+              if (k < 0 || k >= s.n_mb) continue;  // (never: such a name is no point; unchecked, the run is redone without cuts)
+              auto ku = static_cast<std::size_t>(k);
+              if (m.inst[ku].empty()) m.inst[ku].resize(static_cast<std::size_t>(dist.ranks()));
+              m.inst[ku][static_cast<std::size_t>(rank)] = dist.at(rank, n);
+              if (r->cut_memo[cu].mb != k) r->cut_memo[cu] = CutMemo{}, r->cut_memo[cu].mb = k;  // (replicas of one instance)
+              cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
+              if (--m.left[ku] == 0) mb_cut_step(s, m, ku, r->model_cut[cu]);
+              if (--r->cut_left[cu] == 0) {
+                r->cut_ok[cu] = !m.failed && m.checked == s.n_mb;
+                if (!r->cut_ok[cu] && r->first_failed_cut < 0) r->first_failed_cut = c;
+                r->model_cut[cu] = Tensor();
+                r->cut_memo[cu] = CutMemo{};
+                m = MbCut{};
+              }
+              continue;
+            }
             r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
             cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
             if (--r->cut_left[cu] == 0) {  // every rank has it: check it now and drop the copies
               r->cut_ok[cu] = cut_holds(s, r->plan_cut[cu], r->model_cut[cu]);
+              if (!r->cut_ok[cu] && r->first_failed_cut < 0) r->first_failed_cut = c;
               r->plan_cut[cu].clear();
               r->model_cut[cu] = Tensor();
               r->cut_memo[cu] = CutMemo{};
@@ -520,6 +573,73 @@ EquivResult not_checked(const Program& p, const std::string& why) {
   return res;
 }
 
+// A pipelined plan's stage cut points (docs/equivalence.md, "Pipelines"): a value of the one-microbatch step that the
+// spec writes under its name (or a `lineage:` pair), whose instances `<name>@mb<k>` are whole per microbatch: every op
+// writing one is an instance of a step op for its microbatch (a Recv's copy aside; nothing the lowering adds), none
+// leaves a pending sum (the step's type of its last write has no P or V), and the plan never writes `<name>` itself.
+void pipeline_cuts(Setup& s, const equiv_detail::TrainingPair& tp, const std::vector<char>& excluded, const std::vector<NameId>& spec_of) {
+  const Program& p = s.p;
+  std::vector<char> bad(p.names.size(), 0);
+  std::vector<std::vector<NameId>> inst(p.names.size());
+  auto base_of = [&](NameId n) -> NameId {
+    const std::string& nm = p.name(n);
+    auto at = nm.rfind("@mb");
+    if (at == std::string::npos || at + 3 == nm.size() ||
+        !std::all_of(nm.begin() + static_cast<std::ptrdiff_t>(at + 3), nm.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      return -1;
+    auto it = p.name_ids.find(nm.substr(0, at));
+    return it == p.name_ids.end() ? -1 : it->second;
+  };
+  std::vector<NameId> base(p.names.size(), -2);  // -2: not computed yet
+  for (std::size_t oi = 0; oi < p.ops.size(); ++oi) {
+    const Op& op = p.ops[oi];
+    auto outs = p.outs(op);
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      auto nu = static_cast<std::size_t>(outs[k]);
+      if (base[nu] == -2) base[nu] = base_of(outs[k]);
+      NameId b = base[nu];
+      if (b < 0) continue;
+      auto bu = static_cast<std::size_t>(b);
+      if (op.kind == OpKind::Recv) continue;  // a copy of the sender's instance, cut there
+      int f = oi < tp.family.size() ? tp.family[oi] : -1;
+      bool instance = f >= 0 && oi < tp.mb.size() && tp.mb[oi] >= 0 && !(oi < tp.generated.size() && tp.generated[oi]);
+      if (!instance) {
+        bad[bu] = 1;
+        continue;
+      }
+      if (inst[bu].empty() || std::find(inst[bu].begin(), inst[bu].end(), outs[k]) == inst[bu].end()) inst[bu].push_back(outs[k]);
+      if (s.plan_final[op.first + op.n_in + k] && static_cast<std::size_t>(f) < tp.plan_types.out_base.size()) {
+        const auto& pl = tp.plan_types.out(static_cast<std::size_t>(f), static_cast<int>(k)).pl;
+        for (const auto& x : pl) bad[bu] |= x.is_p() || x.is_v();
+      }
+    }
+  }
+  // Each point keeps the spec's value from the spec's run until the plan has written its last instance, so the
+  // points are chosen smallest first within a quarter of the run's byte budget (the residual stream and its
+  // gradient, at every layer, before the wide attention and MLP values).
+  std::vector<std::size_t> cand;
+  for (std::size_t b = 0; b < p.names.size(); ++b) {
+    if (inst[b].empty() || bad[b] || s.plan_last[b] >= 0 || excluded[b]) continue;
+    auto m = static_cast<std::size_t>(spec_of[b]);
+    if (s.model_last[m] < 0 || excluded[m] || s.model_cut[m] >= 0 || m >= s.model_elems.size() || s.model_elems[m] < 0) continue;
+    cand.push_back(b);
+  }
+  std::stable_sort(cand.begin(), cand.end(), [&](std::size_t a, std::size_t b) {
+    return s.model_elems[static_cast<std::size_t>(spec_of[a])] < s.model_elems[static_cast<std::size_t>(spec_of[b])];
+  });
+  std::int64_t bytes = 0;
+  for (std::size_t b : cand) {
+    auto m = static_cast<std::size_t>(spec_of[b]);
+    bytes += s.model_elems[m] * static_cast<std::int64_t>(sizeof(Num));
+    if (bytes > s.oo.max_bytes / 4) break;
+    int c = s.n_cuts++;
+    s.model_cut[m] = c;
+    for (NameId n : inst[b]) s.plan_cut[static_cast<std::size_t>(n)] = c;
+    s.cut_mb.push_back(1);
+  }
+  for (const auto& mb : tp.microbatches) s.n_mb = std::max(s.n_mb, mb.parts);
+}
+
 // The check of a plan/spec pair: a forward program, or (with `pending`) the training steps of equiv/training.h, whose
 // `pending` names (a pending sum at their last write) are never stage cuts.
 EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_detail::TrainingPair* pending, const Reduced* red) {
@@ -545,7 +665,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   for (const auto& op : p.ops)
     if (op.kind == OpKind::Reinterpret)
       return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
-  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {0, 0}, {0, 0}, 0, nullptr, nullptr, {}, {}, nullptr, {}};
+  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {0, 0}, {0, 0}, 0, {}, {}, 0, {}, nullptr, nullptr, {}, {}, nullptr, {}};
   if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd, s.pair = pending;
   s.oo.seed = opt.seed;
   if (opt.max_bytes > 0) s.oo.max_bytes = opt.max_bytes;
@@ -591,6 +711,12 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     Runner pre(s.model, s.inst.vars, std::vector<std::int64_t>(s.inst.mesh.size(), 1), true, s.oo, w0, s.inst.mesh);
     pre.int_range = &s.ranges;
     pre.free_dead({});
+    s.model_elems.assign(p.names.size(), -1);  // (a pipeline's stage cuts keep the spec's values: chosen by size)
+    if (pending && !pending->family.empty())
+      pre.after_op = [&](int oi, std::int64_t) {
+        for (NameId n : s.model.outs(s.model.ops[static_cast<std::size_t>(oi)]))
+          s.model_elems[static_cast<std::size_t>(n)] = static_cast<std::int64_t>(pre.at(0, n).t.data.size());
+      };
     try {
       for (const auto& t : s.model.tensors) pre.declare(t, 1, opt.seed);
       pre.run(opt.seed);
@@ -647,6 +773,9 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       if (s.plan_last[n] < 0 || s.model_last[m] < 0 || excluded[n] || excluded[m] || s.model_cut[m] >= 0) continue;
       s.plan_cut[n] = s.model_cut[m] = s.n_cuts++;
     }
+    s.cut_mb.assign(static_cast<std::size_t>(s.n_cuts), 0);
+    if (p.has_spec && pending && !pending->family.empty()) pipeline_cuts(s, *pending, excluded, spec_of);
+    s.cut_off.assign(static_cast<std::size_t>(s.n_cuts), 0);
   }
 
   std::int64_t work = 0;
@@ -719,6 +848,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     double log2_bound = 0;  // log2 of the probability that every agreeing trial agreed by chance
     int trials = 0;
     bool staged = false;
+    int points = 0;  // the lineage points verified in every staged trial
     std::uint64_t max_degree = 0, max_uf = 0;
     const Op* choice = nullptr;  // a choice by value: static (routing, max/min), or met by a mask of float data in a run
   } tally;
@@ -743,14 +873,24 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     std::uint64_t degree = 0;
     std::optional<Difference> diff;
     try {
-      // With stage cuts first; a cut that does not hold (or a difference in the lanes) is decided without them.
+      // With stage cuts first; a cut that does not hold (or a difference in the lanes) is decided without them. A
+      // point found not to hold while the plan ran (a per-microbatch loss, not a part of the spec's whole-batch one)
+      // is left uncut and the run is made once more with the others first.
+      std::fill(s.cut_off.begin(), s.cut_off.end(), 0);
       run = run_once(s, ts, false, false, work, true);
+      if (run->failure.empty() && !num::trial_failed() && run->first_failed_cut >= 0) {
+        s.cut_off[static_cast<std::size_t>(run->first_failed_cut)] = 1;
+        num::clear_failed();
+        run = run_once(s, ts, false, false, work, true);
+      }
       if (run->failure.empty() && !num::trial_failed() && cuts_hold(s, *run)) {
         diff = compare(s, *run, links, degree);
-        if (!diff || diff->kind != DiffKind::Lanes)
-          tally.staged = tally.staged || s.n_cuts > 0;
-        else
+        if (!diff || diff->kind != DiffKind::Lanes) {
+          int points = s.n_cuts - static_cast<int>(std::count(s.cut_off.begin(), s.cut_off.end(), 1));
+          if (points > 0) tally.points = tally.staged ? std::min(tally.points, points) : points, tally.staged = true;
+        } else {
           run.reset();
+        }
       } else {
         run.reset();
       }
@@ -811,7 +951,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     res.diags.push_back(std::move(d));
     return res;
   }
-  if (tally.staged) scope += fmt::format("; verified in stages at {} lineage point{}", s.n_cuts, s.n_cuts == 1 ? "" : "s");
+  if (tally.staged) scope += fmt::format("; verified in stages at {} lineage point{}", tally.points, tally.points == 1 ? "" : "s");
   if (tally.log2_bound > kLog2Target) {
     res.verdict = EquivVerdict::Unknown;
     res.message =

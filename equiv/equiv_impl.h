@@ -46,6 +46,21 @@ std::string values_text(const Tensor& t, std::size_t cap = 16);
 struct CutMemo {
   std::vector<std::pair<Tensor, Tensor>> done;  // (value before the cut, after it)
   std::size_t next = 0;                         // the entry to replace when full
+  std::int64_t mb = -1;                         // a pipeline's point: the microbatch of the values kept
+};
+
+// A pipeline's cut point in one run (Setup::cut_mb), checked one microbatch at a time: the instances of microbatch k
+// are kept until every rank that holds the point has written its own, then read over the ranks (each reading of the
+// first instance) and compared with microbatch k's part of the spec's value under every arrangement still alive:
+// the same value in every microbatch (a weight's transpose), or part k of each rank block of dim d (the microbatch
+// split). The point holds when every microbatch was checked and some (reading, arrangement) matched them all.
+struct MbCut {
+  std::vector<std::vector<Val>> inst;  // [microbatch][rank]
+  std::vector<std::int64_t> left;      // [microbatch] holders yet to write it
+  std::vector<Placements> readings;    // of the first microbatch checked
+  std::vector<char> live;              // [reading * (1 + rank) + arrangement]: equal so far
+  std::int64_t checked = 0;            // microbatches checked
+  bool failed = false;
 };
 
 // What one run of model and plan gives.
@@ -63,8 +78,10 @@ struct Run {
   // programs) is checked after the run (cuts_hold).
   std::vector<Tensor> model_cut;
   std::vector<std::vector<Val>> plan_cut;
-  std::vector<std::int64_t> cut_left;  // ranks yet to write each point
+  std::vector<MbCut> plan_cut_mb;  // a pipeline's point (Setup::cut_mb), checked microbatch by microbatch
+  std::vector<std::int64_t> cut_left;  // ranks (a pipeline's point: rank x instance writes) yet to write each point
   std::vector<char> cut_ok;
+  int first_failed_cut = -1;  // the first point found not to hold while the plan ran (-1: none)
   std::vector<CutMemo> cut_memo;  // the plan's, per point while some rank has yet to write it
 };
 
@@ -83,6 +100,12 @@ struct Setup {
   // Training pairs: the ops [first, last) of each program that are a derived backward (for messages).
   std::pair<std::size_t, std::size_t> plan_bwd{0, 0}, model_bwd{0, 0};
   int n_cuts = 0;
+  // Per cut point: 1 when the plan's side is a pipeline's instances `<name>@mb<k>` (one per microbatch, written by
+  // the instances of one op of the one-microbatch step), read together as the spec sees the value (cut_holds_mb).
+  std::vector<char> cut_mb;
+  std::vector<char> cut_off;  // per cut point: not cut in this trial's runs (it did not hold in an earlier run)
+  std::int64_t n_mb = 0;  // a pipeline's microbatches (steps x microbatches)
+  std::vector<std::int64_t> model_elems;  // a pipeline's: per NameId, the elements of the spec's value (-1: unknown)
   // Shape reduction (equiv/reduce.h): the real global shapes of each op's inputs, for the plan and the model.
   const std::vector<std::vector<Shape>>* plan_real = nullptr;
   const std::vector<std::vector<Shape>>* model_real = nullptr;
@@ -127,6 +150,8 @@ bool any_reading(const Setup& s, const std::vector<Val>& ranks, bool pending, co
 // A stage cut holds (checked as soon as every rank has written it; one only some ranks write after the run).
 bool cut_holds(const Setup& s, const std::vector<Val>& ranks, const Tensor& want);
 bool cuts_hold(const Setup& s, const Run& run);
+// Checks microbatch k of `m` (every holder has written it) against the spec's value `want`, then drops its instances.
+void mb_cut_step(const Setup& s, MbCut& m, std::size_t k, const Tensor& want);
 
 struct Culprit {
   int op = -1;        // plan op

@@ -228,10 +228,65 @@ bool cut_holds(const Setup& s, const std::vector<Val>& ranks, const Tensor& want
   return any_reading(s, ranks, false, s.oo, [&](const Tensor& t) { return t.shape == want.shape && same_value(t, want); });
 }
 
+// A pipeline's point, microbatch k: the instances are whole per microbatch, so microbatch k's global value (its
+// instances read over the ranks) is part k of each rank block of the spec's value along the batch dim (the microbatch
+// split), or the spec's value itself when it has no batch dim. Every dim is tried: a cut is sound under any
+// arrangement that pairs each instance element with an equal spec element.
+void mb_cut_step(const Setup& s, MbCut& m, std::size_t k, const Tensor& want) {
+  std::vector<Val> ranks = std::move(m.inst[k]);
+  m.inst[k] = {};
+  if (m.failed) return;
+  std::vector<Tensor> held;
+  std::vector<std::int64_t> sizes;
+  const Val* first = nullptr;
+  if (!held_pieces(s.inst.mesh, ranks, held, sizes, &first)) return void(m.failed = true);
+  const int rank = want.rank();
+  const std::size_t arr = 1 + static_cast<std::size_t>(std::max(rank, 0));
+  const auto n_mb = static_cast<std::int64_t>(m.inst.size());
+  std::vector<Placements> rd = readings(s.p, *first, false);
+  if (m.checked == 0) m.readings = rd, m.live.assign(rd.size() * arr, 1);
+  if (rd != m.readings) return void(m.failed = true);
+  bool any = false;
+  for (std::size_t i = 0; i < rd.size(); ++i) {
+    if (!std::any_of(m.live.begin() + static_cast<std::ptrdiff_t>(i * arr), m.live.begin() + static_cast<std::ptrdiff_t>((i + 1) * arr),
+                     [](char c) { return c != 0; }))
+      continue;
+    Assembled a = assemble_pieces(s.p, sizes, held, rd[i], s.oo);
+    for (std::size_t j = 0; j < arr; ++j) {
+      char& alive = m.live[i * arr + j];
+      if (!alive) continue;
+      alive = 0;
+      if (!a.ok || a.t.rank() != rank) continue;
+      if (j == 0) {
+        alive = a.t.shape == want.shape && same_value(a.t, want);
+      } else {
+        const int d = static_cast<int>(j - 1);
+        const auto du = static_cast<std::size_t>(d);
+        Shape sh = a.t.shape;
+        sh[du] *= n_mb;
+        if (sh != want.shape) continue;
+        std::int64_t blocks = 1;  // the rank blocks along d: the held mesh's axes that read d as S(d)
+        for (std::size_t x = 0; x < sizes.size(); ++x)
+          if (rd[i][x].is_s(d)) blocks *= sizes[x];
+        if (a.t.shape[du] % blocks) continue;
+        const std::int64_t n = a.t.shape[du] / blocks, kk = static_cast<std::int64_t>(k);
+        std::vector<Tensor> part;
+        for (std::int64_t bl = 0; bl < blocks; ++bl) part.push_back(slice(want, d, (bl * n_mb + kk) * n, (bl * n_mb + kk + 1) * n));
+        Tensor expect = blocks == 1 ? std::move(part[0]) : concat(part, d);
+        alive = same_value(a.t, expect);
+      }
+      any |= alive != 0;
+    }
+  }
+  ++m.checked;
+  if (!any) m.failed = true;
+}
+
 bool cuts_hold(const Setup& s, const Run& run) {
   for (std::size_t c = 0; c < run.cut_ok.size(); ++c) {
     if (run.cut_ok[c]) continue;
-    if (run.cut_left[c] == 0 || !cut_holds(s, run.plan_cut[c], run.model_cut[c])) return false;  // (checked when the last rank wrote it)
+    // (checked when the last rank wrote it; a pipeline's point when its last instance was written)
+    if (run.cut_left[c] == 0 || (c < s.cut_mb.size() && s.cut_mb[c]) || !cut_holds(s, run.plan_cut[c], run.model_cut[c])) return false;
   }
   return true;
 }

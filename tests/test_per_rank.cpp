@@ -193,6 +193,24 @@ TEST_CASE("pipeline: examples/pipeline bugs are found at the right op, fixed ver
   }
 }
 
+TEST_CASE("pipeline: stage cuts at the instances of a step value, read per microbatch as the spec's whole-batch value") {
+  // A name the stages and the spec both write is a lineage point whose plan side is its instances `<name>@mb<k>`:
+  // proved in stages. A per-microbatch loss is no part of the whole-batch loss: that point does not hold and is left
+  // uncut (pp_grad_accum_rescaled_fixed), the others still verified; a bug stays a mismatch (a cut that does not
+  // hold is never trusted).
+  for (const char* file : {"pp_1f1b_adamw.yaml", "shuffled_microbatches_fixed.yaml", "pp_grad_accum_rescaled_fixed.yaml"}) {
+    EquivResult r = check_equivalence(load_program_file(src(std::string("examples/pipeline/") + file)));
+    INFO(file << ": " << r.message);
+    CHECK(r.verdict == EquivVerdict::Equivalent);
+    CHECK(r.message.find("verified in stages at") != std::string::npos);
+  }
+  for (const char* file : {"shuffled_microbatches_bug.yaml", "pp_grad_accum_rescaled_bug.yaml"}) {
+    EquivResult r = check_equivalence(load_program_file(src(std::string("examples/pipeline/") + file)));
+    INFO(file << ": " << r.message);
+    CHECK(r.verdict == EquivVerdict::Mismatch);
+  }
+}
+
 TEST_CASE("pipeline: every generated schedule kind lowers to the same step") {
   std::string text = R"(mesh: {pp: 2, dp: 2}
 sizes: {B: 16, H: 4}
