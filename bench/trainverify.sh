@@ -40,8 +40,10 @@ run llama3_8b "" equiv 0 "equivalent: .* dp 512 -> 2 ranks"
 run llama3_8b constant equiv 1 "first plan op that goes wrong is FlashAttention writing c16"
 run llama3_8b adamw_lr equiv 1 "first plan op that goes wrong is AdamWUpdate writing wq17"
 run llama3_8b sync_avg check 1 "error\[illegal-collective\]: AllReduce(avg) of wq17.grad"
-# The pipelined plans (1F1B): reduced (dp 16 -> 2, tp 8 -> 2, the model dims), but a pipeline's values are checked
-# without stage cuts, so these deep steps end not proved (the error bound); their rows record how far they get.
-run llama3_70b "" equiv 4 "not proved"
+# The pipelined plans (1F1B): reduced (dp 16 -> 2, tp 8 -> 2, the model dims) and verified in stages at the values
+# every microbatch's instances share with the spec. The 70B row is over the 60 s target; the 405B plan holds more
+# values at once than the interpreter allows (docs/performance.md).
+run llama3_70b "" equiv 0 "equivalent: .*dp 16 -> 2 ranks, tp 8 -> 2 ranks"
+run llama3_70b dropped_mb equiv 1 "value-mismatch"
 run llama3_405b "" equiv 4 "not"
 exit $status
