@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -121,17 +122,23 @@ struct LocalTally {
   std::map<std::string, int> by_mistake, missed_by_mistake, unproved_reasons, per_rank_differences;
 };
 
+// A generated program loaded, or nullopt after printing the first three that do not load (`errors` counts them).
+std::optional<Program> load_generated(const std::string& text, const char* file, int& errors, const char* what) {
+  try {
+    return load_program_string(text, file);
+  } catch (const LoadError& e) {
+    if (++errors <= 3) std::printf("%s: %s\n---\n%s---\n", what, e.what(), text.c_str());
+    return std::nullopt;
+  }
+}
+
 void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
   for (int i = 0; i < count; ++i) {
     test::LocalPair lp = test::generate_local_pair(seed + static_cast<std::uint64_t>(i));
     if (lp.text.empty()) continue;
-    Program p;
-    try {
-      p = load_program_string(lp.text, "local_gen.yaml");
-    } catch (const LoadError& e) {
-      if (++t.load_errors <= 3) std::printf("generator wrote a program that does not load: %s\n---\n%s---\n", e.what(), lp.text.c_str());
-      continue;
-    }
+    std::optional<Program> loaded = load_generated(lp.text, "local_gen.yaml", t.load_errors, "generator wrote a program that does not load");
+    if (!loaded) continue;
+    Program& p = *loaded;
     bool bug = !lp.mistake.empty();
     EquivResult r = check_equivalence(p);
     if (r.message.rfind("the spec's run fails", 0) == 0) {
@@ -179,14 +186,9 @@ void run_local(LocalTally& t, std::uint64_t seed, int count, bool verbose) {
       if (verbose) std::printf("UNPROVED: %s\n---\n%s---\n", r.message.c_str(), lp.text.c_str());
     }
     // The per-rank spelling of the same plan: the same values, so the same verdict (and never a false one).
-    Program q;
-    try {
-      q = load_program_string(lp.per_rank, "local_gen_per_rank.yaml");
-    } catch (const LoadError& e) {
-      if (++t.per_rank_load_errors <= 3) std::printf("per-rank spelling does not load: %s\n---\n%s---\n", e.what(), lp.per_rank.c_str());
-      continue;
-    }
-    EquivResult pr = check_equivalence(q);
+    std::optional<Program> q = load_generated(lp.per_rank, "local_gen_per_rank.yaml", t.per_rank_load_errors, "per-rank spelling does not load");
+    if (!q) continue;
+    EquivResult pr = check_equivalence(*q);
     ++t.per_rank;
     if (pr.verdict == r.verdict) ++t.per_rank_same;
     else ++t.per_rank_differences[fmt::format("{} as ops, {} as programs: {}", equiv_verdict_name(r.verdict), equiv_verdict_name(pr.verdict), pr.message.substr(0, 80))];
@@ -227,13 +229,9 @@ struct LocalTrainTally {
 void run_local_train(LocalTrainTally& t, std::uint64_t seed, int count, bool verbose) {
   for (int i = 0; i < count; ++i) {
     test::LocalTrainProgram g = test::generate_local_train(seed + static_cast<std::uint64_t>(i));
-    Program p;
-    try {
-      p = load_program_string(g.text, "local_train_gen.yaml");
-    } catch (const LoadError& e) {
-      if (++t.load_errors <= 3) std::printf("generator wrote a program that does not load: %s\n---\n%s---\n", e.what(), g.text.c_str());
-      continue;
-    }
+    std::optional<Program> loaded = load_generated(g.text, "local_train_gen.yaml", t.load_errors, "generator wrote a program that does not load");
+    if (!loaded) continue;
+    Program& p = *loaded;
     test::Truth truth = test::gradient_truth(p);
     if (truth.failed && !truth.differs) {
       if (++t.truth_failed <= 3) std::printf("GROUND TRUTH CANNOT RUN: %s\n---\n%s---\n", truth.what.c_str(), g.text.c_str());
