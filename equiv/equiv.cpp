@@ -206,21 +206,20 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
               if (r->cut_memo[cu].mb != k) r->cut_memo[cu] = CutMemo{}, r->cut_memo[cu].mb = k;  // (replicas of one instance)
               cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
               if (--m.left[ku] == 0) mb_cut_step(s, m, ku, r->model_cut[cu]);
-              if (--r->cut_left[cu] == 0) {
-                r->cut_ok[cu] = !m.failed && m.checked == s.n_mb;
-                if (!r->cut_ok[cu] && r->first_failed_cut < 0) r->first_failed_cut = c;
-                r->model_cut[cu] = Tensor();
-                r->cut_memo[cu] = CutMemo{};
-                m = MbCut{};
-              }
-              continue;
+            } else {
+              r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
+              cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
             }
-            r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
-            cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
-            if (--r->cut_left[cu] == 0) {  // every rank has it: check it now and drop the copies
-              r->cut_ok[cu] = cut_holds(s, r->plan_cut[cu], r->model_cut[cu]);
+            if (--r->cut_left[cu] == 0) {  // every rank has it (every instance): check it now and drop the copies
+              if (mb) {
+                const MbCut& m = r->plan_cut_mb[cu];
+                r->cut_ok[cu] = !m.failed && m.checked == s.n_mb;
+                r->plan_cut_mb[cu] = MbCut{};
+              } else {
+                r->cut_ok[cu] = cut_holds(s, r->plan_cut[cu], r->model_cut[cu]);
+                r->plan_cut[cu].clear();
+              }
               if (!r->cut_ok[cu] && r->first_failed_cut < 0) r->first_failed_cut = c;
-              r->plan_cut[cu].clear();
               r->model_cut[cu] = Tensor();
               r->cut_memo[cu] = CutMemo{};
             }
@@ -665,7 +664,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   for (const auto& op : p.ops)
     if (op.kind == OpKind::Reinterpret)
       return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
-  Setup s{p, model_of(p), {}, {}, {}, {}, {}, {}, {}, {}, {}, {0, 0}, {0, 0}, 0, {}, {}, 0, {}, nullptr, nullptr, {}, {}, nullptr, {}};
+  Setup s(p, model_of(p));
   if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd, s.pair = pending;
   s.oo.seed = opt.seed;
   if (opt.max_bytes > 0) s.oo.max_bytes = opt.max_bytes;
@@ -996,18 +995,18 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   Reduced red;
   equiv_detail::TrainingPair tp;
   bool reduced = false;
-  if (g && pipelined) {  // the lowered schedule of the program with its sizes as variables (equiv/pipeline.h)
-    g = equiv_detail::at_sizes(*g, base);
-    tp = equiv_detail::pipeline_pair(*g);
-    reduced = tp.ok && prepare_pipeline_reduction(*g, base, tp, red);
-    if (!reduced) tp = equiv_detail::TrainingPair{};
-  } else if (g) {
+  if (g) {
     // every size at one value (the declared ones, symbolic ones at their instantiation): the checks below decide
     // their claims by evaluation, never by the solver
     g = equiv_detail::at_sizes(*g, base);
-    if (training) tp = equiv_detail::training_pair(*g);
-    // a training step that does not build with its sizes as variables is checked as declared (where it may)
-    reduced = !(training && !tp.ok) && prepare_reduction(*g, base, training ? &tp : nullptr, red);
+    if (pipelined) {  // the lowered schedule of the program with its sizes as variables (equiv/pipeline.h)
+      tp = equiv_detail::pipeline_pair(*g);
+      reduced = tp.ok && prepare_pipeline_reduction(*g, base, tp, red);
+    } else {
+      if (training) tp = equiv_detail::training_pair(*g);
+      // a training step that does not build with its sizes as variables is checked as declared (where it may)
+      reduced = !(training && !tp.ok) && prepare_reduction(*g, base, training ? &tp : nullptr, red);
+    }
     if (!reduced) tp = equiv_detail::TrainingPair{};
   }
   const Program& q = reduced ? *g : p;

@@ -86,6 +86,7 @@ struct Run {
 };
 
 struct Setup {
+  Setup(const Program& plan, Program m) : p(plan), model(std::move(m)) {}
   const Program& p;
   Program model;
   Instantiation inst;

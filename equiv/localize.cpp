@@ -26,35 +26,43 @@ double max_abs_of(const Tensor& t) {
   return m;
 }
 
-// The first element where `a` and `b` differ in doubles (-1: none; -2: shapes differ).
-std::int64_t first_difference(const Tensor& a, const Tensor& b) {
+namespace {
+
+bool same_lanes(const Num& x, const Num& y) {
+  for (int l = 0; l < kLanes; ++l)
+    if (x.pure(l) != y.pure(l)) return false;
+  return true;
+}
+
+// The first element whose doubles are apart past the tolerance and for which `counts(e)` holds (-1: none; -2: shapes
+// differ).
+template <class Counts>
+std::int64_t first_apart(const Tensor& a, const Tensor& b, Counts counts) {
   if (a.shape != b.shape) return -2;
   double tol = kAtol + kRtol * std::max(max_abs_of(a), max_abs_of(b));
   for (std::size_t e = 0; e < a.data.size(); ++e)
-    if (!close_to(dbl(a.data[e]), dbl(b.data[e]), tol)) return static_cast<std::int64_t>(e);
+    if (!close_to(dbl(a.data[e]), dbl(b.data[e]), tol) && counts(e)) return static_cast<std::int64_t>(e);
   return -1;
+}
+
+}  // namespace
+
+// The first element where `a` and `b` differ in doubles (-1: none; -2: shapes differ).
+std::int64_t first_difference(const Tensor& a, const Tensor& b) {
+  return first_apart(a, b, [](std::size_t) { return true; });
 }
 
 // The first element where the field lanes of `a` and `b` differ (-1: none, or lanes off; shapes must agree).
 std::int64_t first_lane_difference(const Tensor& a, const Tensor& b) {
   if (!num::on()) return -1;
   for (std::size_t e = 0; e < a.data.size(); ++e)
-    for (int l = 0; l < kLanes; ++l)
-      if (a.data[e].pure(l) != b.data[e].pure(l)) return static_cast<std::int64_t>(e);
+    if (!same_lanes(a.data[e], b.data[e])) return static_cast<std::int64_t>(e);
   return -1;
 }
 
 std::int64_t first_real_difference(const Tensor& a, const Tensor& b) {
-  if (a.shape != b.shape) return -2;
-  double tol = kAtol + kRtol * std::max(max_abs_of(a), max_abs_of(b));
-  const bool lanes = num::on();
-  for (std::size_t e = 0; e < a.data.size(); ++e) {
-    if (close_to(dbl(a.data[e]), dbl(b.data[e]), tol)) continue;
-    bool same_lanes = lanes;
-    for (int l = 0; l < kLanes && same_lanes; ++l) same_lanes = a.data[e].pure(l) == b.data[e].pure(l);
-    if (!same_lanes) return static_cast<std::int64_t>(e);
-  }
-  return -1;
+  if (!num::on()) return first_difference(a, b);
+  return first_apart(a, b, [&](std::size_t e) { return !same_lanes(a.data[e], b.data[e]); });
 }
 
 // Equal in doubles and in every lane.

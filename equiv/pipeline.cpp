@@ -498,8 +498,8 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
   for (const auto& d : p.tensors) {
     NameId g = grad_of[static_cast<std::size_t>(d.name)];
     if (!d.param || g < 0 || !last_type[static_cast<std::size_t>(g)] || param_stage[static_cast<std::size_t>(d.name)] < 0) continue;
-    out.grads.push_back({g, add_axis(last_type[static_cast<std::size_t>(g)]->pl, axis, T.axis_count()), d.loc});
-    out.grad_ranks.push_back({{axis, owner[static_cast<std::size_t>(param_stage[static_cast<std::size_t>(d.name)])]}});
+    out.grads.push_back({g, add_axis(last_type[static_cast<std::size_t>(g)]->pl, axis, T.axis_count()), d.loc,
+                         {{axis, owner[static_cast<std::size_t>(param_stage[static_cast<std::size_t>(d.name)])]}}});
   }
   // The copies of the loss the ranks differentiate: the axes (but the pipeline's) on which the loss is R or P(avg).
   if (const ValueType* lt = last_type[static_cast<std::size_t>(p.loss)])
@@ -556,22 +556,10 @@ TrainingPair pipeline_pair(const Program& p) {
   c.per_rank = true;
   c.tensors = L.tensors;
   c.outputs = L.outputs;
-  for (std::size_t i = 0; i < pl.grads.size(); ++i) {
-    OutputDecl od;
-    od.name = pl.grads[i].name;
-    od.loc = pl.grads[i].loc;
-    od.has_placement = true;
-    od.placement = pl.grads[i].pl;
-    od.ranks = pl.grad_ranks[i];
-    c.outputs.push_back(od);
-    c.spec_outputs.push_back({od.name, od.name, od.loc});
-  }
+  add_grad_outputs(c, pl.grads);
   optimizer_outputs(
       p, pl.optim_writes, [&](NameId n) { return pl.optim_writes[static_cast<std::size_t>(n)] ? &pl.optim_pl[static_cast<std::size_t>(n)] : nullptr; },
       [&](NameId n) { return pl.optim_ranks[static_cast<std::size_t>(n)]; }, c);
-  c.train = c.has_backward = c.has_grad_sync = c.has_optimizer = c.has_spec_optimizer = c.has_expect = false;
-  c.backward.clear(), c.grad_sync.clear(), c.optimizer.clear(), c.spec_optimizer.clear(), c.expect.clear();
-  c.loss = -1;
   r.microbatches = std::move(pl.meta.microbatches);
   r.family = std::move(pl.meta.family);
   r.plan_typed = std::move(pl.step_ops);  // (the step's ops: what each lowered op is an instance of, equiv/reduce.h)
@@ -579,9 +567,7 @@ TrainingPair pipeline_pair(const Program& p) {
   r.mb = std::move(pl.meta.mb);
   r.generated = std::move(pl.meta.generated);
   r.derived = std::move(pl.meta.derived);
-  r.pending.assign(c.names.size(), 0);
-  r.program = std::move(c);
-  r.ok = true;
+  finish_pair(c, r);
   return r;
 }
 

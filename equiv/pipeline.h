@@ -26,8 +26,7 @@ struct PipelineLowering {
   std::string why;
   std::vector<Diagnostic> diags;  // the one-microbatch step's findings (spatial, backward, unsynced-gradient)
   Program program;                // per-rank programs with real ops
-  std::vector<equiv_detail::PairGrad> grads;  // each parameter's accumulated gradient, by its placement after grad_sync
-  std::vector<std::vector<std::pair<int, std::int64_t>>> grad_ranks;  // and the ranks of its stage
+  std::vector<equiv_detail::PairGrad> grads;  // each parameter's accumulated gradient, by its placement after grad_sync, on its stage's ranks
   // The optimizer step's results (per NameId of the step): written by it, the placement of its last write, the ranks
   // that hold it (its stage's; none: every rank).
   std::vector<char> optim_writes;

@@ -152,9 +152,9 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   };
   // ---- the facts ----
   std::vector<Fact> facts;
-  std::set<std::tuple<const ExprPool*, int, ExprId, ExprId, std::int64_t>> seen;
+  std::set<std::tuple<const ExprPool*, int, ExprId, ExprId, std::int64_t, std::int64_t>> seen;
   auto add = [&](Fact f) {
-    if (!seen.insert({f.pool, static_cast<int>(f.kind), f.a, f.b, f.parts * 65536 + f.dparts}).second) return;
+    if (!seen.insert({f.pool, static_cast<int>(f.kind), f.a, f.b, f.parts, f.dparts}).second) return;
     try {
       f.pool->collect_vars(f.a, f.vars);
       if (f.kind == Fact::Divisible || f.kind == Fact::Equal) f.pool->collect_vars(f.b, f.vars);
@@ -176,9 +176,7 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
     if (!keeps(f, base)) return;  // false at the declared sizes: nothing to keep
     facts.push_back(std::move(f));
   };
-  std::vector<std::int64_t> mesh(g.mesh.size(), 1);
-  for (std::size_t a = 0; a < g.mesh.size(); ++a)
-    if (g.exprs.is_const(g.mesh[a].size)) mesh[a] = g.exprs.value(g.mesh[a].size);
+  const std::vector<std::int64_t> mesh = mesh_sizes(g);
   // Extents: each dim of each typed value (the count a reduction along it sums, or a softmax normalizes over), with
   // its declared value.
   struct Extent {
@@ -370,9 +368,7 @@ bool symmetric_over_axes(const Op& op) {
 }  // namespace
 
 std::vector<std::int64_t> choose_mesh(const Program& g, const std::vector<const std::vector<Op>*>& lists, std::vector<std::string>& kept) {
-  std::vector<std::int64_t> mesh(g.mesh.size(), 1);
-  for (std::size_t a = 0; a < g.mesh.size(); ++a)
-    if (g.exprs.is_const(g.mesh[a].size)) mesh[a] = g.exprs.value(g.mesh[a].size);
+  const std::vector<std::int64_t> mesh = mesh_sizes(g);
   std::vector<std::int64_t> out = mesh;
   if (g.local_view || g.per_rank || g.schedule.present) return out;
   for (std::size_t a = 0; a < g.mesh.size(); ++a) {
@@ -392,6 +388,13 @@ std::vector<std::int64_t> choose_mesh(const Program& g, const std::vector<const 
       kept.push_back(fmt::format("{} = {} ranks: {}", g.mesh[a].name, mesh[a], why));
   }
   return out;
+}
+
+std::vector<std::int64_t> mesh_sizes(const Program& g) {
+  std::vector<std::int64_t> mesh(g.mesh.size(), 1);
+  for (std::size_t a = 0; a < g.mesh.size(); ++a)
+    if (g.exprs.is_const(g.mesh[a].size)) mesh[a] = g.exprs.value(g.mesh[a].size);
+  return mesh;
 }
 
 Program at_mesh(const Program& g, const std::vector<std::int64_t>& mesh) {

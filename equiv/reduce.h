@@ -58,6 +58,9 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
 // local-view or pipelined program.
 std::vector<std::int64_t> choose_mesh(const Program& g, const std::vector<const std::vector<Op>*>& lists, std::vector<std::string>& kept);
 
+// The ranks of each mesh axis of `g` (1 for a symbolic size).
+std::vector<std::int64_t> mesh_sizes(const Program& g);
+
 // `g` with its mesh axes at `mesh` ranks.
 Program at_mesh(const Program& g, const std::vector<std::int64_t>& mesh);
 

@@ -60,9 +60,19 @@ std::vector<std::tuple<int, std::uint32_t, std::uint32_t>> diag_key(const std::v
   return k;
 }
 
-}  // namespace
+// `q` typed into `t` (its shape claims into `c`, when given): its findings.
+std::vector<Diagnostic> typed(const Program& q, SpatialTypes& t, std::vector<ShapeClaim>* c = nullptr) {
+  SpatialOptions so;
+  so.types = &t;
+  so.claims = c;
+  return check_spatial(q, so);
+}
 
-namespace {
+// Whether `q` types as a program did that gave `before` and `types`: the same findings, every value the same placement.
+bool types_as(const Program& q, const std::vector<Diagnostic>& before, const SpatialTypes& types, SpatialTypes& t,
+              std::vector<ShapeClaim>* c = nullptr) {
+  return diag_key(typed(q, t, c)) == diag_key(before) && same_types(types, t);
+}
 
 // The mesh (choose_mesh) and the sizes (choose_reduction) of the plan `g` (typed unless `plan_typed` is false: a
 // local-view plan) and its `model` (typed when `has_spec`), checked: both must type at the reduced mesh and sizes
@@ -80,35 +90,23 @@ bool choose_checked(const Program& g, const Program& model, bool plan_typed, boo
   std::vector<ShapeClaim> gmc;
   try {
     if (plan_typed) {
-      SpatialOptions so;
-      so.types = &pt;
-      so.claims = &pc;
-      pd = check_spatial(g, so);
+      pd = typed(g, pt, &pc);
       lists.push_back({&g, &g.ops, &pt, &pc});
     } else {
       lists.push_back({&g, &g.ops, nullptr, nullptr});
     }
     if (has_spec) {
-      SpatialOptions so;
-      so.types = &mt;
-      so.claims = &mc;
-      md = check_spatial(model, so);
+      md = typed(model, mt, &mc);
       lists.push_back({&model, &model.ops, &mt, &mc});
     }
     // Mesh reduction (choose_mesh): the program on the reduced mesh must type at the declared sizes as on the declared
     // mesh (the same findings, the same placement for every value), and its facts are the ones the sizes keep.
-    std::vector<std::int64_t> declared(g.mesh.size(), 1);
-    for (std::size_t a = 0; a < g.mesh.size(); ++a)
-      if (g.exprs.is_const(g.mesh[a].size)) declared[a] = g.exprs.value(g.mesh[a].size);
+    const std::vector<std::int64_t> declared = mesh_sizes(g);
     std::vector<std::string> mesh_kept;
     std::vector<std::int64_t> mesh = plan_typed ? choose_mesh(g, op_lists, mesh_kept) : declared;
     if (mesh != declared) {
       gm = at_mesh(g, mesh);
-      SpatialOptions so;
-      so.types = &gmt;
-      so.claims = &gmc;
-      auto d = check_spatial(gm, so);
-      if (diag_key(d) == diag_key(pd) && same_types(pt, gmt)) {
+      if (types_as(gm, pd, pt, gmt, &gmc)) {
         on = &gm;
         lists[0] = {&gm, &gm.ops, &gmt, &gmc};
       } else {
@@ -123,16 +121,9 @@ bool choose_checked(const Program& g, const Program& model, bool plan_typed, boo
     for (auto& k : mesh_kept) red.r.kept.push_back(std::move(k));
     if (!red.r.applied) return false;
     // The reduced program must type-check exactly as the declared one.
-    auto recheck = [&](const Program& q, const std::vector<Diagnostic>& before, const SpatialTypes& types) {
-      Program at = at_sizes(q, red.r.vars);
-      SpatialTypes t2;
-      SpatialOptions so;
-      so.types = &t2;
-      auto d2 = check_spatial(at, so);
-      return diag_key(d2) == diag_key(before) && same_types(types, t2);
-    };
-    if (plan_typed && !recheck(*on, pd, pt)) return false;
-    if (has_spec && !recheck(model, md, mt)) return false;
+    SpatialTypes pt2, mt2;
+    if (plan_typed && !types_as(at_sizes(*on, red.r.vars), pd, pt, pt2)) return false;
+    if (has_spec && !types_as(at_sizes(model, red.r.vars), md, mt, mt2)) return false;
   } catch (const std::exception&) {
     return false;
   }

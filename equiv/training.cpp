@@ -22,29 +22,6 @@ std::vector<Op> without_relabels(const std::vector<Op>& ops, std::size_t from, s
   return out;
 }
 
-// Each compared gradient an output of the pair (read by its placement) against the spec's of the same name.
-void add_grad_outputs(Program& c, const std::vector<PairGrad>& grads) {
-  for (const auto& g : grads) {
-    OutputDecl od;
-    od.name = g.name;
-    od.loc = g.loc;
-    od.has_placement = true;
-    od.placement = g.pl;
-    c.outputs.push_back(od);
-    if (c.has_spec) c.spec_outputs.push_back({g.name, g.name, g.loc});
-  }
-}
-
-// The pair's last step: the training keys dropped (the pair is a plain plan/spec program), `c` moved into `r`.
-void finish_pair(Program& c, TrainingPair& r) {
-  c.train = c.has_backward = c.has_grad_sync = c.has_optimizer = c.has_spec_optimizer = c.has_expect = false;
-  c.backward.clear(), c.grad_sync.clear(), c.optimizer.clear(), c.spec_optimizer.clear(), c.expect.clear();
-  c.loss = -1;
-  r.pending.resize(c.names.size(), 0);
-  r.program = std::move(c);
-  r.ok = true;
-}
-
 std::string first_error(const std::vector<Diagnostic>& diags) {
   for (const auto& d : diags)
     if (d.severity == Severity::Error) return fmt::format("line {}: {}", d.loc.line, d.message);
@@ -53,6 +30,28 @@ std::string first_error(const std::vector<Diagnostic>& diags) {
 
 
 }  // namespace
+
+void add_grad_outputs(Program& c, const std::vector<PairGrad>& grads) {
+  for (const auto& g : grads) {
+    OutputDecl od;
+    od.name = g.name;
+    od.loc = g.loc;
+    od.has_placement = true;
+    od.placement = g.pl;
+    od.ranks = g.ranks;
+    c.outputs.push_back(od);
+    if (c.has_spec) c.spec_outputs.push_back({g.name, g.name, g.loc});
+  }
+}
+
+void finish_pair(Program& c, TrainingPair& r) {
+  c.train = c.has_backward = c.has_grad_sync = c.has_optimizer = c.has_spec_optimizer = c.has_expect = false;
+  c.backward.clear(), c.grad_sync.clear(), c.optimizer.clear(), c.spec_optimizer.clear(), c.expect.clear();
+  c.loss = -1;
+  r.pending.resize(c.names.size(), 0);
+  r.program = std::move(c);
+  r.ok = true;
+}
 
 std::vector<char> optimizer_writes(const Program& t, std::size_t first_optim) {
   std::vector<char> w(t.names.size(), 0);

@@ -52,7 +52,14 @@ struct PairGrad {
   NameId name;
   Placements pl;
   Loc loc;
+  std::vector<std::pair<int, std::int64_t>> ranks{};  // read from the ranks with these coordinates only (a stage's); empty: every rank
 };
+
+// Each compared gradient an output of the pair `c` (read by its placement, from its ranks) against the spec's of the
+// same name.
+void add_grad_outputs(Program& c, const std::vector<PairGrad>& grads);
+// The pair's last step: the training keys dropped (the pair is a plain plan/spec program), `c` moved into `r`.
+void finish_pair(Program& c, TrainingPair& r);
 
 // The spec's side of a training pair: the spec's forward on the declarations (whole tensors), its backward derived on
 // one device, seeded with the plan's seed `plan_seed` times `n_copies` (the copies of the loss the plan's ranks

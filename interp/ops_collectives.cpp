@@ -160,10 +160,7 @@ Tensor Runner::reduce_all(const std::vector<const Val*>& xs, ReduceOp op, std::u
   }
   if (op == ReduceOp::Avg) {  // over the group's declared size (value_sizes: the same but on a reduced mesh)
     auto group = static_cast<std::int64_t>(xs.size());
-    std::int64_t real = 1, here = 1;
-    for (std::size_t a = 0; a < sizes_.size(); ++a)
-      if (axes & (1u << a)) real *= value_sizes_[a], here *= sizes_[a];
-    if (here == group) group = real;
+    if (ranks_over(axes, sizes_) == group) group = ranks_over(axes, value_sizes_);
     const Num n = static_cast<double>(group);
     for (auto& e : acc.data) e /= n;
   }
@@ -271,9 +268,7 @@ void Runner::step_group(int oi, const std::vector<std::int64_t>& members) {
       if (global_ && !moves && (xs[0]->vlabel & axes) && taint.empty()) taint = "AllToAll of per-rank values (V) mixes every rank's values";
       if (global_ && !moves && sd != cd && !taint.empty()) {
         // A V value has no single-device meaning, but later ops need its per-rank shape: split by the real group.
-        std::int64_t g = 1;
-        for (std::size_t a = 0; a < real_sizes_.size(); ++a)
-          if (axes & (1u << a)) g *= real_sizes_[a];
+        const std::int64_t g = ranks_over(axes, real_sizes_);
         Val v = *xs[0];
         if (v.gshape[static_cast<std::size_t>(sd)] % g) throw InterpError("AllToAll cannot split dim " + std::to_string(sd) + " into " + std::to_string(g));
         v.gshape[static_cast<std::size_t>(sd)] /= g;

@@ -428,10 +428,8 @@ void Runner::cross_entropy_grad(int oi, const std::vector<std::int64_t>& members
 void Runner::moe_gate_grad(int oi, const std::vector<std::int64_t>& members) {
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
   auto n = static_cast<std::int64_t>(members.size());
-  std::int64_t G = 1;  // capacity groups per member: the single-device run holds every rank's tokens (as Runner::moe)
-  if (global_)
-    for (std::size_t a = 0; a < real_sizes_.size(); ++a)
-      if (op.attrs.axes & (1u << a)) G *= real_sizes_[a];
+  // capacity groups per member: the single-device run holds every rank's tokens (as Runner::moe)
+  const std::int64_t G = global_ ? ranks_over(op.attrs.axes, real_sizes_) : 1;
   std::string taint = global_ ? taint_of(oi, members[0]) : "";
   NameId idx_name = p_.ins(op)[2];
   const Val& b0 = in(oi, members[0], 1);

@@ -293,12 +293,16 @@ std::int64_t Runner::real_global(int oi, int k, std::size_t d) const {
   return ins[static_cast<std::size_t>(k)][d];
 }
 
+std::int64_t Runner::ranks_over(std::uint32_t axes, const std::vector<std::int64_t>& mesh) {
+  std::int64_t n = 1;
+  for (std::size_t a = 0; a < mesh.size(); ++a)
+    if (axes & (1u << a)) n *= mesh[a];
+  return n;
+}
+
 std::int64_t Runner::real_local(std::int64_t real, std::int64_t reduced, std::uint32_t mask, std::uint32_t ord, const std::vector<std::int64_t>& c) const {
   if (real > 0 && value_sizes_ != sizes_) {  // on a reduced mesh: the real extent over the declared parts
-    std::int64_t n = 1, m = 1;
-    for (std::size_t a = 0; a < sizes_.size(); ++a)
-      if (mask & (1u << a)) n *= value_sizes_[a], m *= sizes_[a];
-    if (n != m) {
+    if (std::int64_t n = ranks_over(mask, value_sizes_); n != ranks_over(mask, sizes_)) {
       if (real % n) throw InterpError(fmt::format("a dim of {} elements is cut unevenly over {} ranks: its blocks are not known on the reduced mesh", real, n));
       return real / n;
     }

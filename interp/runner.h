@@ -156,6 +156,8 @@ class Runner {
   Val& at(std::int64_t r, NameId n) { return env_[static_cast<std::size_t>(r)][static_cast<std::size_t>(n)]; }
 
   void part(std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& n, std::int64_t& idx, std::uint32_t ord = 0) const;
+  // The ranks of the mesh axes in `axes`, sized by `mesh` (sizes_, value_sizes_ or real_sizes_).
+  static std::int64_t ranks_over(std::uint32_t axes, const std::vector<std::int64_t>& mesh);
   void block(std::int64_t gsize, std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& lo, std::int64_t& hi, std::uint32_t ord = 0) const;
   Shape local_shape(const Val& v, const std::vector<std::int64_t>& c) const;
 

@@ -272,7 +272,7 @@ Truth pipeline_truth(const Program& p, std::size_t max_elements) {
     for (const auto& od : L.outputs)
       if (od.name == n) return od.ranks;
     for (std::size_t i = 0; i < pl.grads.size(); ++i)
-      if (pl.grads[i].name == n) return pl.grad_ranks[i];
+      if (pl.grads[i].name == n) return pl.grads[i].ranks;
     if (static_cast<std::size_t>(n) < pl.optim_ranks.size()) return pl.optim_ranks[static_cast<std::size_t>(n)];  // an updated parameter or state
     return std::vector<std::pair<int, std::int64_t>>{};
   };
