@@ -514,6 +514,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     equiv->add_option("--max-work", equiv_opt.max_work,
                       "element operations in all of a check's runs (default 250,000,000: about 4 s); a check past it is not proved")
         ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 50));
+    std::int64_t equiv_mib = 0;
+    equiv->add_option("--max-memory", equiv_mib,
+                      "MiB of tensor values a run may hold at once (default 800), checked before allocating; a run past it is not proved")
+        ->check(CLI::Range(std::int64_t{16}, std::int64_t{1} << 20));
     equiv->add_flag("--declared-sizes", equiv_declared,
                     "run at the declared sizes, without shape reduction (docs/equivalence.md, \"Shape reduction\"); a run too large is not proved");
     std::string explain_file;
@@ -579,6 +583,7 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (*equiv) {
       equiv_opt.seed = equiv_seed;
       equiv_opt.reduce = !equiv_declared;
+      if (equiv_mib > 0) equiv_opt.max_bytes = equiv_mib << 20;
       return cmd_equiv(files, equiv_opt, opt, out);
     }
     if (*sched) {

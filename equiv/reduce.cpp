@@ -311,35 +311,69 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
       if (!keeps(facts[i], cur)) return false;
     return apart();
   };
+  // One greedy search: each size in `order` takes its smallest value that keeps every fact, a few passes over all.
+  auto search = [&](const std::vector<std::size_t>& order) {
+    cur = base;
+    for (int pass = 0; pass < 3; ++pass) {
+      bool changed = false;
+      for (std::size_t v : order) {
+        if (!g.vars[v].general || pinned[v]) continue;
+        std::int64_t was = cur[v];
+        std::vector<std::int64_t> cands;
+        for (std::int64_t c = 1; c < was && c <= 4096; ++c) cands.push_back(c);
+        for (std::int64_t d = 1; d * d <= base[v]; ++d)
+          if (base[v] % d == 0)
+            for (std::int64_t c : {d, base[v] / d})
+              if (c > 4096 && c < was) cands.push_back(c);
+        std::sort(cands.begin(), cands.end());
+        cands.erase(std::unique(cands.begin(), cands.end()), cands.end());
+        // An even size stays even (the divisibility the facts do not name: RoPE's head dim pairs), and divisors of
+        // the declared value come first.
+        if (base[v] % 2 == 0) cands.erase(std::remove_if(cands.begin(), cands.end(), [](std::int64_t c) { return c % 2 != 0; }), cands.end());
+        std::stable_partition(cands.begin(), cands.end(), [&](std::int64_t c) { return base[v] % c == 0; });
+        for (std::int64_t c : cands) {
+          cur[v] = c;
+          if (fits(v)) break;
+          cur[v] = was;
+        }
+        changed |= cur[v] != was;
+      }
+      if (!changed) break;
+    }
+    return cur;
+  };
+  // What a choice costs the run: the elements of every typed value at those sizes.
+  auto cost = [&](const std::vector<std::int64_t>& vals) {
+    double total = 0;
+    for (const auto& l : lists) {
+      if (!l.types) continue;
+      for (const auto& t : l.types->outs) {
+        if (!t.ok) continue;
+        double n = 1;
+        for (int d = 0; d < t.rank; ++d)
+          if (auto x = ev(l.types->exprs, t.shape[static_cast<std::size_t>(d)], vals)) n *= static_cast<double>(*x);
+        total += n;
+      }
+    }
+    return total;
+  };
+  // The sizes kept apart crowd the small values, so the order of the search matters (Llama-3-405B's plan: S 10, D 2,
+  // F 18 when the smallest declared size goes first; S 2, D 8, F 10 with S first, a third of the elements): the
+  // smallest first, then each size moved to the front, and the cheapest result is taken (the first on a tie).
   std::vector<std::size_t> order(nv);  // the smallest first, so each finds its place above the ones below it
   for (std::size_t v = 0; v < nv; ++v) order[v] = v;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return base[a] < base[b]; });
-  for (int pass = 0; pass < 3; ++pass) {
-    bool changed = false;
-    for (std::size_t v : order) {
-      if (!g.vars[v].general || pinned[v]) continue;
-      std::int64_t was = cur[v];
-      std::vector<std::int64_t> cands;
-      for (std::int64_t c = 1; c < was && c <= 4096; ++c) cands.push_back(c);
-      for (std::int64_t d = 1; d * d <= base[v]; ++d)
-        if (base[v] % d == 0)
-          for (std::int64_t c : {d, base[v] / d})
-            if (c > 4096 && c < was) cands.push_back(c);
-      std::sort(cands.begin(), cands.end());
-      cands.erase(std::unique(cands.begin(), cands.end()), cands.end());
-      // An even size stays even (the divisibility the facts do not name: RoPE's head dim pairs), and divisors of
-      // the declared value come first.
-      if (base[v] % 2 == 0) cands.erase(std::remove_if(cands.begin(), cands.end(), [](std::int64_t c) { return c % 2 != 0; }), cands.end());
-      std::stable_partition(cands.begin(), cands.end(), [&](std::int64_t c) { return base[v] % c == 0; });
-      for (std::int64_t c : cands) {
-        cur[v] = c;
-        if (fits(v)) break;
-        cur[v] = was;
-      }
-      changed |= cur[v] != was;
-    }
-    if (!changed) break;
+  std::vector<std::int64_t> best = search(order);
+  double best_cost = cost(best);
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const std::size_t v = order[k];
+    if (!g.vars[v].general || pinned[v]) continue;
+    std::vector<std::size_t> front = order;
+    std::rotate(front.begin(), front.begin() + static_cast<std::ptrdiff_t>(k), front.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+    std::vector<std::int64_t> r = search(front);
+    if (double c = cost(r); c < best_cost) best = std::move(r), best_cost = c;
   }
+  cur = best;
   red.vars = cur;
   for (std::size_t v = 0; v < nv; ++v) {
     if (!g.vars[v].general) continue;

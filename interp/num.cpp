@@ -1,6 +1,7 @@
 // interp/num.cpp - the field lanes of Num: primes, random functions, constants, and each primitive's lane meaning.
 #include "interp/num.h"
 
+#include <cstring>
 #include <unordered_map>
 
 namespace spmd::interp {
@@ -455,7 +456,15 @@ Fp Num::pure(int lane) const {
 }
 
 void Num::set_constant(double x) {
-  for (int l = 0; l < kLanes; ++l) f[l] = num::from_double(x, l), y[l] = 1;
+  std::uint64_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  const auto slot = static_cast<std::size_t>((bits ^ (bits >> 29) ^ (bits >> 52)) & (num::Context::kConstCache - 1));
+  num::Context& c = num::ctx;
+  if (c.const_bits[slot] != bits) {
+    for (int l = 0; l < kLanes; ++l) c.const_val[slot][l] = num::from_double(x, l);
+    c.const_bits[slot] = bits;
+  }
+  for (int l = 0; l < kLanes; ++l) f[l] = c.const_val[slot][l], y[l] = 1;
   deg = 0;
 }
 

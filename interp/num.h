@@ -42,6 +42,11 @@ struct Context {
   // (a norm's sd, softmax's sum, attention's z) and alternates with a few constants (a mean's 1/n).
   static constexpr int kInvCache = 8;
   Fp inv_arg[kLanes][kInvCache] = {}, inv_val[kLanes][kInvCache] = {};
+  // Recent constants (direct-mapped by the double's bits; bits 0 is 0.0, whose lanes are 0): a kernel multiplies
+  // every element by one constant (a scale, a frequency), whose conversion (from_double) is slow.
+  static constexpr int kConstCache = 16;
+  std::uint64_t const_bits[kConstCache] = {};
+  Fp const_val[kConstCache][kLanes] = {};
 };
 extern constinit thread_local Context ctx;
 
@@ -142,7 +147,7 @@ struct Num {  // 64 bytes: d, f, y, deg, tag, k
   Num() = default;
   // A constant (degree 0); integers are exact.
   Num(double x) : d(x) {  // NOLINT(google-explicit-constructor): kernels mix literals and values
-    if (num::ctx.on) [[unlikely]]
+    if (num::ctx.on && x != 0) [[unlikely]]  // zero is the default's lanes
       set_constant(x);
   }
   // The exact rational n / den (den != 0).

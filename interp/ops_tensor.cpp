@@ -218,17 +218,25 @@ void Runner::rope(int oi, std::int64_t r, const std::vector<std::int64_t>& c, co
   const Num sign = op.attrs.inverse ? -1.0 : 1.0;
   Shape st = strides_of(o.t.shape);
   const Tensor x = o.t;
-  std::int64_t h = D / 2;
+  std::int64_t h = D / 2, S = o.t.shape[du];
+  // The angle of (position s, frequency i): a position (exact) times a constant; its cos and sin as interp/num.h
+  // defines them (cos^2 + sin^2 = 1), computed once per angle rather than per element (the same values: an element's
+  // rotation depends on its s and i only).
+  std::vector<Num> freq(static_cast<std::size_t>(h)), ca(static_cast<std::size_t>(S * h)), sa(ca.size());
+  for (std::int64_t i = 0; i < h; ++i) freq[static_cast<std::size_t>(i)] = Num(std::pow(theta, -2.0 * static_cast<double>(i) / Dv));
+  for (std::int64_t s = 0; s < S; ++s)
+    for (std::int64_t i = 0; i < h; ++i) {
+      const Num a = sign * p.data[static_cast<std::size_t>(s)] * freq[static_cast<std::size_t>(i)];
+      ca[static_cast<std::size_t>(s * h + i)] = cos(a), sa[static_cast<std::size_t>(s * h + i)] = sin(a);
+    }
   for (std::size_t w = 0; w < x.data.size(); ++w) {
     std::int64_t i = static_cast<std::int64_t>(w / static_cast<std::size_t>(st[lu])) % D;
     if (i >= h) continue;
-    std::int64_t s = static_cast<std::int64_t>(w / static_cast<std::size_t>(st[du])) % o.t.shape[du];
-    // the angle: a position (exact) times a constant; cos and sin as interp/num.h defines them (cos^2 + sin^2 = 1)
-    Num a = sign * p.data[static_cast<std::size_t>(s)] * Num(std::pow(theta, -2.0 * static_cast<double>(i) / Dv));
+    std::int64_t s = static_cast<std::int64_t>(w / static_cast<std::size_t>(st[du])) % S;
     const Num &x1 = x.data[w], &x2 = x.data[w + static_cast<std::size_t>(h * st[lu])];
-    const Num ca = cos(a), sa = sin(a);
-    o.t.data[w] = x1 * ca - x2 * sa;
-    o.t.data[w + static_cast<std::size_t>(h * st[lu])] = x2 * ca + x1 * sa;
+    const Num &c = ca[static_cast<std::size_t>(s * h + i)], &sn = sa[static_cast<std::size_t>(s * h + i)];
+    o.t.data[w] = x1 * c - x2 * sn;
+    o.t.data[w + static_cast<std::size_t>(h * st[lu])] = x2 * c + x1 * sn;
   }
   charge(x.numel());
   set_out(oi, r, 0, std::move(o), taint);

@@ -5,6 +5,9 @@
 #include "interp/runner.h"
 #include <fmt/format.h>
 
+#include <map>
+#include <tuple>
+
 namespace spmd::interp {
 
 Runner::Runner(const Program& p, const std::vector<std::int64_t>& vars, std::vector<std::int64_t> axis_sizes, bool global, const OracleOptions& o,
@@ -90,6 +93,7 @@ void Runner::declare_values(const TensorDecl& t, std::int64_t range, std::uint64
   for (ExprId e : t.shape) g.push_back(eval(e, "a dim of " + p_.name(t.name)));
   check_size(g);
   std::uint64_t key = mix(seed ^ std::hash<std::string>{}(p_.name(t.name)));
+  std::map<std::tuple<std::uint64_t, Shape, Shape>, Tensor> drawn;  // (P / V key, block origin, block shape) -> elements
   for (std::int64_t r = 0; r < ranks_; ++r) {
     auto c = coords(r);
     Val v;
@@ -111,13 +115,22 @@ void Runner::declare_values(const TensorDecl& t, std::int64_t range, std::uint64
         if (t.placement[a].is_v()) v.taint = p_.name(t.name) + " is declared V over " + p_.mesh[a].name, v.vlabel |= 1u << a;
     }
     Shape ls = local_shape(v, c);
-    v.t = Tensor(ls);
     failed_rank = r;
     Shape lo(g.size());
     for (std::size_t d = 0; d < g.size(); ++d) {
       std::int64_t h;
       block(g[d], v.mask[d], c, lo[d], h, ord_of(v, d));
     }
+    // Replicas (the ranks of an R / I axis, every stage of a pipeline for a parameter it does not hold) draw the same
+    // elements: they share one buffer (copied on a write, NumBuffer), so a value is held once per distinct block.
+    auto [seen, fresh] = drawn.try_emplace(std::make_tuple(pv, lo, ls));
+    if (!fresh) {
+      v.t = seen->second;
+      if (p_.local_view) make_local(v);
+      at(r, t.name) = std::move(v);
+      continue;
+    }
+    v.t = Tensor::uninit(ls);
     Shape gst = strides_of(g);
     Shape idx(ls.size(), 0);
     for (std::size_t w = 0; w < v.t.data.size(); ++w) {
@@ -134,6 +147,7 @@ void Runner::declare_values(const TensorDecl& t, std::int64_t range, std::uint64
         idx[static_cast<std::size_t>(d)] = 0;
       }
     }
+    seen->second = v.t;
     if (p_.local_view) make_local(v);
     at(r, t.name) = std::move(v);
   }

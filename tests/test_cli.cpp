@@ -630,6 +630,23 @@ TEST_CASE("equiv --declared-sizes runs without shape reduction: the README examp
   CHECK(declared.out.find("reduced sizes") == std::string::npos);
 }
 
+TEST_CASE("equiv --max-memory bounds the values a run holds: past it the check is not proved, not a crash") {
+  // 512 x 512 elements of 64 bytes: 16 MiB for x, as much for y
+  std::string f = write_tmp("mem.yaml", R"(mesh: {dp: 2}
+tensors:
+  x: {shape: [512, 512], placement: {dp: S(0)}}
+ops:
+  - {op: Multiply, in: [x], out: y, scalar: 2}
+outputs:
+  y: {placement: {dp: S(0)}}
+)");
+  CHECK(run({"equiv", f}).code == 0);
+  Run small = run({"equiv", "--max-memory", "16", f});
+  CHECK(small.code == 4);
+  CHECK(small.out.find("it would hold more than 16 MiB of tensor values at once") != std::string::npos);
+  CHECK(run({"equiv", "--max-memory", "8", f}).code == 2);  // below the smallest budget: a usage error
+}
+
 TEST_CASE("a local-view training step: check compares the hand-written backward's gradients; backward and report do not derive one") {
   const std::string fixed = src("examples/local/megatron_mlp_custom_backward_fixed.yaml");
   Run eq = run({"equiv", fixed});

@@ -262,6 +262,35 @@ TEST_CASE("equiv: shape reduction proves the README example at its declared size
   CHECK(r.message.find("at the declared sizes B = 8, S = 512, H = 1024, F = 4096") != std::string::npos);
 }
 
+TEST_CASE("equiv: shape reduction takes the search order that holds the fewest elements") {
+  // Sizes declared different stay apart (2, 4, 6: each even size even): the smallest declared size first gives
+  // K 2, S 4, H 6 (26 elements); S first gives the [S, H] value the smallest pair (16 elements)
+  std::string text = R"(mesh: {dp: 2}
+sizes: {K: 8, S: 8192, H: 16384}
+tensors:
+  x: {shape: [S, H]}
+  k: {shape: [K]}
+ops:
+  - {op: Multiply, in: [x], out: y, scalar: 2}
+  - {op: Multiply, in: [k], out: z, scalar: 2}
+outputs:
+  y: {}
+  z: {}
+spec:
+  ops:
+    - {op: Add, in: [x, x], out: y}
+    - {op: Add, in: [k, k], out: z}
+  outputs: [y, z]
+)";
+  EquivResult r = check_equivalence(load_program_string(text, "order.yaml"));
+  CHECK(r.verdict == EquivVerdict::Equivalent);
+  CHECK(r.reduction == "K 8 -> 4, S 8192 -> 2, H 16384 -> 6");
+  // and a wrong factor is still found at those sizes
+  std::string bad = text;
+  bad.replace(bad.find("in: [k], out: z, scalar: 2"), 26, "in: [k], out: z, scalar: 3");
+  CHECK(check_equivalence(load_program_string(bad, "order_bad.yaml")).verdict == EquivVerdict::Mismatch);
+}
+
 TEST_CASE("equiv: mesh reduction runs a data-parallel axis at 2 ranks and keeps an axis a root tells apart") {
   // dp = 512 used through its partition and an average: run at 2 ranks, the average dividing by 512 and each
   // rank's Mean by its 8 rows

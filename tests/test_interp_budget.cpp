@@ -86,6 +86,35 @@ TEST_CASE("budget: bytes live are charged before allocating, and shared copies c
   CHECK(live_bytes() == base);
 }
 
+TEST_CASE("budget: replicas of a declared input share one buffer until one is written") {
+  // x is replicated over dp and cut over tp: 2 distinct blocks on 8 ranks, each drawn once
+  Program p = load_program_string(R"(mesh: {dp: 4, tp: 2}
+tensors:
+  x: {shape: [8, 6], placement: {tp: S(1)}}
+ops:
+  - {op: Multiply, in: [x], out: y, scalar: 2}
+outputs:
+  y: {}
+)",
+                                  "share.yaml");
+  std::int64_t base = live_bytes(), work = std::int64_t{1} << 30;
+  {
+    Runner run(p, {}, {4, 2}, false, OracleOptions{}, work);
+    run.declare(p.tensors[0], 0, 5);
+    const NameId x = p.tensors[0].name;
+    CHECK(live_bytes() - base < static_cast<std::int64_t>(3 * 24 * sizeof(Num)));  // two blocks of 24, not eight
+    for (std::int64_t r = 0; r < 8; ++r) CHECK(run.at(r, x).t.data.shared());
+    // rank 0 (dp 0, tp 0) and rank 2 (dp 1, tp 0) hold the same block; rank 1 (tp 1) the other
+    CHECK(std::as_const(run.at(0, x).t).data.data() == std::as_const(run.at(2, x).t).data.data());
+    CHECK(std::as_const(run.at(0, x).t).data.data() != std::as_const(run.at(1, x).t).data.data());
+    const double was = std::as_const(run.at(2, x).t).data[0].d;
+    run.at(0, x).t.data[0] = Num(was + 1);  // a write copies: the replica keeps its value
+    CHECK(std::as_const(run.at(2, x).t).data[0].d == was);
+    CHECK(std::as_const(run.at(0, x).t).data[0].d == was + 1);
+  }
+  CHECK(live_bytes() == base);
+}
+
 // One program per allocation path of a run: each ends as `skipped` with the reason, never a crash.
 TEST_CASE("budget: every allocation path of a run stops at the limit") {
   struct Case {
