@@ -19,6 +19,9 @@ BUG (one per run):
   dropped_mb   the data loader hands the last microbatch the one before it (a dropped microbatch; pipelined plans)
   sync_avg     one parameter's gradient averaged over dp instead of summed (the grad sync's reduce op)
   adamw_lr     one parameter's AdamW step with another learning rate (an optimizer state updated wrongly)
+  wrong_shard  one parameter's optimizer sharded ZeRO-1 style (states by rows over dp) while its gradient is
+               reduce-scattered by columns: each rank updates its states from another rank's gradient shard
+               (karpathy/llm.c#524's mistake; the 8B plan)
 """
 import os
 import sys
@@ -29,7 +32,7 @@ PLANS = {
     "llama3_70b": (80, 16, 8, 4, 32, dict(H=8192, NH=64, NKV=8, D=128, F=28672, V=128256, S=8192)),
     "llama3_405b": (126, 64, 8, 16, 16, dict(H=16384, NH=128, NKV=8, D=128, F=53248, V=128256, S=8192)),
 }
-BUGS = ("constant", "dropped_mb", "sync_avg", "adamw_lr")
+BUGS = ("constant", "dropped_mb", "sync_avg", "adamw_lr", "wrong_shard")
 WEIGHTS = ("ga", "wq", "wk", "wv", "wo", "gm", "wg", "wu", "wd")
 
 
@@ -65,7 +68,11 @@ def generate(plan, bug=None, layers=None):
     w("  gf: {shape: [H], %sparam: true}" % rep)
     w("  w_lm: {shape: [H, V], %sparam: true}" % col)
     params += [("gf", "[H]", rep), ("w_lm", "[H, V]", col)]
+    sync_bug = params[len(params) // 2][0]
+    shard_bug = bug == "wrong_shard" and pp == 1 and tp == 1
     for name, shp, pl in params:  # AdamW's fp32 states, placed as their parameter
+        if shard_bug and name == sync_bug:
+            pl = "placement: {dp: S(0)}, "  # ZeRO-1: the states partitioned by rows over dp
         w("  %s_m: {shape: %s%s}" % (name, shp, (", " + pl.rstrip(", ")) if pl else ""))
         w("  %s_v: {shape: %s%s}" % (name, shp, (", " + pl.rstrip(", ")) if pl else ""))
 
@@ -176,14 +183,22 @@ def generate(plan, bug=None, layers=None):
     w("loss: loss")
     if pp == 1:
         w("train: true")
-    sync_bug = params[len(params) // 2][0]
     w("grad_sync:")
     for name, _, _ in params:
         avg = ", reduce: avg" if bug == "sync_avg" and name == sync_bug else ""
+        if shard_bug and name == sync_bug:  # BUG: reduce-scattered by columns, the states hold rows
+            w("  - {op: ReduceScatter, in: [%s.grad], out: %s.grad, axis: dp, dim: 1}" % (name, name))
+            continue
         w("  - {op: AllReduce, in: [%s.grad], out: %s.grad, axis: dp%s}" % (name, name, avg))
 
     def adamw(ind, plan_side):
         for name, _, _ in params:
+            if plan_side and shard_bug and name == sync_bug:  # each rank updates its rows, then gathers the parameter
+                w("%s- {op: Convert, in: [%s], out: %s_shard, axis: dp, to: \"S(0)\"}" % (ind, name, name))
+                w("%s- {op: AdamWUpdate, in: [%s_shard, %s.grad, %s_m, %s_v], out: [%s_shard, %s_m, %s_v], lr: 0.0003, weight_decay: 0.1}"
+                  % (ind, name, name, name, name, name, name, name))
+                w("%s- {op: AllGather, in: [%s_shard], out: %s, axis: dp, dim: 0}" % (ind, name, name))
+                continue
             lr = 0.0006 if plan_side and bug == "adamw_lr" and name == sync_bug else 0.0003
             w("%s- {op: AdamWUpdate, in: [%s, %s.grad, %s_m, %s_v], out: [%s, %s_m, %s_v], lr: %s, weight_decay: 0.1}"
               % (ind, name, name, name, name, name, name, name, lr))

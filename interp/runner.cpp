@@ -19,7 +19,11 @@ Runner::Runner(const Program& p, const std::vector<std::int64_t>& vars, std::vec
   set_alloc_limits({o.max_elements, o.max_bytes});
   ranks_ = 1;
   for (auto s : sizes_) ranks_ *= s;
-  env_.assign(static_cast<std::size_t>(ranks_), std::vector<Val>(p.names.size()));
+  names_ = p.names.size();
+  if (static_cast<double>(ranks_) * static_cast<double>(names_) > static_cast<double>(std::int64_t{1} << 28))  // (1 GiB of slots)
+    throw BudgetError("the run is too large for the interpreter: " + std::to_string(ranks_) + " ranks of " + std::to_string(names_) + " names each");
+  slot_.assign(static_cast<std::size_t>(ranks_) * names_, -1);
+  env_.assign(static_cast<std::size_t>(ranks_), {});
   nonneg_ = nonnegative_inputs(p);
   coords_.resize(static_cast<std::size_t>(ranks_));
   for (std::int64_t r = 0; r < ranks_; ++r) {
@@ -170,10 +174,9 @@ void Runner::free_dead(std::vector<char> keep) {
 void Runner::release_dead(int oi, std::int64_t r) {
   if (last_read_.empty()) return;
   const Op& op = p_.ops[static_cast<std::size_t>(oi)];
-  auto& env = env_[static_cast<std::size_t>(r)];
   auto drop = [&](NameId n) {
     auto nu = static_cast<std::size_t>(n);
-    if (!keep_[nu] && last_read_[nu] <= oi) env[nu].t = Tensor();  // the layout stays: only the elements go
+    if (!keep_[nu] && last_read_[nu] <= oi) at(r, n).t = Tensor();  // the layout stays: only the elements go
   };
   for (NameId n : p_.ins(op)) drop(n);
   for (NameId n : p_.outs(op)) drop(n);  // written and never read again
