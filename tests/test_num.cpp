@@ -47,7 +47,15 @@ TEST_CASE("num: primes, field arithmetic and inverses") {
     Fp p = num::prime(l);
     CHECK((p >> 61) == 1);  // 62 bits
     CHECK(num::is_prime(p));
-    for (Fp x : {Fp{1}, Fp{2}, Fp{12345}, p - 1, p / 3}) CHECK(num::fmul(x, num::finv(x, l), l) == 1);
+    for (Fp x : {Fp{1}, Fp{2}, Fp{12345}, p - 1, p / 3, p - 2, p / 2, Fp{1} << 61}) CHECK(num::fmul(x, num::finv(x, l), l) == 1);
+    // the slow path (the cache bypassed) on random residues
+    std::uint64_t h = 0x9e3779b97f4a7c15ULL;
+    for (int i = 0; i < 2000; ++i) {
+      h = h * 6364136223846793005ULL + 1442695040888963407ULL;
+      Fp x = (h >> 2) % p;
+      if (x == 0) continue;
+      CHECK(num::fmul(x, num::finv_slow(x, l), l) == 1);
+    }
   }
   CHECK(num::prime(0) != num::prime(1));
   Num a = draw(1), b = draw(2), c = draw(3);
