@@ -154,6 +154,16 @@ bool cuts_hold(const Setup& s, const Run& run);
 // Checks microbatch k of `m` (every holder has written it) against the spec's value `want`, then drops its instances.
 void mb_cut_step(const Setup& s, MbCut& m, std::size_t k, const Tensor& want);
 
+// One run of the plan and the model (equiv/run.cpp) on the inputs drawn from `seed`: with `small_ints` the real
+// inputs rounded to small integers (a readable counterexample), with `record` every op's value kept for
+// localization, with `cut` the stage cuts of `s` applied where plan and spec agree. A run that fails keeps the
+// reason in Run::failure; a BudgetError goes to the caller (too large to run: not checked).
+std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, bool record, std::int64_t& work, bool cut = false);
+// The stage cut points of a pipelined plan (docs/equivalence.md, "Pipelines"), added to `s`: the names the spec also
+// writes (`spec_of`), not `excluded`, whose microbatch instances are whole; the smallest first within a quarter of
+// the run's byte budget.
+void pipeline_cuts(Setup& s, const TrainingPair& tp, const std::vector<char>& excluded, const std::vector<NameId>& spec_of);
+
 struct Culprit {
   int op = -1;        // plan op
   int spec_op = -1;   // the model op it should have matched

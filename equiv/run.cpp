@@ -1,0 +1,301 @@
+// equiv/run.cpp - one run of a plan and its model on drawn inputs, with the stage cuts (docs/equivalence.md,
+// "Stages" and "Pipelines"): the inputs declared on the plan's ranks and assembled for the model, both programs run,
+// each cut point's lanes replaced by a random function of them once plan and spec agree there, every op's value
+// recorded when localization asks; and the cut points of a pipelined plan.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "equiv/equiv_impl.h"
+#include "equiv/pipeline.h"
+#include "equiv/training.h"
+#include "interp/num.h"
+#include "interp/runner.h"
+
+namespace spmd::equiv_detail {
+namespace {
+
+constexpr std::uint64_t kCutKey = 0x5ea9e0c07ULL;
+
+// The cut: the lanes of every element replaced by a random function of them, keyed by the cut point (the same in
+// both runs); the double stays. Downstream of a verified cut the exact lanes see a fresh variable (degree 1); an
+// exact constant (degree 0) stays as it is. A value equal bit for bit to the one `memo` (if any) holds for this point gets the same result, its
+// evaluations counted.
+void cut_lanes(Tensor& t, int c, CutMemo* memo) {
+  const auto tag = static_cast<std::uint32_t>(c) + 1;  // downstream random functions are this stage's own
+  const std::size_t n = t.data.size();
+  if (memo)
+    for (const auto& [src, out] : memo->done)
+      if (src.shape == t.shape && (n == 0 || std::memcmp(src.data.data(), std::as_const(t).data.data(), n * sizeof(Num)) == 0)) {
+        num::count_evaluations(tag, n);
+        t = out;
+        return;
+      }
+  const Tensor src = t;
+  t = Tensor::uninit(src.shape);
+  Num* o = t.data.data();
+  bool plain = true;
+  for (std::size_t i = 0; i < n; ++i) {
+    const Num& e = src.data[i];
+    if (e.deg == 0) {  // an exact constant (integer data, positions, masks of them): no degree to cut, and a
+      o[i] = e;        // comparison downstream still decides on exact data (Runner::inexact_choice)
+      continue;
+    }
+    plain &= num::plain(e);
+    Num r;  // no log part, degree 1
+    r.d = e.d;
+    r.tag = tag;
+    for (int l = 0; l < kLanes; ++l) {
+      Fp x = e.pure(l);
+      r.f[l] = num::rf(kCutKey + static_cast<std::uint64_t>(c), &x, 1, l, r.tag);
+    }
+    r.deg = 1;
+    o[i] = r;
+  }
+  if (!memo || !plain) return;  // (a log part's purification counts evaluations of its own)
+  constexpr std::size_t kKept = 8;
+  if (memo->done.size() < kKept)
+    memo->done.emplace_back(src, t);
+  else
+    memo->done[memo->next++ % kKept] = {src, t};
+}
+
+void round_to_small_ints(Val& v, DType dt) {
+  if (is_int(dt)) return;
+  for (auto& e : v.t.data) e.d = std::clamp(std::round(e.d * 1.25), -2.0, 2.0);
+}
+
+}  // namespace
+
+std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, bool record, std::int64_t& work, bool cut) {
+  auto run = std::make_unique<Run>();
+  const Program& p = s.p;
+  run->plan = std::make_unique<Runner>(p, s.inst.vars, s.inst.mesh, false, s.oo, work);
+  run->model = std::make_unique<Runner>(s.model, s.inst.vars, std::vector<std::int64_t>(s.inst.mesh.size(), 1), true, s.oo, work, s.inst.mesh);
+  Runner& dist = *run->plan;
+  Runner& one = *run->model;
+  if (!s.value_mesh.empty()) dist.set_value_sizes(s.value_mesh);
+  dist.real_shapes = s.plan_real;
+  one.real_shapes = s.model_real;
+  try {
+    for (std::size_t i = 0; i < p.tensors.size(); ++i) {
+      const TensorDecl& t = p.tensors[i];
+      std::int64_t range = s.ranges[static_cast<std::size_t>(t.name)];
+      dist.declare(t, range, seed);
+      one.declare(s.model.tensors[i], range, seed);
+      if (small_ints)
+        for (std::int64_t r = 0; r < dist.ranks(); ++r) round_to_small_ints(dist.at(r, t.name), t.dtype);
+    }
+    // A pipeline's microbatch inputs: part k of each rank's block of the batch input (the microbatch split is lineage).
+    if (s.pair)
+      for (const auto& mb : s.pair->microbatches)
+        for (std::int64_t r = 0; r < dist.ranks(); ++r) {
+          const Tensor& src = dist.at(r, mb.source).t;
+          std::int64_t n = src.shape[static_cast<std::size_t>(mb.dim)];
+          dist.at(r, mb.name).t = slice(src, mb.dim, n * mb.part / mb.parts, n * (mb.part + 1) / mb.parts);
+        }
+    for (const auto& t : p.tensors) {
+      Assembled a = assemble(p, dist, t.name, t.placement, s.oo);
+      if (a.ok) one.at(0, t.name).t = std::move(a.t);
+    }
+  } catch (const BudgetError&) {
+    throw;  // too large to run: not checked (check_pair)
+  } catch (const std::runtime_error& e) {
+    run->failure = std::string("the inputs cannot be built: ") + e.what();
+    return run;
+  }
+  cut = cut && num::on() && s.n_cuts > 0;
+  if (record) {
+    run->model_vals.assign(s.model.ops.size(), {});
+    run->plan_vals.assign(p.ops.size(), {});
+  }
+  if (cut) {
+    run->model_cut.assign(static_cast<std::size_t>(s.n_cuts), {});
+    run->plan_cut.assign(static_cast<std::size_t>(s.n_cuts), std::vector<Val>(static_cast<std::size_t>(dist.ranks())));
+    run->cut_left.assign(static_cast<std::size_t>(s.n_cuts), dist.ranks());
+    run->cut_ok = s.cut_off;  // (a point not cut needs no check)
+    run->cut_memo.assign(static_cast<std::size_t>(s.n_cuts), {});
+    // A pipeline's point: one write per instance on each rank whose program writes it (a Recv's copy is not one);
+    // every such rank writes each microbatch's once, or the point is not checked (so it does not hold).
+    if (std::any_of(s.cut_mb.begin(), s.cut_mb.end(), [](char m) { return m != 0; })) {
+      run->plan_cut_mb.resize(static_cast<std::size_t>(s.n_cuts));
+      std::vector<std::vector<std::int64_t>> writes(static_cast<std::size_t>(s.n_cuts));
+      for (std::size_t c = 0; c < s.cut_mb.size(); ++c)
+        if (s.cut_mb[c]) run->cut_left[c] = 0, writes[c].assign(static_cast<std::size_t>(dist.ranks()), 0);
+      for (std::int64_t r = 0; r < dist.ranks(); ++r) {
+        auto [from, to] = dist.op_range(r);
+        for (std::uint32_t oi = from; oi < to; ++oi) {
+          const Op& op = p.ops[oi];
+          if (op.kind == OpKind::Recv) continue;
+          for (std::size_t k = 0; k < op.n_out; ++k)
+            if (int c = s.plan_cut[static_cast<std::size_t>(p.outs(op)[k])]; c >= 0 && s.cut_mb[static_cast<std::size_t>(c)] && s.plan_final[op.first + op.n_in + k])
+              ++writes[static_cast<std::size_t>(c)][static_cast<std::size_t>(r)];
+        }
+      }
+      for (std::size_t c = 0; c < s.cut_mb.size(); ++c) {
+        if (!s.cut_mb[c]) continue;
+        MbCut& m = run->plan_cut_mb[c];
+        std::int64_t holders = 0;
+        for (std::int64_t w : writes[c]) {
+          if (w == 0) continue;
+          ++holders;
+          m.failed |= w != s.n_mb;
+        }
+        run->cut_left[c] = holders * s.n_mb;
+        m.inst.assign(static_cast<std::size_t>(s.n_mb), {});
+        m.left.assign(static_cast<std::size_t>(s.n_mb), holders);
+      }
+    }
+  }
+  if (!record && !s.plan_keep.empty()) dist.free_dead(s.plan_keep), one.free_dead(s.model_keep);
+  if (record || cut) {
+    one.after_op = [&, r = run.get()](int oi, std::int64_t) {
+      const Op& op = s.model.ops[static_cast<std::size_t>(oi)];
+      if (record) {
+        auto& slot = r->model_vals[static_cast<std::size_t>(oi)];
+        slot.clear();
+        for (NameId n : s.model.outs(op)) slot.push_back(one.at(0, n).t);
+      }
+      if (cut)
+        for (NameId n : s.model.outs(op))
+          if (int c = s.model_cut[static_cast<std::size_t>(n)]; c >= 0 && !s.cut_off[static_cast<std::size_t>(c)] && s.model_last[static_cast<std::size_t>(n)] == oi) {
+            r->model_cut[static_cast<std::size_t>(c)] = one.at(0, n).t;
+            cut_lanes(one.at(0, n).t, c, nullptr);
+          }
+    };
+    dist.after_op = [&, r = run.get()](int oi, std::int64_t rank) {
+      const Op& op = p.ops[static_cast<std::size_t>(oi)];
+      if (record) {
+        auto& slot = r->plan_vals[static_cast<std::size_t>(oi)];
+        if (slot.empty()) slot.assign(op.n_out, std::vector<Val>(static_cast<std::size_t>(dist.ranks()))), r->plan_order.push_back(oi);
+        int k = 0;
+        for (NameId n : p.outs(op)) slot[static_cast<std::size_t>(k++)][static_cast<std::size_t>(rank)] = dist.at(rank, n);
+      }
+      if (cut && op.kind != OpKind::Recv)  // a received value is its Send's, already cut on the sender (per-rank programs)
+        for (std::size_t k = 0; k < op.n_out; ++k)
+          if (NameId n = p.outs(op)[k]; s.plan_cut[static_cast<std::size_t>(n)] >= 0 && s.plan_final[op.first + op.n_in + k]) {
+            int c = s.plan_cut[static_cast<std::size_t>(n)];
+            auto cu = static_cast<std::size_t>(c);
+            if (s.cut_off[cu]) continue;
+            const bool mb = s.cut_mb[cu];
+            if (mb) {  // an instance of a pipeline's point: microbatch k is checked once every holder has written it
+              int k = s.pair->mb[static_cast<std::size_t>(oi)];
+              MbCut& m = r->plan_cut_mb[cu];
+              if (k < 0 || k >= s.n_mb) continue;  // (never: such a name is no point; unchecked, the run is redone without cuts)
+              auto ku = static_cast<std::size_t>(k);
+              if (m.inst[ku].empty()) m.inst[ku].resize(static_cast<std::size_t>(dist.ranks()));
+              m.inst[ku][static_cast<std::size_t>(rank)] = dist.at(rank, n);
+              if (r->cut_memo[cu].mb != k) r->cut_memo[cu] = CutMemo{}, r->cut_memo[cu].mb = k;  // (replicas of one instance)
+              cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
+              if (--m.left[ku] == 0) mb_cut_step(s, m, ku, r->model_cut[cu]);
+            } else {
+              r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
+              cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
+            }
+            if (--r->cut_left[cu] == 0) {  // every rank has it (every instance): check it now and drop the copies
+              if (mb) {
+                const MbCut& m = r->plan_cut_mb[cu];
+                r->cut_ok[cu] = !m.failed && m.checked == s.n_mb;
+                r->plan_cut_mb[cu] = MbCut{};
+              } else {
+                r->cut_ok[cu] = cut_holds(s, r->plan_cut[cu], r->model_cut[cu]);
+                r->plan_cut[cu].clear();
+              }
+              if (!r->cut_ok[cu] && r->first_failed_cut < 0) r->first_failed_cut = c;
+              r->model_cut[cu] = Tensor();
+              r->cut_memo[cu] = CutMemo{};
+            }
+          }
+    };
+  }
+  try {
+    one.run(seed);
+  } catch (const BudgetError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    run->failure = std::string("the spec's run fails: ") + e.what();
+    run->failed_op = one.failed_op;
+    return run;
+  }
+  try {
+    dist.run(seed);
+  } catch (const BudgetError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    run->failure = std::string("the plan's run fails: ") + e.what();
+    run->failed_op = dist.failed_op;
+    run->plan_failed = true;
+    return run;
+  }
+  return run;
+}
+
+// A pipelined plan's stage cut points (docs/equivalence.md, "Pipelines"): a value of the one-microbatch step that the
+// spec writes under its name (or a `lineage:` pair), whose instances `<name>@mb<k>` are whole per microbatch: every op
+// writing one is an instance of a step op for its microbatch (a Recv's copy aside; nothing the lowering adds), none
+// leaves a pending sum (the step's type of its last write has no P or V), and the plan never writes `<name>` itself.
+void pipeline_cuts(Setup& s, const TrainingPair& tp, const std::vector<char>& excluded, const std::vector<NameId>& spec_of) {
+  const Program& p = s.p;
+  std::vector<char> bad(p.names.size(), 0);
+  std::vector<std::vector<NameId>> inst(p.names.size());
+  auto base_of = [&](NameId n) -> NameId {
+    const std::string& nm = p.name(n);
+    auto at = nm.rfind("@mb");
+    if (at == std::string::npos || at + 3 == nm.size() ||
+        !std::all_of(nm.begin() + static_cast<std::ptrdiff_t>(at + 3), nm.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      return -1;
+    auto it = p.name_ids.find(nm.substr(0, at));
+    return it == p.name_ids.end() ? -1 : it->second;
+  };
+  std::vector<NameId> base(p.names.size(), -2);  // -2: not computed yet
+  for (std::size_t oi = 0; oi < p.ops.size(); ++oi) {
+    const Op& op = p.ops[oi];
+    auto outs = p.outs(op);
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      auto nu = static_cast<std::size_t>(outs[k]);
+      if (base[nu] == -2) base[nu] = base_of(outs[k]);
+      NameId b = base[nu];
+      if (b < 0) continue;
+      auto bu = static_cast<std::size_t>(b);
+      if (op.kind == OpKind::Recv) continue;  // a copy of the sender's instance, cut there
+      int f = oi < tp.family.size() ? tp.family[oi] : -1;
+      bool instance = f >= 0 && oi < tp.mb.size() && tp.mb[oi] >= 0 && !(oi < tp.generated.size() && tp.generated[oi]);
+      if (!instance) {
+        bad[bu] = 1;
+        continue;
+      }
+      if (inst[bu].empty() || std::find(inst[bu].begin(), inst[bu].end(), outs[k]) == inst[bu].end()) inst[bu].push_back(outs[k]);
+      if (s.plan_final[op.first + op.n_in + k] && static_cast<std::size_t>(f) < tp.plan_types.out_base.size()) {
+        const auto& pl = tp.plan_types.out(static_cast<std::size_t>(f), static_cast<int>(k)).pl;
+        for (const auto& x : pl) bad[bu] |= x.is_p() || x.is_v();
+      }
+    }
+  }
+  // Each point keeps the spec's value from the spec's run until the plan has written its last instance, so the
+  // points are chosen smallest first within a quarter of the run's byte budget (the residual stream and its
+  // gradient, at every layer, before the wide attention and MLP values).
+  std::vector<std::size_t> cand;
+  for (std::size_t b = 0; b < p.names.size(); ++b) {
+    if (inst[b].empty() || bad[b] || s.plan_last[b] >= 0 || excluded[b]) continue;
+    auto m = static_cast<std::size_t>(spec_of[b]);
+    if (s.model_last[m] < 0 || excluded[m] || s.model_cut[m] >= 0 || m >= s.model_elems.size() || s.model_elems[m] < 0) continue;
+    cand.push_back(b);
+  }
+  std::stable_sort(cand.begin(), cand.end(), [&](std::size_t a, std::size_t b) {
+    return s.model_elems[static_cast<std::size_t>(spec_of[a])] < s.model_elems[static_cast<std::size_t>(spec_of[b])];
+  });
+  std::int64_t bytes = 0;
+  for (std::size_t b : cand) {
+    auto m = static_cast<std::size_t>(spec_of[b]);
+    bytes += s.model_elems[m] * static_cast<std::int64_t>(sizeof(Num));
+    if (bytes > s.oo.max_bytes / 4) break;
+    int c = s.n_cuts++;
+    s.model_cut[m] = c;
+    for (NameId n : inst[b]) s.plan_cut[static_cast<std::size_t>(n)] = c;
+    s.cut_mb.push_back(1);
+  }
+  for (const auto& mb : tp.microbatches) s.n_mb = std::max(s.n_mb, mb.parts);
+}
+
+}  // namespace spmd::equiv_detail
