@@ -92,6 +92,37 @@ TEST_CASE("num: constants are exact fractions or dyadic values") {
   CHECK(same(Num(std::ldexp(1.0, 70)) * Num(std::ldexp(1.0, -70)), Num(1.0)));
 }
 
+TEST_CASE("num: a constant's lanes are its conversion, through the cache of recent constants and across guards") {
+  std::vector<double> xs;
+  std::uint64_t h = 0x243f6a8885a308d3ULL;
+  for (int i = 0; i < 500; ++i) {  // many more constants than cache slots, each used twice (a hit, or a collision)
+    h = h * 6364136223846793005ULL + 1442695040888963407ULL;
+    xs.push_back(std::ldexp(static_cast<double>(h >> 11), -50) - 4.0);
+  }
+  xs.push_back(-0.0), xs.push_back(0.0), xs.push_back(0.1), xs.push_back(-0.1);
+  auto check_all = [&] {
+    for (int pass = 0; pass < 2; ++pass)
+      for (double x : xs) {
+        Num c(x);
+        for (int l = 0; l < kLanes; ++l) CHECK(c.f[l] == num::from_double(x, l));
+        CHECK(c.deg == 0);
+      }
+  };
+  Fp outer;
+  {
+    num::Lanes on({5});
+    check_all();
+    outer = Num(0.1).f[0];
+    {
+      num::Lanes inner({6});  // other primes: no constant of the outer guard is reused
+      check_all();
+      CHECK(Num(0.1).f[0] != outer);
+    }
+    CHECK(Num(0.1).f[0] == outer);  // the outer guard's primes (and its cache) are back
+    check_all();
+  }
+}
+
 TEST_CASE("num: the log part: exp(log y) = y, exp(a - log b) = exp(a) / b, log x + log y = log(x y)") {
   num::Lanes on({11});
   Num a = draw(20), x = draw(21), y = draw(22);
