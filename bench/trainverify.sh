@@ -33,7 +33,7 @@ run() {  # plan, bug ("" for none), command (equiv | check), expected exit code,
   local ok=yes
   [ "$rc" -eq "$want" ] || ok="no (exit $rc, want $want)"
   grep -q -- "$pattern" "$tmp/$name.out" || ok="no (expected: $pattern)"
-  awk -v w="$wall" -v m="$rss" 'BEGIN { exit !(w < 60 && m < 4 * 1024 * 1024) }' || ok="$ok (over 60 s or 4 GiB)"
+  awk -v w="$wall" -v m="$rss" 'BEGIN { exit !(w < 60 && m < 4 * 1024 * 1024) }' || ok="no: over 60 s or 4 GiB (${ok})"
   [ "${ok:0:3}" = yes ] || status=1
   printf '%-26s %-6s %7ss %7ss %6s MiB  exit %s  %s\n' "$name" "$cmd" "$wall" "$user" "$((rss / 1024))" "$rc" "$ok"
   grep -v ': note:' "$tmp/$name.out" | tail -n 1 | cut -c1-400 | sed 's/^/    /'
