@@ -15,6 +15,9 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <exception>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "equiv/equiv_impl.h"
@@ -583,58 +586,149 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     for (const auto& mb : s.pair->microbatches)
       for (const auto& t : p.tensors)
         if (t.name == mb.name && is_int(t.dtype)) min_trials = kMinIntTrials;
-  // The trials; `sets`: max and min reductions as functions of sets (interp/num.h, set_extreme), the pass that
-  // proves a program whose only choices by value are those reductions. A result to return at once, or none.
-  auto run_trials = [&](bool sets) -> std::optional<EquivResult> {
-  for (int attempt = 0; attempt < kMaxAttempts && (tally.log2_bound > kLog2Target || tally.choice || tally.trials < min_trials); ++attempt) {
-    std::uint64_t ts = attempt == 0 ? opt.seed : mix(opt.seed ^ (0x7e57ULL + static_cast<std::uint64_t>(attempt)));
-    num::Lanes guard({ts, sets});
-    std::unique_ptr<Run> run;
-    std::uint64_t degree = 0;
+  // One trial on the calling thread (its lanes, its allocation limits) with the setup `ss` (its cut switches) and the
+  // work counter `w`: what the tally and the verdict need, none of the run's values (freed on that thread).
+  struct Outcome {
+    std::uint64_t ts = 0;
+    std::optional<std::pair<std::string, Loc>> budget;  // a BudgetError: too large to run
+    std::exception_ptr error;                           // any other exception, rethrown when the trial is taken
+    Run failed;                                         // a failed run's failure, failed_op and plan_failed
+    bool field_failed = false, sets_full = false;
     std::optional<Difference> diff;
+    int points = 0;  // the lineage points verified (0: none)
+    int plan_choice = -1, model_choice = -1;
+    std::uint64_t degree = 0, uf = 0;
+    double log2 = 0;
+    std::int64_t peak = 0, used = 0;  // the most bytes of values live at once, the work it took
+  };
+  auto trial = [&](Setup& ss, std::uint64_t ts, bool sets, std::int64_t& w) {
+    Outcome o;
+    o.ts = ts;
+    const std::int64_t w0 = w;
     try {
+      num::Lanes guard({ts, sets});
+      reset_peak_bytes();
+      std::unique_ptr<Run> run;
+      std::optional<Difference> diff;
+      std::uint64_t degree = 0;
       // With stage cuts first; a cut that does not hold (or a difference in the lanes) is decided without them. A
       // point found not to hold while the plan ran (a per-microbatch loss, not a part of the spec's whole-batch one)
       // is left uncut and the run is made once more with the others first.
-      std::fill(s.cut_off.begin(), s.cut_off.end(), 0);
-      run = run_once(s, ts, false, false, work, true);
+      std::fill(ss.cut_off.begin(), ss.cut_off.end(), 0);
+      run = run_once(ss, ts, false, false, w, true);
       if (run->failure.empty() && !num::trial_failed() && run->first_failed_cut >= 0) {
-        s.cut_off[static_cast<std::size_t>(run->first_failed_cut)] = 1;
+        ss.cut_off[static_cast<std::size_t>(run->first_failed_cut)] = 1;
         num::clear_failed();
-        run = run_once(s, ts, false, false, work, true);
+        run = run_once(ss, ts, false, false, w, true);
       }
-      if (run->failure.empty() && !num::trial_failed() && cuts_hold(s, *run)) {
-        diff = compare(s, *run, links, degree);
-        if (!diff || diff->kind != DiffKind::Lanes) {
-          int points = s.n_cuts - static_cast<int>(std::count(s.cut_off.begin(), s.cut_off.end(), 1));
-          if (points > 0) tally.points = tally.staged ? std::min(tally.points, points) : points, tally.staged = true;
-        } else {
+      if (run->failure.empty() && !num::trial_failed() && cuts_hold(ss, *run)) {
+        diff = compare(ss, *run, links, degree);
+        if (!diff || diff->kind != DiffKind::Lanes)
+          o.points = ss.n_cuts - static_cast<int>(std::count(ss.cut_off.begin(), ss.cut_off.end(), 1));
+        else
           run.reset();
-        }
       } else {
         run.reset();
       }
       if (!run) {
         num::clear_failed();
-        run = run_once(s, ts, false, false, work);
-        if (run->failure.empty() && !num::trial_failed()) diff = compare(s, *run, links, degree);
+        run = run_once(ss, ts, false, false, w);
+        if (run->failure.empty() && !num::trial_failed()) diff = compare(ss, *run, links, degree);
       }
+      o.failed.failure = run->failure, o.failed.failed_op = run->failed_op, o.failed.plan_failed = run->plan_failed;
+      o.field_failed = num::trial_failed(), o.sets_full = num::sets_full();
+      o.diff = std::move(diff), o.degree = degree;
+      if (run->failure.empty()) o.plan_choice = run->plan->inexact_choice, o.model_choice = run->model->inexact_choice;
+      o.uf = num::uf_evaluations(), o.log2 = trial_log2_bound(degree);
+      run.reset();
+      o.peak = peak_bytes();
     } catch (const BudgetError& e) {
-      return skip(e.what(), e.loc);
+      o.budget.emplace(e.what(), e.loc);
+    } catch (...) {
+      o.error = std::current_exception();
     }
-    // the set pass proves or gives up (a difference there may be no difference of the extremes)
-    if (sets && (!run->failure.empty() || diff || num::sets_full())) return EquivResult{};
-    if (!run->failure.empty()) return located_failure(*run);
-    if (num::trial_failed()) continue;
-    if (diff) return report_difference(s, links, *diff, ts, work, res);
-    if (!tally.choice && run->plan->inexact_choice >= 0) tally.choice = &p.ops[static_cast<std::size_t>(run->plan->inexact_choice)];
-    if (!tally.choice && run->model->inexact_choice >= 0) tally.choice = &s.model.ops[static_cast<std::size_t>(run->model->inexact_choice)];
-    ++tally.trials;
-    std::uint64_t uf = num::uf_evaluations();
-    tally.max_degree = std::max(tally.max_degree, degree), tally.max_uf = std::max(tally.max_uf, uf);
-    tally.log2_bound += trial_log2_bound(degree);
-  }
-  return std::nullopt;
+    o.used = w0 - w;
+    return o;
+  };
+  // The trials; `sets`: max and min reductions as functions of sets (interp/num.h, set_extreme), the pass that
+  // proves a program whose only choices by value are those reductions. A result to return at once, or none.
+  // Trials are independent (each its own seed, primes, inputs and cut switches), so once the first has shown what one
+  // takes, two that the loop is sure to need run at once on two threads when half the work budget holds one with room
+  // to spare (each run within the byte budget); they are then taken in order exactly as if run one after the other
+  // (a trial the loop turns out not to need is dropped, one that runs out of its half is run again alone).
+  auto run_trials = [&](bool sets) -> std::optional<EquivResult> {
+    auto seed_of = [&](int attempt) {
+      return attempt == 0 ? opt.seed : mix(opt.seed ^ (0x7e57ULL + static_cast<std::uint64_t>(attempt)));
+    };
+    auto wanted = [&] { return tally.log2_bound > kLog2Target || tally.choice || tally.trials < min_trials; };
+    // whether the loop still runs after one more trial that agrees as `o` did
+    auto wanted_after = [&](const Outcome& o) { return tally.log2_bound + o.log2 > kLog2Target || tally.choice || tally.trials + 1 < min_trials; };
+    // a trial alone, with the budget left (as the loop always ran them)
+    auto alone = [&](int at) {
+      std::int64_t w = work;
+      return trial(s, seed_of(at), sets, w);
+    };
+    // Takes one outcome in order: a result to return, or none (counted, or a trial that does not count).
+    auto take = [&](Outcome& o) -> std::optional<EquivResult> {
+      if (o.error) std::rethrow_exception(o.error);
+      if (o.budget) return skip(o.budget->first, o.budget->second);
+      work -= o.used;
+      if (o.points > 0) tally.points = tally.staged ? std::min(tally.points, o.points) : o.points, tally.staged = true;
+      // the set pass proves or gives up (a difference there may be no difference of the extremes)
+      if (sets && (!o.failed.failure.empty() || o.diff || o.sets_full)) return EquivResult{};
+      if (!o.failed.failure.empty()) return located_failure(o.failed);
+      if (o.field_failed) return std::nullopt;
+      if (o.diff) {
+        num::Lanes guard({o.ts, sets});  // the trial's lanes again (deterministic in its seed) for the search
+        return report_difference(s, links, *o.diff, o.ts, work, res);
+      }
+      if (!tally.choice && o.plan_choice >= 0) tally.choice = &p.ops[static_cast<std::size_t>(o.plan_choice)];
+      if (!tally.choice && o.model_choice >= 0) tally.choice = &s.model.ops[static_cast<std::size_t>(o.model_choice)];
+      ++tally.trials;
+      tally.max_degree = std::max(tally.max_degree, o.degree), tally.max_uf = std::max(tally.max_uf, o.uf);
+      tally.log2_bound += o.log2;
+      return std::nullopt;
+    };
+    std::optional<Outcome> last;  // the previous trial taken: what one takes
+    int attempt = 0;
+    while (attempt < kMaxAttempts && wanted()) {
+      // (each run holds at most the run's byte budget, so two at once hold at most twice it: --max-memory is per run)
+      const bool pair = opt.parallel && last && attempt + 1 < kMaxAttempts && wanted_after(*last) && work >= 4 * last->used;
+      if (pair) {
+        Setup s2 = s;
+        std::int64_t w1 = work / 2, w2 = work / 2;
+        Outcome b;
+        std::optional<std::thread> th;
+        try {
+          th.emplace([&] { b = trial(s2, seed_of(attempt + 1), sets, w2); });
+        } catch (const std::system_error&) {  // no second thread: one after the other
+          th.reset();
+        }
+        Outcome a = trial(s, seed_of(attempt), sets, w1);
+        if (th) th->join();
+        if (!th) {
+          if (a.budget) a = alone(attempt);
+          if (auto r = take(a)) return r;
+          last = std::move(a);
+          ++attempt;
+          continue;
+        }
+        if (a.budget) a = alone(attempt);  // out of its half of the work: alone, as it would have run
+        if (auto r = take(a)) return r;
+        ++attempt;
+        if (!(attempt < kMaxAttempts && wanted())) break;  // (b was not needed)
+        if (b.budget) b = alone(attempt);
+        if (auto r = take(b)) return r;
+        last = std::move(b);
+        ++attempt;
+        continue;
+      }
+      Outcome o = alone(attempt);
+      if (auto r = take(o)) return r;
+      last = std::move(o);
+      ++attempt;
+    }
+    return std::nullopt;
   };
   if (auto r = run_trials(false)) return *r;
   // The choices were max / min reductions only (and the runs met no other): as sets, every trial proves the identity

@@ -28,6 +28,9 @@ struct EquivOptions {
   // element operations in all of a check's runs (about 4 s on the reference machine): a run past it is not proved
   std::int64_t max_work = 250'000'000;
   std::int64_t max_bytes = 0;  // tensor values live at once (0: the interpreter's default, OracleOptions::max_bytes)
+  // Two trials the check is sure to need run at once on two threads (each run within max_bytes); off: one after the
+  // other. The verdict, the bound and every message are the same either way.
+  bool parallel = true;
 };
 
 enum class EquivVerdict { Equivalent, Mismatch, Unknown, Skipped };

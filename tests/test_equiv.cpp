@@ -291,6 +291,24 @@ spec:
   CHECK(check_equivalence(load_program_string(bad, "order_bad.yaml")).verdict == EquivVerdict::Mismatch);
 }
 
+TEST_CASE("equiv: two trials at once give the verdict, bound and messages of one after the other") {
+  // pipelined steps with integer labels at reduced sizes take three trials: the second and third run together; a bug
+  // found in either of them is reported as the sequential loop reports it
+  for (const char* f : {"examples/pipeline/pp_1f1b_adamw.yaml", "examples/pipeline/shuffled_microbatches_fixed.yaml",
+                        "examples/pipeline/shuffled_microbatches_bug.yaml", "examples/pipeline/pp_adamw_step_counts_accumulation_bug.yaml"}) {
+    CAPTURE(f);
+    Program p = load_program_file((std::filesystem::path(SPMD_SOURCE_DIR) / f).string());
+    EquivOptions one, two;
+    one.parallel = false;
+    EquivResult a = check_equivalence(p, one), b = check_equivalence(p, two);
+    CHECK(a.verdict == b.verdict);
+    CHECK(a.message == b.message);
+    CHECK(a.error_bound == b.error_bound);
+    REQUIRE(a.diags.size() == b.diags.size());
+    for (std::size_t i = 0; i < a.diags.size(); ++i) CHECK(a.diags[i].message == b.diags[i].message);
+  }
+}
+
 TEST_CASE("equiv: mesh reduction runs a data-parallel axis at 2 ranks and keeps an axis a root tells apart") {
   // dp = 512 used through its partition and an average: run at 2 ranks, the average dividing by 512 and each
   // rank's Mean by its 8 rows
