@@ -224,7 +224,7 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   // A counterexample with small integer inputs when one exists, else the drawn reals; then where it goes wrong.
   std::unique_ptr<Run> rec;
   std::optional<Difference> rdiff;
-  bool ints = false;
+  bool ints = false, too_large = false;
   std::uint64_t degree = 0;
   try {
     if (diff.kind == DiffKind::Real) {
@@ -239,7 +239,7 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
       rdiff = rec->failure.empty() ? compare(s, *rec, links, degree) : std::nullopt;
     }
   } catch (const BudgetError&) {
-    rec.reset();
+    rec.reset(), too_large = true;  // recording every value is over the budget (a deep pipelined step)
   }
   if (!rec || !rdiff) rdiff = diff, rec.reset();
   const Link& shown = links[rdiff->link];
@@ -257,7 +257,8 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   // layer, a norm's weight gradient without its all-reduce): the reduction is missing after the op that wrote it,
   // which is the op to name, whatever came before it.
   std::string out_axes;
-  if (diff.kind == DiffKind::Real && c.pending_in < 0) out_axes = pending_axes(s, shown, ts, work);
+  // (pending_axes records every value too: over the budget when the search's run was)
+  if (diff.kind == DiffKind::Real && c.pending_in < 0 && !too_large) out_axes = pending_axes(s, shown, ts, work);
   if (!out_axes.empty()) {
     c.op = s.plan_last[static_cast<std::size_t>(shown.plan)], c.named = -1, c.frontier = -1;
     if (int m = s.model_last[static_cast<std::size_t>(shown.spec)]; m >= 0) c.spec_op = m;
