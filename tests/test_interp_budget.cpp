@@ -98,8 +98,9 @@ outputs:
 )",
                                   "share.yaml");
   std::int64_t base = live_bytes(), work = std::int64_t{1} << 30;
+  const OracleOptions oo;  // (the Runner keeps a reference to its options)
   {
-    Runner run(p, {}, {4, 2}, false, OracleOptions{}, work);
+    Runner run(p, {}, {4, 2}, false, oo, work);
     run.declare(p.tensors[0], 0, 5);
     const NameId x = p.tensors[0].name;
     CHECK(live_bytes() - base < static_cast<std::int64_t>(3 * 24 * sizeof(Num)));  // two blocks of 24, not eight
