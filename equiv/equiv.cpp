@@ -718,7 +718,9 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
         if (auto r = take(a)) return r;
         ++attempt;
         if (!(attempt < kMaxAttempts && wanted())) break;  // (b was not needed)
-        if (b.budget) b = alone(attempt);
+        // alone with what is left after a: out of its half, or past what a left it (a trial with a redo can take more
+        // than the first one did), it runs as it would have, to the same end
+        if (b.budget || b.used >= work) b = alone(attempt);
         if (auto r = take(b)) return r;
         last = std::move(b);
         ++attempt;
