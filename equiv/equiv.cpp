@@ -13,9 +13,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <memory>
 #include <optional>
-#include <exception>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -695,25 +695,21 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     while (attempt < kMaxAttempts && wanted()) {
       // (each run holds at most the run's byte budget, so two at once hold at most twice it: --max-memory is per run)
       const bool pair = opt.parallel && last && attempt + 1 < kMaxAttempts && wanted_after(*last) && work >= 4 * last->used;
+      std::optional<Setup> s2;  // the second trial's (its own cut switches)
+      std::optional<std::thread> th;
+      Outcome b;
+      std::int64_t w2 = work / 2;
       if (pair) {
-        Setup s2 = s;
-        std::int64_t w1 = work / 2, w2 = work / 2;
-        Outcome b;
-        std::optional<std::thread> th;
+        s2.emplace(s);
         try {
-          th.emplace([&] { b = trial(s2, seed_of(attempt + 1), sets, w2); });
-        } catch (const std::system_error&) {  // no second thread: one after the other
-          th.reset();
+          th.emplace([&] { b = trial(*s2, seed_of(attempt + 1), sets, w2); });
+        } catch (const std::system_error&) {  // no second thread: one after the other, below
         }
+      }
+      if (th) {
+        std::int64_t w1 = work / 2;
         Outcome a = trial(s, seed_of(attempt), sets, w1);
-        if (th) th->join();
-        if (!th) {
-          if (a.budget) a = alone(attempt);
-          if (auto r = take(a)) return r;
-          last = std::move(a);
-          ++attempt;
-          continue;
-        }
+        th->join();
         if (a.budget) a = alone(attempt);  // out of its half of the work: alone, as it would have run
         if (auto r = take(a)) return r;
         ++attempt;

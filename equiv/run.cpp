@@ -209,24 +209,18 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
           }
     };
   }
-  try {
-    one.run(seed);
-  } catch (const BudgetError&) {
-    throw;
-  } catch (const std::runtime_error& e) {
-    run->failure = std::string("the spec's run fails: ") + e.what();
-    run->failed_op = one.failed_op;
-    return run;
-  }
-  try {
-    dist.run(seed);
-  } catch (const BudgetError&) {
-    throw;
-  } catch (const std::runtime_error& e) {
-    run->failure = std::string("the plan's run fails: ") + e.what();
-    run->failed_op = dist.failed_op;
-    run->plan_failed = true;
-    return run;
+  // The spec, then the plan: a failure is the run's (a BudgetError goes to the caller: too large to run).
+  for (Runner* side : {&one, &dist}) {
+    try {
+      side->run(seed);
+    } catch (const BudgetError&) {
+      throw;
+    } catch (const std::runtime_error& e) {
+      run->plan_failed = side == &dist;
+      run->failure = std::string(run->plan_failed ? "the plan's" : "the spec's") + " run fails: " + e.what();
+      run->failed_op = side->failed_op;
+      return run;
+    }
   }
   return run;
 }
