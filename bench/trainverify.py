@@ -3,10 +3,21 @@
 spmdcheck program - the whole training step at the model's published dims and the plan's parallel degrees, with
 its single-device spec - for `spmdcheck equiv` (bench/trainverify.sh runs them all).
 
-Plans (dense Llama-3; the DeepSeek-V3 MoE plans are not generated yet, see docs/performance.md):
-  llama3_8b    32 layers, dp 512 (global view: every rank runs the step; no pipeline)
-  llama3_70b   80 layers, dp 16 x tp 8 x pp 4, 32 microbatches, 1F1B
-  llama3_405b  126 layers, dp 64 x tp 8 x pp 16, 16 microbatches, 1F1B
+Plans:
+  llama3_8b         32 layers, dp 512 (global view: every rank runs the step; no pipeline)
+  llama3_70b        80 layers, dp 16 x tp 8 x pp 4, 32 microbatches, 1F1B
+  llama3_405b       126 layers, dp 64 x tp 8 x pp 16, 16 microbatches, 1F1B
+  deepseek_v3_16b   27 layers (1 dense), 64 experts top-6, dp 16 x tp 4 x pp 2, 16 microbatches, EP 4 over tp
+  deepseek_v3_236b  60 layers (1 dense), 160 experts top-6, dp 16 x tp 8 x pp 4, 16 microbatches, EP 8 over tp
+  deepseek_v3_671b  61 layers (3 dense), 256 experts top-8, dp 32 x tp 8 x pp 8, 16 microbatches, EP 8 over tp
+
+The DeepSeek-V3 plans (at DeepSeek-V2-Lite's, V2's and V3's published dims) replace a layer's MLP by the MoE block:
+a softmax top-k router, routed SwiGLU experts with expert parallelism over the tensor-parallel ranks (EP = TP, as in
+the paper: each tp rank holds E/tp experts; the layer's tokens are split over tp for a dropless all-to-all dispatch
+and gathered back after the combine) and shared experts as a tensor-parallel SwiGLU. The spec computes the routed
+experts densely on one device (every token through every expert, weighted by its gate weights scattered with a
+one-hot), so it shares no dispatch or combine with the plan. Attention is multi-head (MLA's low-rank projections
+are not modelled) and the router a softmax top-k (not V3's sigmoid with bias).
 
 Each layer is Llama's: RMSNorm, GQA attention with RoPE (causal FlashAttention), SwiGLU MLP, residuals, with
 Megatron's tensor parallelism (column-parallel q/k/v/gate/up, row-parallel o/down with an all-reduce; the residual
@@ -31,9 +42,16 @@ PLANS = {
     "llama3_8b": (32, 512, 1, 1, 1, dict(H=4096, NH=32, NKV=8, D=128, F=14336, V=128256, S=8192)),
     "llama3_70b": (80, 16, 8, 4, 32, dict(H=8192, NH=64, NKV=8, D=128, F=28672, V=128256, S=8192)),
     "llama3_405b": (126, 64, 8, 16, 16, dict(H=16384, NH=128, NKV=8, D=128, F=53248, V=128256, S=8192)),
+    "deepseek_v3_16b": (27, 16, 4, 2, 16, dict(H=2048, NH=16, NKV=16, D=128, F=10944, V=102400, S=4096,
+                                                E=64, K=6, FE=1408, FS=2816, DENSE=1)),
+    "deepseek_v3_236b": (60, 16, 8, 4, 16, dict(H=5120, NH=128, NKV=128, D=128, F=12288, V=102400, S=4096,
+                                                 E=160, K=6, FE=1536, FS=3072, DENSE=1)),
+    "deepseek_v3_671b": (61, 32, 8, 8, 16, dict(H=7168, NH=128, NKV=128, D=128, F=18432, V=129280, S=4096,
+                                                 E=256, K=8, FE=2048, FS=2048, DENSE=3)),
 }
 BUGS = ("constant", "dropped_mb", "sync_avg", "adamw_lr", "wrong_shard")
 WEIGHTS = ("ga", "wq", "wk", "wv", "wo", "gm", "wg", "wu", "wd")
+MOE_WEIGHTS = ("ga", "wq", "wk", "wv", "wo", "gm", "rt", "eg", "eu", "ed", "sg", "su", "sd")
 
 
 def generate(plan, bug=None, layers=None):
@@ -49,19 +67,33 @@ def generate(plan, bug=None, layers=None):
     axes = (["pp: %d" % pp] if pp > 1 else []) + ["dp: %d" % dp] + (["tp: %d" % tp] if tp > 1 else [])
     w("mesh: {%s}" % ", ".join(axes))
     B = dp * mbs  # one sequence per rank per microbatch
-    w("sizes: {B: %d, S: %d, H: %d, NH: %d, NKV: %d, D: %d, F: %d, V: %d}" % (B, d["S"], d["H"], d["NH"], d["NKV"], d["D"], d["F"], d["V"]))
+    moe = "E" in d
+    # (multi-head attention writes its kv heads NH, and the shared experts' width a multiple of FE: fewer sizes to
+    # keep apart in the shape reduction)
+    mha = d["NKV"] == d["NH"]
+    nkv = "NH" if mha else "NKV"
+    fs = ("FE" if d["FS"] == d["FE"] else "%d*FE" % (d["FS"] // d["FE"])) if moe else "FS"
+    assert not moe or d["FS"] % d["FE"] == 0
+    w("sizes: {B: %d, S: %d, H: %d, NH: %d, %sD: %d, F: %d, V: %d%s}" % (B, d["S"], d["H"], d["NH"], "" if mha else "NKV: %d, " % d["NKV"],
+      d["D"], d["F"], d["V"], ", E: %d, K: %d, FE: %d" % (d["E"], d["K"], d["FE"]) if moe else ""))
+    is_moe = lambda l: moe and l > d["DENSE"]
+    weights = lambda l: MOE_WEIGHTS if is_moe(l) else WEIGHTS
     inv = ", tp: I" if tp > 1 else ""
     col = "placement: {tp: S(1)}, " if tp > 1 else ""
     row = "placement: {tp: S(0)}, " if tp > 1 else ""
     rep = ("placement: {tp: I}, " if tp > 1 else "")
-    shapes = {"ga": ("[H]", rep), "wq": ("[H, NH*D]", col), "wk": ("[H, NKV*D]", col), "wv": ("[H, NKV*D]", col),
-              "wo": ("[NH*D, H]", row), "gm": ("[H]", rep), "wg": ("[H, F]", col), "wu": ("[H, F]", col), "wd": ("[F, H]", row)}
+    shapes = {"ga": ("[H]", rep), "wq": ("[H, NH*D]", col), "wk": ("[H, %s*D]" % nkv, col), "wv": ("[H, %s*D]" % nkv, col),
+              "wo": ("[NH*D, H]", row), "gm": ("[H]", rep), "wg": ("[H, F]", col), "wu": ("[H, F]", col), "wd": ("[F, H]", row),
+              # MoE: the router replicated (its gradient summed over the tp ranks' tokens too), the routed experts split
+              # over tp (EP = TP), the shared experts column / row parallel
+              "rt": ("[H, E]", ""), "eg": ("[E, H, FE]", row), "eu": ("[E, H, FE]", row), "ed": ("[E, FE, H]", row),
+              "sg": ("[H, %s]" % fs, col), "su": ("[H, %s]" % fs, col), "sd": ("[%s, H]" % fs, row)}
     params = []
     w("tensors:")
     w("  x0: {shape: [B, S, H], placement: {dp: S(0)%s}}" % inv)
     w("  labels: {shape: [B, S], dtype: i64, placement: {dp: S(0)}}")
     for l in range(1, layers + 1):
-        for n in WEIGHTS:
+        for n in weights(l):
             shp, pl = shapes[n]
             w("  %s%d: {shape: %s, %sparam: true}" % (n, l, shp, pl))
             params.append(("%s%d" % (n, l), shp, pl))
@@ -102,8 +134,8 @@ def generate(plan, bug=None, layers=None):
         op("op: MatMul, in: [%s, wk%s], out: k2_%s" % (n, i, i))
         op("op: MatMul, in: [%s, wv%s], out: v2_%s" % (n, i, i))
         op("op: Reshape, in: [q2_%s], out: q%s, shape: [%s, S, NH, D]" % (i, i, b))
-        op("op: Reshape, in: [k2_%s], out: k%s, shape: [%s, S, NKV, D]" % (i, i, b))
-        op("op: Reshape, in: [v2_%s], out: v%s, shape: [%s, S, NKV, D]" % (i, i, b))
+        op("op: Reshape, in: [k2_%s], out: k%s, shape: [%s, S, %s, D]" % (i, i, b, nkv))
+        op("op: Reshape, in: [v2_%s], out: v%s, shape: [%s, S, %s, D]" % (i, i, b, nkv))
         op("op: RoPE, in: [q%s, %s], out: qr%s" % (i, pos, i))
         op("op: RoPE, in: [k%s, %s], out: kr%s" % (i, pos, i))
         scale = ""
@@ -114,6 +146,10 @@ def generate(plan, bug=None, layers=None):
         row_parallel("c2_" + i, "wo" + i, "o" + i)
         op("op: Add, in: [x%s, o%s], out: h%s" % (p, i, i))
         op("op: RMSNorm, in: [h%s, gm%s], out: m%s" % (i, i, i))
+        if is_moe(l):
+            moe_block(l, plan_side, op, enter, row_parallel, b)
+            op("op: Add, in: [h%s, mo%s], out: x%s" % (i, i, i))
+            return o
         m = enter("m" + i)
         op("op: MatMul, in: [%s, wg%s], out: g%s" % (m, i, i))
         op("op: MatMul, in: [%s, wu%s], out: u%s" % (m, i, i))
@@ -122,6 +158,52 @@ def generate(plan, bug=None, layers=None):
         row_parallel("a" + i, "wd" + i, "d" + i)
         op("op: Add, in: [h%s, d%s], out: x%s" % (i, i, i))
         return o
+
+    def moe_block(l, plan_side, op, enter, row_parallel, b):
+        """The MoE FFN of layer l on m<l>: mo<l> = routed + shared experts."""
+        i = str(l)
+        m = tokens = enter("m" + i)
+        if plan_side and tp > 1:  # the layer's tokens split over tp for the expert-parallel all-to-all (EP = TP)
+            op("op: Convert, in: [%s], out: ms%s, axis: tp, to: \"S(1)\"" % (m, i))
+            tokens = "ms" + i
+        op("op: MatMul, in: [%s, rt%s], out: lg%s" % (tokens, i, i))
+        op("op: TopKGate, in: [lg%s], out: [gw%s, gi%s], k: K" % (i, i, i))
+        if plan_side:
+            op("op: MoEDispatch, in: [%s, gi%s], out: buf%s, axis: tp, buffer: [E, S], dropless: true" % (tokens, i, i))
+            op("op: ExpertCompute, in: [buf%s, eg%s], out: eh%s" % (i, i, i))
+            op("op: ExpertCompute, in: [buf%s, eu%s], out: ev%s" % (i, i, i))
+            op("op: SiLU, in: [eh%s], out: es%s" % (i, i))
+            op("op: Multiply, in: [es%s, ev%s], out: ea%s" % (i, i, i))
+            op("op: ExpertCompute, in: [ea%s, ed%s], out: eo%s" % (i, i, i))
+            if tp > 1:
+                op("op: MoECombine, in: [eo%s, gi%s, gw%s], out: rs%s, axis: tp" % (i, i, i, i))
+                op("op: AllGather, in: [rs%s], out: ro%s, axis: tp, dim: 1, dst: I" % (i, i))
+            else:
+                op("op: MoECombine, in: [eo%s, gi%s, gw%s], out: ro%s, axis: tp" % (i, i, i, i))
+        else:  # dense: every token through every expert, weighted by its gate weights scattered by a one-hot
+            op("op: OneHot, in: [gi%s], out: oh%s, classes: E, dtype: f32" % (i, i))
+            op("op: Reshape, in: [gw%s], out: gw4_%s, shape: [%s, S, K, 1]" % (i, i, b))
+            op("op: Multiply, in: [oh%s, gw4_%s], out: ohw%s" % (i, i, i))
+            op("op: Sum, in: [ohw%s], out: gd%s, dims: [2]" % (i, i))
+            for wn, hn in (("eg", "eh2_"), ("eu", "ev2_")):
+                op("op: Transpose, in: [%s%s], out: %st%s, dims: [0, 1]" % (wn, i, wn, i))
+                op("op: Reshape, in: [%st%s], out: %s2_%s, shape: [H, E*FE]" % (wn, i, wn, i))
+                op("op: MatMul, in: [%s, %s2_%s], out: %s%s" % (m, wn, i, hn, i))
+            op("op: SiLU, in: [eh2_%s], out: es2_%s" % (i, i))
+            op("op: Multiply, in: [es2_%s, ev2_%s], out: ea2_%s" % (i, i, i))
+            op("op: Reshape, in: [ea2_%s], out: ea3_%s, shape: [(%s)*S, E, FE]" % (i, i, b))
+            op("op: Transpose, in: [ea3_%s], out: eat%s, dims: [0, 1]" % (i, i))
+            op("op: MatMul, in: [eat%s, ed%s], out: eo2_%s" % (i, i, i))
+            op("op: Transpose, in: [eo2_%s], out: eot%s, dims: [0, 1]" % (i, i))
+            op("op: Reshape, in: [gd%s], out: gd3_%s, shape: [(%s)*S, 1, E]" % (i, i, b))
+            op("op: MatMul, in: [gd3_%s, eot%s], out: ro3_%s" % (i, i, i))
+            op("op: Reshape, in: [ro3_%s], out: ro%s, shape: [%s, S, H]" % (i, i, b))
+        op("op: MatMul, in: [%s, sg%s], out: sgh%s" % (m, i, i))
+        op("op: MatMul, in: [%s, su%s], out: suh%s" % (m, i, i))
+        op("op: SiLU, in: [sgh%s], out: ss%s" % (i, i))
+        op("op: Multiply, in: [ss%s, suh%s], out: sa%s" % (i, i, i))
+        row_parallel("sa" + i, "sd" + i, "so" + i)
+        op("op: Add, in: [ro%s, so%s], out: mo%s" % (i, i, i))
 
     def head(plan_side, ind):
         o = []
@@ -167,7 +249,7 @@ def generate(plan, bug=None, layers=None):
         for s, (lo, hi) in enumerate(bounds):
             ins = ["x%d" % (lo - 1)] + (["labels"] if s == pp - 1 else [])
             for l in range(lo, hi + 1):
-                ins += ["%s%d" % (n, l) for n in WEIGHTS]
+                ins += ["%s%d" % (n, l) for n in weights(l)]
             if s == pp - 1:
                 ins += ["gf", "w_lm"]
             outs = ["loss"] if s == pp - 1 else ["x%d" % hi]
@@ -189,7 +271,8 @@ def generate(plan, bug=None, layers=None):
         if shard_bug and name == sync_bug:  # BUG: reduce-scattered by columns, the states hold rows
             w("  - {op: ReduceScatter, in: [%s.grad], out: %s.grad, axis: dp, dim: 1}" % (name, name))
             continue
-        w("  - {op: AllReduce, in: [%s.grad], out: %s.grad, axis: dp%s}" % (name, name, avg))
+        ax = "[dp, tp]" if name.startswith("rt") and tp > 1 else "dp"  # the router: every tp rank's tokens too
+        w("  - {op: AllReduce, in: [%s.grad], out: %s.grad, axis: %s%s}" % (name, name, ax, avg))
 
     def adamw(ind, plan_side):
         for name, _, _ in params:

@@ -418,7 +418,7 @@ int cmd_equiv(const std::vector<std::string>& files, const EquivOptions& given, 
     annotate_instances(p, r.diags);
     annotate_origins(p, f, r.diags);
     out << render_text(f, r.diags);
-    out << f << ": " << equiv_verdict_name(r.verdict) << ": " << r.message << "\n";
+    out << f << ": " << equiv_verdict_name(r.verdict) << (r.verdict == EquivVerdict::Equivalent && r.drawn_routings ? " for the drawn routings" : "") << ": " << r.message << "\n";
     if (r.verdict == EquivVerdict::Mismatch) code = std::max(code, static_cast<int>(kFindings));
     else if (r.verdict != EquivVerdict::Equivalent) unproved = true;
   }

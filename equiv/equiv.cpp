@@ -88,6 +88,9 @@ std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& l
 
 constexpr int kMaxAttempts = 8;
 constexpr int kMinIntTrials = 3;
+// Trials of a program whose only choices by value are MoE routing (routing_only): each draws its own routing, and
+// "equivalent for the drawn routings" covers the routings drawn.
+constexpr int kRoutingTrials = 3;
 constexpr double kLog2Target = -40;
 
 // log2 of one trial's false-agreement probability: per lane eps = (sum over stage tags of U_t(U_t-1)/2 + 1) D / p
@@ -142,6 +145,29 @@ const Op* value_choice(const Program& p, bool sets = false) {
       if (choice) return &op;
     }
   return nullptr;
+}
+
+// Whether op `k` is MoE routing: TopKGate picks each token's experts by value, MoEDispatch fills capacity slots by
+// those indices.
+bool is_routing(OpKind k) { return k == OpKind::TopKGate || k == OpKind::MoEDispatch; }
+
+// Whether the plan's and the spec's static choices by value (value_choice) are all MoE routing, at least one. With the
+// experts each token chose held fixed, the plan and the spec are rational functions the lanes prove equal: equal
+// for every input that routes its tokens as a drawn input did, and only those (no other choice may remain).
+bool routing_only(const Program& p) {
+  if (std::any_of(p.tensors.begin(), p.tensors.end(), [](const TensorDecl& t) {
+        return std::any_of(t.placement.begin(), t.placement.end(), [](Placement pl) { return pl.is_p() && (pl.op == ReduceOp::Max || pl.op == ReduceOp::Min); });
+      }))
+    return false;
+  bool routing = false;
+  for (const auto* list : {&p.ops, &p.spec_ops})
+    for (const auto& op : *list) {
+      bool extreme = op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin ||
+                     (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
+      if (extreme || op.kind == OpKind::AmaxUpdate || op.kind == OpKind::AmaxHistory) return false;
+      routing |= is_routing(op.kind);
+    }
+  return routing;
 }
 
 // Every value the spec computed in run `r` and both sides of the compared link are real numbers (no inf or
@@ -575,8 +601,10 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     int points = 0;  // the lineage points verified in every staged trial
     std::uint64_t max_degree = 0, max_uf = 0;
     const Op* choice = nullptr;  // a choice by value: static (routing, max/min), or met by a mask of float data in a run
+    bool routing = false;        // every choice met is MoE routing (routing_only, and no other in the runs)
   } tally;
   tally.choice = value_choice(p);
+  tally.routing = tally.choice && routing_only(p);
   // A pipeline's integer inputs cut into microbatches (labels, ids): the verdict holds for the drawn values, and a
   // shuffled or dropped microbatch of few small labels can leave one draw unchanged; three draws at least.
   int min_trials = 1;
@@ -587,6 +615,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     for (const auto& mb : s.pair->microbatches)
       for (const auto& t : p.tensors)
         if (t.name == mb.name && is_int(t.dtype)) min_trials = kMinIntTrials;
+  if (tally.routing) min_trials = std::max(min_trials, kRoutingTrials);
   // One trial on the calling thread (its lanes, its allocation limits) with the setup `ss` (its cut switches) and the
   // work counter `w`: what the tally and the verdict need, none of the run's values (freed on that thread).
   struct Outcome {
@@ -661,9 +690,12 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     auto seed_of = [&](int attempt) {
       return attempt == 0 ? opt.seed : mix(opt.seed ^ (0x7e57ULL + static_cast<std::uint64_t>(attempt)));
     };
-    auto wanted = [&] { return tally.log2_bound > kLog2Target || tally.choice || tally.trials < min_trials; };
+    // (a choice that is routing only needs the bound and kRoutingTrials routings; any other, every attempt)
+    auto wanted = [&] { return tally.log2_bound > kLog2Target || (tally.choice && !tally.routing) || tally.trials < min_trials; };
     // whether the loop still runs after one more trial that agrees as `o` did
-    auto wanted_after = [&](const Outcome& o) { return tally.log2_bound + o.log2 > kLog2Target || tally.choice || tally.trials + 1 < min_trials; };
+    auto wanted_after = [&](const Outcome& o) {
+      return tally.log2_bound + o.log2 > kLog2Target || (tally.choice && !tally.routing) || tally.trials + 1 < min_trials;
+    };
     // a trial alone, with the budget left (as the loop always ran them)
     auto alone = [&](int at) {
       std::int64_t w = work;
@@ -685,6 +717,8 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       }
       if (!tally.choice && o.plan_choice >= 0) tally.choice = &p.ops[static_cast<std::size_t>(o.plan_choice)];
       if (!tally.choice && o.model_choice >= 0) tally.choice = &s.model.ops[static_cast<std::size_t>(o.model_choice)];
+      if (o.plan_choice >= 0 && !is_routing(p.ops[static_cast<std::size_t>(o.plan_choice)].kind)) tally.routing = false;
+      if (o.model_choice >= 0 && !is_routing(s.model.ops[static_cast<std::size_t>(o.model_choice)].kind)) tally.routing = false;
       ++tally.trials;
       tally.max_degree = std::max(tally.max_degree, o.degree), tally.max_uf = std::max(tally.max_uf, o.uf);
       tally.log2_bound += o.log2;
@@ -748,7 +782,10 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   }
   std::string scope = scope_text(p);
   if (by_sets) scope += "; max and min reductions as functions of the set of their operands, so for every order of the values";
-  if (tally.choice) {
+  // MoE routing only, over kRoutingTrials draws: with each drawn routing held fixed the lanes prove the identity, so
+  // the verdict is "equivalent for the drawn routings" (said so, and a value-unproved warning for the others).
+  const bool drawn_routings = tally.choice && tally.routing && tally.trials >= kRoutingTrials;
+  if (tally.choice && !drawn_routings) {
     // The exact lanes follow the branch the doubles take, so they cannot see a choice made on the wrong values when
     // the drawn inputs happen to lead both programs to the same branch: equal on every trial is evidence, not proof.
     res.verdict = EquivVerdict::Unknown;
@@ -783,14 +820,28 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   }
   res.verdict = EquivVerdict::Equivalent;
   res.error_bound = std::exp2(tally.log2_bound);
+  std::string inputs = "all real inputs";
+  if (drawn_routings) {
+    res.drawn_routings = true;
+    inputs = fmt::format("all real inputs routed as one of the {} drawn inputs", tally.trials);
+    scope += fmt::format("; {} (line {}) chooses the experts by value", op_name(tally.choice->kind), tally.choice->loc.line);
+  }
   res.message = fmt::format(
-      "{} output{} equal to the spec for all real inputs{}{} (error probability below 2^{:.0f}: {} trial{}, degree bound {}, {} random-function "
+      "{} output{} equal to the spec for {}{}{} (error probability below 2^{:.0f}: {} trial{}, degree bound {}, {} random-function "
       "evaluations; real arithmetic, floating-point rounding out of scope)",
-      links.size(), links.size() == 1 ? "" : "s",
+      links.size(), links.size() == 1 ? "" : "s", inputs,
       !covers.empty()   ? covers
       : s.sizes.empty() ? ""
                         : " at " + s.sizes,
       scope, tally.log2_bound, tally.trials, tally.trials == 1 ? "" : "s", tally.max_degree, tally.max_uf);
+  if (drawn_routings) {
+    Diagnostic d;
+    d.id = CheckId::ValueUnproved;
+    d.severity = Severity::Warning;
+    d.loc = tally.choice->loc;
+    d.message = "equivalent for the drawn routings only: " + res.message + "; a routing no trial drew is not proved";
+    res.diags.push_back(std::move(d));
+  }
   return res;
 }
 
@@ -870,7 +921,7 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
           "no gradient reaches parameter {} in the plan's backward, but the spec's loss depends on it (the spec's backward writes {}.grad)",
           p.name(m.param), p.name(m.param));
       d.notes.push_back({p.loss_loc, "the loss the gradients are taken of"});
-      if (res.verdict != EquivVerdict::Mismatch) res.verdict = EquivVerdict::Mismatch, res.message = d.message, res.diags.clear();
+      if (res.verdict != EquivVerdict::Mismatch) res.verdict = EquivVerdict::Mismatch, res.message = d.message, res.diags.clear(), res.drawn_routings = false;
       res.diags.push_back(std::move(d));
     }
     return res;
@@ -882,6 +933,7 @@ EquivResult check_equivalence(const Program& p, const EquivOptions& opt) {
   }
   if (res.verdict != EquivVerdict::Equivalent) return res;
   res.verdict = EquivVerdict::Unknown;
+  res.drawn_routings = false;
   res.message = "the forward's outputs equal the spec's, but the gradients are not compared: " + tp.why;
   Diagnostic d;
   d.id = CheckId::ValueUnproved;

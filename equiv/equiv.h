@@ -42,6 +42,9 @@ struct EquivResult {
   std::string sizes;              // the instantiation the run used
   std::string reduction;          // the sizes shape reduction changed ("H 1024 -> 8, S 512 -> 2"), empty: none
   std::string message;            // one line: the verdict and why
+  // Equivalent for the drawn routings only: the only choices by value are MoE routing (TopKGate, MoEDispatch), and
+  // the identity is proved with each trial's routing held fixed (a value-unproved warning says so).
+  bool drawn_routings = false;
 };
 
 // "equivalent", "value-mismatch", "not proved", "not checked".

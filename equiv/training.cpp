@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "autograd/autograd.h"
+#include "interp/assembly.h"
 #include "spatial/spatial.h"
 
 namespace spmd::equiv_detail {
@@ -125,6 +126,7 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
   if (!writes) return fmt::format("the spec does not compute the loss {} (name it alike, or list it under the spec's outputs)", p.name(p.loss));
   Program s = t;
   s.ops = p.has_spec ? p.spec_ops : p.ops;
+  if (!p.has_spec) interp::loss_scales_on_one_device(s);  // before the mesh of ones: the declared axis sizes
   s.per_rank = false, s.programs.clear(), s.schedule = ScheduleSpec{};  // the spec is one program on one device
   s.tensors.assign(p.tensors.begin(), p.tensors.end());
   if (p.has_spec)

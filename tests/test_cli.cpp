@@ -630,6 +630,34 @@ TEST_CASE("equiv --declared-sizes runs without shape reduction: the README examp
   CHECK(declared.out.find("reduced sizes") == std::string::npos);
 }
 
+TEST_CASE("equiv: MoE routing is equivalent for the drawn routings, said so; any other choice by value leaves it not proved") {
+  Run moe = run({"equiv", src("examples/moe/deepseek_v3_moe.yaml")});
+  CHECK(moe.code == 0);
+  CHECK(moe.out.find("deepseek_v3_moe.yaml: equivalent for the drawn routings: 1 output equal to the spec for all real inputs routed as one of "
+                     "the 3 drawn inputs") != std::string::npos);
+  CHECK(moe.out.find("TopKGate (line 21) chooses the experts by value") != std::string::npos);
+  // the warning stays: a routing no trial drew is not proved
+  CHECK(moe.out.find("warning[value-unproved]: equivalent for the drawn routings only: ") != std::string::npos);
+  // routing and a max reduction: the max is a choice no trial fixes, so every attempt runs and the verdict is not proved
+  std::string f = write_tmp("route_max.yaml", R"(mesh: {ep: 2}
+tensors:
+  x: {shape: [8, 4], placement: {ep: S(0)}}
+  wr: {shape: [4, 4]}
+ops:
+  - {op: MatMul, in: [x, wr], out: lg}
+  - {op: TopKGate, in: [lg], out: [gw, gi], k: 2}
+  - {op: ReduceMax, in: [gw], out: m, dims: [1]}
+outputs:
+  m: {placement: {ep: S(0)}}
+)");
+  Run both = run({"equiv", f});
+  CHECK(both.code == 4);
+  CHECK(both.out.find("route_max.yaml: not proved: equal to the spec on 8 trials") != std::string::npos);
+  // a router that differs is found (its gate weights differ in the lanes whatever the routing)
+  Run bug = run({"equiv", src("examples/moe/deepseek_v3_sigmoid_gate_biased_weights.yaml")});
+  CHECK(bug.code == 1);
+}
+
 TEST_CASE("equiv --max-memory bounds the values a run holds: past it the check is not proved, not a crash") {
   // 512 x 512 elements of 64 bytes: 16 MiB for x, as much for y
   std::string f = write_tmp("mem.yaml", R"(mesh: {dp: 2}

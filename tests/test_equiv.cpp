@@ -94,6 +94,25 @@ TEST_CASE("equiv: without a spec the plan is compared with its own ops on one de
   CHECK(check_equivalence(p).verdict == EquivVerdict::Equivalent);
 }
 
+TEST_CASE("equiv: without a spec a LossScale over axes is the normalization it states: scale times the axis sizes on one device") {
+  // Each rank's mean times 1/N, summed over the N ranks, is the mean: these right steps were reported N times too
+  // large when the model divided by N on one device.
+  for (const char* f : {"tests/data/equiv/derived_loss_scale_ok.yaml", "examples/fsdp/zero3_layer.yaml", "examples/fsdp/hsdp_layer.yaml",
+                        "examples/autograd/cp_loss_scaling.yaml"}) {
+    INFO(f);
+    EquivResult r = check_equivalence(load_program_file((std::filesystem::path(SPMD_SOURCE_DIR) / f).string()));
+    CHECK(r.verdict == EquivVerdict::Equivalent);
+    CHECK(r.diags.empty());
+  }
+  // a gradient halved after its sync is still found, at the op that halves it
+  EquivResult b = check_equivalence(
+      load_program_file((std::filesystem::path(SPMD_SOURCE_DIR) / "tests/data/equiv/derived_loss_scale_halved_grad_bad.yaml").string()));
+  CHECK(b.verdict == EquivVerdict::Mismatch);
+  REQUIRE(!b.diags.empty());
+  CHECK(b.diags[0].loc.line == 19);
+  CHECK(b.diags[0].message.find("w.grad") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace spmd
 
