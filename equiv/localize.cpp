@@ -528,10 +528,25 @@ Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<
     if (f >= 0) family_match[f] = matched[o];
     good[o] = matched[o] != nullptr || konst[o];
   }
+  // Values in an MoE dispatch's expert-major layout (the buffer and what the experts compute on it, up to the combine
+  // or the gate gradient that reads it back by token) have no counterpart in a spec that routes otherwise (a dense
+  // one-hot): matching nothing there is no sign of a wrong op.
+  // A derived backward's transpose or reshape is a fixed rearrangement the spec's own backward need not hold (the
+  // expert weights' transposes): right when its forward op is, so never blamed first either.
+  std::vector<char> dispatched(p.ops.size(), 0), moved(p.ops.size(), 0);
+  for (int oi : run.plan_order) {
+    auto o = static_cast<std::size_t>(oi);
+    const OpKind k = p.ops[o].kind;
+    const bool derived = (o >= s.plan_bwd.first && o < s.plan_bwd.second) || (s.pair && o < s.pair->derived.size() && s.pair->derived[o]);
+    moved[o] = derived && (k == OpKind::Transpose || k == OpKind::Reshape);
+    dispatched[o] = k == OpKind::MoEDispatch ||
+                    (k != OpKind::MoECombine && k != OpKind::MoEGateGrad &&
+                     std::any_of(producers[o].begin(), producers[o].end(), [&](int q) { return q >= 0 && dispatched[static_cast<std::size_t>(q)]; }));
+  }
   int frontier = -1, fallback = -1;
   for (int oi : run.plan_order) {
     auto o = static_cast<std::size_t>(oi);
-    if (!in_cone[o] || run.plan_vals[o].empty() || good[o] || partial_by_design(p.ops[o]) || generated_op(s, oi)) continue;
+    if (!in_cone[o] || run.plan_vals[o].empty() || good[o] || partial_by_design(p.ops[o]) || generated_op(s, oi) || dispatched[o] || moved[o]) continue;
     bool inputs_good = std::all_of(producers[o].begin(), producers[o].end(), [&](int q) { return q < 0 || good[static_cast<std::size_t>(q)]; });
     if (inputs_good && frontier < 0) frontier = oi;
     if (fallback < 0) fallback = oi;

@@ -168,7 +168,15 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       const Op& op = p.ops[static_cast<std::size_t>(oi)];
       if (record) {
         auto& slot = r->plan_vals[static_cast<std::size_t>(oi)];
-        if (slot.empty()) slot.assign(op.n_out, std::vector<Val>(static_cast<std::size_t>(dist.ranks()))), r->plan_order.push_back(oi);
+        if (slot.empty()) {
+          // the slots are ops x ranks of Vals whatever they hold (a pipeline rank's op has one rank's value): charged
+          // with the values' bytes before they are made
+          r->record_bytes += static_cast<std::int64_t>(op.n_out) * dist.ranks() * static_cast<std::int64_t>(sizeof(Val));
+          if (live_bytes() + r->record_bytes > alloc_limits().max_bytes)
+            throw BudgetError("the run is too large for the interpreter: recording every value of every rank would hold more than " +
+                              std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
+          slot.assign(op.n_out, std::vector<Val>(static_cast<std::size_t>(dist.ranks()))), r->plan_order.push_back(oi);
+        }
         int k = 0;
         for (NameId n : p.outs(op)) slot[static_cast<std::size_t>(k++)][static_cast<std::size_t>(rank)] = dist.at(rank, n);
       }

@@ -1,6 +1,7 @@
 // tests/test_cli.cpp - exit codes, JSON output, `spmdcheck test`, and the generated docs/ops.md.
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
+#include <fmt/format.h>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -673,6 +674,20 @@ outputs:
   CHECK(small.code == 4);
   CHECK(small.out.find("it would hold more than 16 MiB of tensor values at once") != std::string::npos);
   CHECK(run({"equiv", "--max-memory", "8", f}).code == 2);  // below the smallest budget: a usage error
+  // Recording a mismatch's run for the localization holds a slot per op and rank (2000 ops x 64 ranks x 144 bytes:
+  // 18 MiB) whatever the values weigh: charged to the budget, so past it the mismatch stands, not located.
+  std::string text = "mesh: {tp: 64}\ntensors:\n  x: {shape: [4, 2]}\nops:\n  - {op: Broadcast, in: [x], out: y0, axis: tp, src: 3}\n";
+  for (int i = 0; i < 2000; ++i) text += fmt::format("  - {{op: Multiply, in: [y{}], out: y{}, scalar: 1}}\n", i, i + 1);
+  text += "  - {op: Multiply, in: [y2000], out: z, scalar: 3}\noutputs:\n  z: {placement: {tp: R}}\n"
+          "spec:\n  ops:\n    - {op: Multiply, in: [x], out: z, scalar: 2}\n  outputs: [z]\n";
+  std::string g = write_tmp("record.yaml", text);
+  Run located = run({"equiv", g});
+  CHECK(located.code == 1);
+  CHECK(located.out.find("the first plan op that goes wrong is Multiply writing z") != std::string::npos);
+  Run bounded = run({"equiv", "--max-memory", "16", g});
+  CHECK(bounded.code == 1);
+  CHECK(bounded.out.find("value-mismatch: the plan's output differs from the spec: z[0, 0]") != std::string::npos);
+  CHECK(bounded.out.find("first plan op") == std::string::npos);
 }
 
 TEST_CASE("a local-view training step: check compares the hand-written backward's gradients; backward and report do not derive one") {
