@@ -416,7 +416,18 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   for (const auto& op : p.ops)
     if (op.kind == OpKind::Reinterpret)
       return skip(fmt::format("Reinterpret (line {}) relabels values without the promise a comparison needs", op.loc.line));
-  Setup s(p, model_of(p));
+  Program model = model_of(p);
+  // Without a spec, a LossScale stating a normalization is on one device the factor it states (training.h); a training
+  // pair's spec has it already.
+  if (!p.has_spec && std::any_of(p.ops.begin(), p.ops.end(), [](const Op& op) { return op.kind == OpKind::LossScale && op.attrs.axes; })) {
+    SpatialTypes st;
+    SpatialOptions so;
+    so.types = &st;
+    auto ds = check_spatial(p, so);
+    if (std::none_of(ds.begin(), ds.end(), [](const Diagnostic& d) { return d.severity == Severity::Error; }))
+      equiv_detail::loss_scales_on_one_device(model, p, st);
+  }
+  Setup s(p, std::move(model));
   if (pending) s.plan_bwd = pending->plan_bwd, s.model_bwd = pending->spec_bwd, s.pair = pending;
   s.oo.seed = opt.seed;
   if (opt.max_bytes > 0) s.oo.max_bytes = opt.max_bytes;

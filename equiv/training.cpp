@@ -8,7 +8,6 @@
 #include <unordered_map>
 
 #include "autograd/autograd.h"
-#include "interp/assembly.h"
 #include "spatial/spatial.h"
 
 namespace spmd::equiv_detail {
@@ -111,6 +110,27 @@ std::vector<NameId> rename_optimizer_grads(Program& t, std::vector<Op>& ops, std
   return out;
 }
 
+void loss_scales_on_one_device(Program& m, const Program& typed, const SpatialTypes& st) {
+  std::vector<const ValueType*> env(typed.names.size(), nullptr);
+  for (std::size_t i = 0; i < typed.tensors.size() && i < st.decls.size(); ++i) env[static_cast<std::size_t>(typed.tensors[i].name)] = &st.decls[i];
+  for (std::size_t oi = 0; oi < typed.ops.size() && oi < st.out_base.size(); ++oi) {
+    const Op& op = typed.ops[oi];
+    if (op.kind == OpKind::LossScale && op.attrs.axes && oi < m.ops.size() && m.ops[oi].kind == OpKind::LossScale) {
+      const ValueType* in = env[static_cast<std::size_t>(typed.ins(op)[0])];
+      double n = 1;
+      bool known = in && in->ok;
+      for (std::size_t a = 0; a < typed.mesh.size() && known; ++a) {
+        if (!(op.attrs.axes & (1u << a)) || !in->pl[a].is_p() || in->pl[a].op != ReduceOp::Avg) continue;
+        if (!typed.exprs.is_const(typed.mesh[a].size)) known = false;
+        else n *= static_cast<double>(typed.exprs.value(typed.mesh[a].size));
+      }
+      if (known) m.ops[oi].attrs.number = op.attrs.number * n;
+    }
+    auto outs = typed.outs(op);
+    for (std::size_t k = 0; k < outs.size(); ++k) env[static_cast<std::size_t>(outs[k])] = &st.out(oi, static_cast<int>(k));
+  }
+}
+
 std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_ops, NameId plan_seed, const std::vector<PairGrad>& grads, double n_copies,
                       TrainingPair& r, Program& c) {
   // The spec's step: its forward on the same declarations, whole (R everywhere), its backward derived. Built on a
@@ -126,7 +146,7 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
   if (!writes) return fmt::format("the spec does not compute the loss {} (name it alike, or list it under the spec's outputs)", p.name(p.loss));
   Program s = t;
   s.ops = p.has_spec ? p.spec_ops : p.ops;
-  if (!p.has_spec) interp::loss_scales_on_one_device(s);  // before the mesh of ones: the declared axis sizes
+  if (!p.has_spec) loss_scales_on_one_device(s, t, r.plan_types);  // the plan's forward ops come first in its step
   s.per_rank = false, s.programs.clear(), s.schedule = ScheduleSpec{};  // the spec is one program on one device
   s.tensors.assign(p.tensors.begin(), p.tensors.end());
   if (p.has_spec)

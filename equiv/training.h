@@ -19,6 +19,12 @@
 
 namespace spmd::equiv_detail {
 
+// A plan's LossScale that states a normalization (`axis`) on one device: over an axis its input is P(avg) on, each
+// rank's average times the scale summed over the axis's N ranks is the average times scale x N; over a P(sum) axis the
+// sum times the scale. The ops of `m` at the indices of `typed`'s LossScales (their input types from `st`) multiply
+// by that on one device (1 when the scale is 1/N over averages); a symbolic axis size leaves an op as written.
+void loss_scales_on_one_device(Program& m, const Program& typed, const SpatialTypes& st);
+
 struct TrainingPair {
   bool ok = false;
   std::string why;               // when not ok: why the gradients cannot be compared

@@ -43,12 +43,6 @@ Assembled assemble(const Program& p, Runner& run, NameId name, const Placements&
 // of `spec.outputs`), or without a spec the plan's own op list on one device.
 Program model_of(const Program& p);
 
-// A plan's LossScale that states a normalization (`axis`) on one device: each rank multiplies its per-rank average by
-// the scale and the pending sum adds the N ranks of those axes, so the global value is the average times scale * N
-// (the average itself when the scale is 1/N). model_of and the training step's single-device model multiply by that;
-// a symbolic axis size leaves the ops as written.
-void loss_scales_on_one_device(Program& m);
-
 // The same from one piece per rank (ranks in row-major mesh order, `sizes` the mesh). `counts` (Runner::value_sizes
 // on a reduced mesh): the group sizes a P(avg) divides by, when they are not `sizes`.
 Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& sizes, std::vector<Tensor> pieces, const Placements& pl,

@@ -145,22 +145,8 @@ Assembled assemble(const Program& p, Runner& run, NameId name, const Placements&
   return assemble_pieces(p, sizes, std::move(pieces), pl, o, counts != sizes ? &counts : nullptr);
 }
 
-void loss_scales_on_one_device(Program& m) {
-  for (auto& op : m.ops) {
-    if (op.kind != OpKind::LossScale || !op.attrs.axes) continue;
-    double n = 1;
-    for (std::size_t a = 0; a < m.mesh.size(); ++a) {
-      if (!(op.attrs.axes & (1u << a))) continue;
-      if (!m.exprs.is_const(m.mesh[a].size)) return;  // a symbolic mesh: left as written (never a false pass: the sides then differ)
-      n *= static_cast<double>(m.exprs.value(m.mesh[a].size));
-    }
-    op.attrs.number *= n;
-  }
-}
-
 Program model_of(const Program& p) {
   Program m = p;
-  if (!p.has_spec) loss_scales_on_one_device(m);
   m.local_view = false;
   m.per_rank = false;
   m.programs.clear();

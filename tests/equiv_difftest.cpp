@@ -37,6 +37,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include <unistd.h>
@@ -275,6 +276,9 @@ void run_local_train(LocalTrainTally& t, std::uint64_t seed, int count, bool ver
 struct TrainTally {
   int generated = 0, discarded = 0, evaluated = 0, caught_by_types = 0, equivalent = 0, mismatch = 0, unknown = 0, skipped = 0;
   int differs = 0, clean = 0, clean_equivalent = 0, false_equivalent = 0, false_mismatch = 0, fixed_differs = 0, fixed_unproved = 0, truth_failed = 0, compared = 0, reduced = 0;
+  // The same programs without their spec (the plan's own ops on one device, docs/equivalence.md) where the plan's forward
+  // and optimizer carry no mistake: the verdict must still agree with the finite differences.
+  int derived = 0, derived_equivalent = 0, derived_mismatch = 0, derived_false_equivalent = 0, derived_false_mismatch = 0;
   std::map<std::string, int> discards, unproved, features;
   struct PerClass {
     int n = 0, not_applicable = 0, types = 0, mismatch = 0, unproved = 0, equivalent = 0, harmless = 0, missed = 0;
@@ -392,6 +396,30 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
       ++t.false_equivalent;
       std::printf("FALSE EQUIVALENT (train, %s): %s; truth: %s\n---\n%s---\n", bug ? buggy.mistake.c_str() : "no mistake", r.message.c_str(), tr.what.c_str(), text.c_str());
     }
+    // Without the spec: only where the mistake (if any) is in the grad sync, which the single-device step does not run.
+    if (!bug || (buggy.grad_sync_mistake && buggy.optim_mistake < 0)) {
+      std::string own;
+      std::istringstream lines(text);
+      bool in_spec = false;
+      for (std::string l; std::getline(lines, l);) {
+        if (!l.empty() && l[0] != ' ') in_spec = l.rfind("spec:", 0) == 0;
+        if (!in_spec) own += l + "\n";
+      }
+      EquivResult d = check_equivalence(load_program_string(with_named_sizes(own), "train_gen.yaml"));
+      ++t.derived;
+      t.derived_equivalent += d.verdict == EquivVerdict::Equivalent;
+      t.derived_mismatch += d.verdict == EquivVerdict::Mismatch;
+      if (d.verdict == EquivVerdict::Equivalent && tr.differs) {
+        ++t.derived_false_equivalent;
+        std::printf("FALSE EQUIVALENT WITHOUT THE SPEC (train, %s): %s; truth: %s\n---\n%s---\n", bug ? buggy.mistake.c_str() : "no mistake", d.message.c_str(),
+                    tr.what.c_str(), own.c_str());
+      }
+      if (d.verdict == EquivVerdict::Mismatch && !tr.differs) {
+        ++t.derived_false_mismatch;
+        std::printf("VALUE-MISMATCH WITHOUT THE SPEC BUT THE FINITE DIFFERENCES AGREE (train, %s): %s\n---\n%s---\n", bug ? buggy.mistake.c_str() : "no mistake",
+                    d.message.c_str(), own.c_str());
+      }
+    }
     if (r.verdict == EquivVerdict::Mismatch && !tr.differs) {
       ++t.false_mismatch;
       std::printf("VALUE-MISMATCH BUT THE FINITE DIFFERENCES AGREE (train, %s): %s\n---\n%s---\n", bug ? buggy.mistake.c_str() : "no mistake", r.message.c_str(), text.c_str());
@@ -422,6 +450,9 @@ void run_train(TrainTally& t, std::uint64_t seed, int count, bool verbose) {
               t.generated, t.discarded, t.caught_by_types, t.evaluated, t.equivalent, t.mismatch, t.unknown, t.skipped, t.differs, t.compared, t.false_equivalent,
               t.false_mismatch, t.fixed_differs, t.fixed_unproved, t.truth_failed);
   std::printf("  mistake-free programs run: %d, %d of them equivalent; %d value checks ran at reduced sizes\n", t.clean, t.clean_equivalent, t.reduced);
+  std::printf("  without their spec (no mistake, or one in the grad sync): %d run, %d equivalent, %d value-mismatch; %d false equivalent; %d "
+              "value-mismatch while the finite differences agree\n",
+              t.derived, t.derived_equivalent, t.derived_mismatch, t.derived_false_equivalent, t.derived_false_mismatch);
   std::string feats;
   for (const auto& [f, k] : t.features) feats += fmt::format("{}'{}' {}", feats.empty() ? "" : ", ", f, k);
   std::printf("  programs run that contain: %s\n", feats.c_str());
@@ -651,5 +682,5 @@ int main(int argc, char** argv) {
                 t->false_equivalent);
     for (const auto& [why, n] : t->reasons) std::printf("  not checked x%d: %s\n", n, why.c_str());
   }
-  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + lt.per_rank_false_equivalent + lt.per_rank_load_errors + tt.false_equivalent + tt.false_mismatch + ltt.false_equivalent + ltt.false_mismatch + ltt.missed + ltt.load_errors + ltt.truth_failed + rt.disagree + pt.false_equivalent + pt.missed + pt.mislocated ? 1 : 0;
+  return own.false_equivalent + mutated.false_equivalent + lt.false_equivalent + lt.per_rank_false_equivalent + lt.per_rank_load_errors + tt.false_equivalent + tt.false_mismatch + tt.derived_false_equivalent + tt.derived_false_mismatch + ltt.false_equivalent + ltt.false_mismatch + ltt.missed + ltt.load_errors + ltt.truth_failed + rt.disagree + pt.false_equivalent + pt.missed + pt.mislocated ? 1 : 0;
 }

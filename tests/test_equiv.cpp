@@ -94,10 +94,12 @@ TEST_CASE("equiv: without a spec the plan is compared with its own ops on one de
   CHECK(check_equivalence(p).verdict == EquivVerdict::Equivalent);
 }
 
-TEST_CASE("equiv: without a spec a LossScale over axes is the normalization it states: scale times the axis sizes on one device") {
+TEST_CASE("equiv: without a spec a LossScale over axes is the normalization it states: the scale times the sizes of the axes averaged over") {
   // Each rank's mean times 1/N, summed over the N ranks, is the mean: these right steps were reported N times too
   // large when the model divided by N on one device.
-  for (const char* f : {"tests/data/equiv/derived_loss_scale_ok.yaml", "examples/fsdp/zero3_layer.yaml", "examples/fsdp/hsdp_layer.yaml",
+  // Over a pending sum (each rank's token sum, divided by the global token count) no axis factor: only averages get one.
+  for (const char* f : {"tests/data/equiv/derived_loss_scale_ok.yaml", "tests/data/equiv/derived_loss_scale_token_sum_ok.yaml",
+                        "tests/data/equiv/derived_loss_scale_forward_ok.yaml", "examples/fsdp/zero3_layer.yaml", "examples/fsdp/hsdp_layer.yaml",
                         "examples/autograd/cp_loss_scaling.yaml"}) {
     INFO(f);
     EquivResult r = check_equivalence(load_program_file((std::filesystem::path(SPMD_SOURCE_DIR) / f).string()));
