@@ -73,7 +73,9 @@ struct Run {
   std::vector<std::vector<Tensor>> model_vals;
   std::vector<std::vector<std::vector<Val>>> plan_vals;
   std::vector<int> plan_order;  // recorded: plan ops in the order they first ran (a topological order across ranks)
-  std::int64_t record_bytes = 0;  // the recorded per-rank slots themselves (ops x ranks of them), charged to the budget
+  // The per-rank slots themselves (a recorded op's, a held microbatch instance of a stage cut: ranks of them each),
+  // charged to the byte budget with the values.
+  std::int64_t record_bytes = 0;
   // Stage cuts (staged verification): each cut point's value before the cut, model global, plan per rank, kept until
   // every rank has written the point; then it is checked (cut_ok) and dropped. A point only some ranks write (per-rank
   // programs) is checked after the run (cuts_hold).

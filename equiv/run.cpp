@@ -112,6 +112,10 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
   }
   if (cut) {
     run->model_cut.assign(static_cast<std::size_t>(s.n_cuts), {});
+    run->record_bytes += s.n_cuts * dist.ranks() * static_cast<std::int64_t>(sizeof(Val));  // a slot per cut and rank
+    if (live_bytes() + run->record_bytes > alloc_limits().max_bytes)
+      throw BudgetError("the run is too large for the interpreter: its stage cuts' per-rank slots would hold more than " +
+                        std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
     run->plan_cut.assign(static_cast<std::size_t>(s.n_cuts), std::vector<Val>(static_cast<std::size_t>(dist.ranks())));
     run->cut_left.assign(static_cast<std::size_t>(s.n_cuts), dist.ranks());
     run->cut_ok = s.cut_off;  // (a point not cut needs no check)
@@ -192,11 +196,18 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
               MbCut& m = r->plan_cut_mb[cu];
               if (k < 0 || k >= s.n_mb) continue;  // (never: such a name is no point; unchecked, the run is redone without cuts)
               auto ku = static_cast<std::size_t>(k);
-              if (m.inst[ku].empty()) m.inst[ku].resize(static_cast<std::size_t>(dist.ranks()));
+              const auto inst_bytes = dist.ranks() * static_cast<std::int64_t>(sizeof(Val));  // a slot per rank, charged while held
+              if (m.inst[ku].empty()) {
+                r->record_bytes += inst_bytes;
+                if (live_bytes() + r->record_bytes > alloc_limits().max_bytes)
+                  throw BudgetError("the run is too large for the interpreter: its stage cuts' per-rank slots would hold more than " +
+                                    std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
+                m.inst[ku].resize(static_cast<std::size_t>(dist.ranks()));
+              }
               m.inst[ku][static_cast<std::size_t>(rank)] = dist.at(rank, n);
               if (r->cut_memo[cu].mb != k) r->cut_memo[cu] = CutMemo{}, r->cut_memo[cu].mb = k;  // (replicas of one instance)
               cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
-              if (--m.left[ku] == 0) mb_cut_step(s, m, ku, r->model_cut[cu]);
+              if (--m.left[ku] == 0) mb_cut_step(s, m, ku, r->model_cut[cu]), r->record_bytes -= inst_bytes;
             } else {
               r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
               cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
