@@ -88,7 +88,7 @@ std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& l
 
 constexpr int kMaxAttempts = 8;
 constexpr int kMinIntTrials = 3;
-constexpr std::int64_t kMaxRanks = 1024;
+constexpr std::int64_t kMaxRanks = 256;
 // Trials of a program whose only choices by value are MoE routing (routing_only): each draws its own routing, and
 // "equivalent for the drawn routings" covers the routings drawn.
 constexpr int kRoutingTrials = 3;
