@@ -524,7 +524,7 @@ namespace spmd {
 TEST_CASE("equiv: localization goldens point at the op that goes wrong") {
   namespace fs = std::filesystem;
   int checked = 0;
-  // (tests/programs/moe: the toy DeepSeek pipelines, kept out of the mutation test's directories for their size)
+  // (tests/programs/moe holds the toy DeepSeek pipelines with their own `# localize:`)
   std::vector<fs::directory_entry> files;
   for (const char* dir : {"equiv", "moe"})
     for (const auto& e : fs::directory_iterator(fs::path(SPMD_SOURCE_DIR) / "tests" / "programs" / dir)) files.push_back(e);
