@@ -121,6 +121,13 @@ def generate(plan, bug=None, layers=None):
             op("op: Convert, in: [%s], out: %sr, axis: tp, to: R" % (name, name))
             return name + "r"
 
+        def swiglu(x, wg, wu, wd, g, u, sg, a, out):  # silu(x wg) * (x wu), then the row-parallel wd
+            op("op: MatMul, in: [%s, %s], out: %s" % (x, wg, g))
+            op("op: MatMul, in: [%s, %s], out: %s" % (x, wu, u))
+            op("op: SiLU, in: [%s], out: %s" % (g, sg))
+            op("op: Multiply, in: [%s, %s], out: %s" % (sg, u, a))
+            row_parallel(a, wd, out)
+
         def row_parallel(x, wt, out):
             if not plan_side or tp == 1:
                 op("op: MatMul, in: [%s, %s], out: %s" % (x, wt, out))
@@ -147,19 +154,14 @@ def generate(plan, bug=None, layers=None):
         op("op: Add, in: [x%s, o%s], out: h%s" % (p, i, i))
         op("op: RMSNorm, in: [h%s, gm%s], out: m%s" % (i, i, i))
         if is_moe(l):
-            moe_block(l, plan_side, op, enter, row_parallel, b)
+            moe_block(l, plan_side, op, enter, swiglu, b)
             op("op: Add, in: [h%s, mo%s], out: x%s" % (i, i, i))
             return o
-        m = enter("m" + i)
-        op("op: MatMul, in: [%s, wg%s], out: g%s" % (m, i, i))
-        op("op: MatMul, in: [%s, wu%s], out: u%s" % (m, i, i))
-        op("op: SiLU, in: [g%s], out: sg%s" % (i, i))
-        op("op: Multiply, in: [sg%s, u%s], out: a%s" % (i, i, i))
-        row_parallel("a" + i, "wd" + i, "d" + i)
+        swiglu(enter("m" + i), *[n + i for n in ("wg", "wu", "wd", "g", "u", "sg", "a", "d")])
         op("op: Add, in: [h%s, d%s], out: x%s" % (i, i, i))
         return o
 
-    def moe_block(l, plan_side, op, enter, row_parallel, b):
+    def moe_block(l, plan_side, op, enter, swiglu, b):
         """The MoE FFN of layer l on m<l>: mo<l> = routed + shared experts."""
         i = str(l)
         m = tokens = enter("m" + i)
@@ -198,11 +200,7 @@ def generate(plan, bug=None, layers=None):
             op("op: Reshape, in: [gd%s], out: gd3_%s, shape: [(%s)*S, 1, E]" % (i, i, b))
             op("op: MatMul, in: [gd3_%s, eot%s], out: ro3_%s" % (i, i, i))
             op("op: Reshape, in: [ro3_%s], out: ro%s, shape: [%s, S, H]" % (i, i, b))
-        op("op: MatMul, in: [%s, sg%s], out: sgh%s" % (m, i, i))
-        op("op: MatMul, in: [%s, su%s], out: suh%s" % (m, i, i))
-        op("op: SiLU, in: [sgh%s], out: ss%s" % (i, i))
-        op("op: Multiply, in: [ss%s, suh%s], out: sa%s" % (i, i, i))
-        row_parallel("sa" + i, "sd" + i, "so" + i)
+        swiglu(m, *[n + i for n in ("sg", "su", "sd", "sgh", "suh", "ss", "sa", "so")])  # the shared experts
         op("op: Add, in: [ro%s, so%s], out: mo%s" % (i, i, i))
 
     def head(plan_side, ind):

@@ -121,6 +121,19 @@ std::string scope_text(const Program& p) {
   return s;
 }
 
+// A max or min reduction (an op or a collective): its result is the operand the values choose.
+bool extreme_op(const Op& op) {
+  return op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin ||
+         (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
+}
+// An input pending a max or min: its global value is the largest (smallest) summand, chosen by value.
+bool pending_extreme(const TensorDecl& t) {
+  return std::any_of(t.placement.begin(), t.placement.end(), [](Placement pl) { return pl.is_p() && (pl.op == ReduceOp::Max || pl.op == ReduceOp::Min); });
+}
+// Whether op `k` is MoE routing: TopKGate picks each token's experts by value, MoEDispatch fills capacity slots by
+// those indices.
+bool is_routing(OpKind k) { return k == OpKind::TopKGate || k == OpKind::MoEDispatch; }
+
 // The first op of the plan or the spec whose result depends on a choice made by comparing values (routing, a
 // max/min reduction, an input pending a max or min), or null. A comparison, a count or a cast to integers is a
 // choice only on data that is not an exact constant: the runs report that (Runner::inexact_choice).
@@ -130,42 +143,27 @@ const Op* value_choice(const Program& p, bool sets = false) {
   // op that reads it stands for the choice
   for (const auto& t : p.tensors) {
     if (sets) break;
-    if (std::any_of(t.placement.begin(), t.placement.end(),
-                    [](Placement pl) { return pl.is_p() && (pl.op == ReduceOp::Max || pl.op == ReduceOp::Min); }))
+    if (pending_extreme(t))
       for (const auto& op : p.ops) {
         auto ins = p.ins(op);
         if (std::find(ins.begin(), ins.end(), t.name) != ins.end()) return &op;
       }
   }
   for (const auto* list : {&p.ops, &p.spec_ops})
-    for (const auto& op : *list) {
-      bool extreme = op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin ||
-                     (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
-      bool choice = (extreme && !sets) || op.kind == OpKind::TopKGate || op.kind == OpKind::MoEDispatch || op.kind == OpKind::AmaxUpdate ||
-                    op.kind == OpKind::AmaxHistory;
-      if (choice) return &op;
-    }
+    for (const auto& op : *list)
+      if ((extreme_op(op) && !sets) || is_routing(op.kind) || op.kind == OpKind::AmaxUpdate || op.kind == OpKind::AmaxHistory) return &op;
   return nullptr;
 }
-
-// Whether op `k` is MoE routing: TopKGate picks each token's experts by value, MoEDispatch fills capacity slots by
-// those indices.
-bool is_routing(OpKind k) { return k == OpKind::TopKGate || k == OpKind::MoEDispatch; }
 
 // Whether the plan's and the spec's static choices by value (value_choice) are all MoE routing, at least one. With the
 // experts each token chose held fixed, the plan and the spec are rational functions the lanes prove equal: equal
 // for every input that routes its tokens as a drawn input did, and only those (no other choice may remain).
 bool routing_only(const Program& p) {
-  if (std::any_of(p.tensors.begin(), p.tensors.end(), [](const TensorDecl& t) {
-        return std::any_of(t.placement.begin(), t.placement.end(), [](Placement pl) { return pl.is_p() && (pl.op == ReduceOp::Max || pl.op == ReduceOp::Min); });
-      }))
-    return false;
+  if (std::any_of(p.tensors.begin(), p.tensors.end(), pending_extreme)) return false;
   bool routing = false;
   for (const auto* list : {&p.ops, &p.spec_ops})
     for (const auto& op : *list) {
-      bool extreme = op.kind == OpKind::ReduceMax || op.kind == OpKind::ReduceMin ||
-                     (op_info(op.kind).category == OpCategory::collective && (op.attrs.rop == ReduceOp::Max || op.attrs.rop == ReduceOp::Min));
-      if (extreme || op.kind == OpKind::AmaxUpdate || op.kind == OpKind::AmaxHistory) return false;
+      if (extreme_op(op) || op.kind == OpKind::AmaxUpdate || op.kind == OpKind::AmaxHistory) return false;
       routing |= is_routing(op.kind);
     }
   return routing;

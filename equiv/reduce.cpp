@@ -86,23 +86,6 @@ bool keeps(const Fact& f, const std::vector<std::int64_t>& vals) {
   return false;
 }
 
-// The type of each input of each op of a typed list (null: untyped), walking names in program order.
-std::vector<std::vector<const ValueType*>> input_types(const TypedOps& t) {
-  std::vector<std::vector<const ValueType*>> out(t.ops->size());
-  if (!t.types) return out;
-  const Program& p = *t.program;
-  std::vector<const ValueType*> env(p.names.size(), nullptr);
-  for (std::size_t i = 0; i < p.tensors.size() && i < t.types->decls.size(); ++i)
-    env[static_cast<std::size_t>(p.tensors[i].name)] = &t.types->decls[i];
-  for (std::size_t oi = 0; oi < t.ops->size(); ++oi) {
-    const Op& op = (*t.ops)[oi];
-    for (NameId n : p.ins(op)) out[oi].push_back(env[static_cast<std::size_t>(n)]);
-    if (oi >= t.types->out_base.size()) continue;
-    auto outs = p.outs(op);
-    for (std::size_t k = 0; k < outs.size(); ++k) env[static_cast<std::size_t>(outs[k])] = &t.types->out(oi, static_cast<int>(k));
-  }
-  return out;
-}
 
 // Ops whose value uses an extent (a count it divides by, a head dim, a frequency base): the runner reads real extents
 // for them, which needs the types of their inputs.
@@ -127,6 +110,23 @@ bool uses_extent_as_value(const Op& op) {
 std::string loc_text(const Op& op) { return fmt::format("line {}", op.loc.line); }
 
 }  // namespace
+
+std::vector<std::vector<const ValueType*>> input_types(const TypedOps& t) {
+  std::vector<std::vector<const ValueType*>> out(t.ops->size());
+  if (!t.types) return out;
+  const Program& p = *t.program;
+  std::vector<const ValueType*> env(p.names.size(), nullptr);
+  for (std::size_t i = 0; i < p.tensors.size() && i < t.types->decls.size(); ++i)
+    env[static_cast<std::size_t>(p.tensors[i].name)] = &t.types->decls[i];
+  for (std::size_t oi = 0; oi < t.ops->size(); ++oi) {
+    const Op& op = (*t.ops)[oi];
+    for (NameId n : p.ins(op)) out[oi].push_back(env[static_cast<std::size_t>(n)]);
+    if (oi >= t.types->out_base.size()) continue;
+    auto outs = p.outs(op);
+    for (std::size_t k = 0; k < outs.size(); ++k) env[static_cast<std::size_t>(outs[k])] = &t.types->out(oi, static_cast<int>(k));
+  }
+  return out;
+}
 
 Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& base, const std::vector<TypedOps>& lists,
                            const std::vector<std::int64_t>& declared_mesh) {

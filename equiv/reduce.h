@@ -30,6 +30,9 @@ struct TypedOps {
   const std::vector<ShapeClaim>* claims = nullptr;
 };
 
+// The type of each input of each op of a typed list (none when untyped), walking names in program order.
+std::vector<std::vector<const ValueType*>> input_types(const TypedOps& t);
+
 struct Reduction {
   bool applied = false;             // some size (or mesh axis) was reduced
   std::vector<std::int64_t> vars;   // per size variable of the program: the value the run uses

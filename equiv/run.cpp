@@ -66,6 +66,18 @@ void round_to_small_ints(Val& v, DType dt) {
   for (auto& e : v.t.data) e.d = std::clamp(std::round(e.d * 1.25), -2.0, 2.0);
 }
 
+
+// The bytes of n per-rank Val slots (held whatever they hold: a pipeline rank's op has one rank's value).
+std::int64_t slot_bytes(std::int64_t n) { return n * static_cast<std::int64_t>(sizeof(Val)); }
+
+// Charges n slots to the run's byte budget with the live values, before they are made; over it, `what` is too large.
+void charge_slots(Run& run, std::int64_t n, const char* what) {
+  run.record_bytes += slot_bytes(n);
+  if (live_bytes() + run.record_bytes > alloc_limits().max_bytes)
+    throw BudgetError(std::string("the run is too large for the interpreter: ") + what + " would hold more than " +
+                      std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
+}
+
 }  // namespace
 
 std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, bool record, std::int64_t& work, bool cut) {
@@ -112,10 +124,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
   }
   if (cut) {
     run->model_cut.assign(static_cast<std::size_t>(s.n_cuts), {});
-    run->record_bytes += s.n_cuts * dist.ranks() * static_cast<std::int64_t>(sizeof(Val));  // a slot per cut and rank
-    if (live_bytes() + run->record_bytes > alloc_limits().max_bytes)
-      throw BudgetError("the run is too large for the interpreter: its stage cuts' per-rank slots would hold more than " +
-                        std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
+    charge_slots(*run, s.n_cuts * dist.ranks(), "its stage cuts' per-rank slots");  // a slot per cut and rank
     run->plan_cut.assign(static_cast<std::size_t>(s.n_cuts), std::vector<Val>(static_cast<std::size_t>(dist.ranks())));
     run->cut_left.assign(static_cast<std::size_t>(s.n_cuts), dist.ranks());
     run->cut_ok = s.cut_off;  // (a point not cut needs no check)
@@ -173,12 +182,8 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       if (record) {
         auto& slot = r->plan_vals[static_cast<std::size_t>(oi)];
         if (slot.empty()) {
-          // the slots are ops x ranks of Vals whatever they hold (a pipeline rank's op has one rank's value): charged
-          // with the values' bytes before they are made
-          r->record_bytes += static_cast<std::int64_t>(op.n_out) * dist.ranks() * static_cast<std::int64_t>(sizeof(Val));
-          if (live_bytes() + r->record_bytes > alloc_limits().max_bytes)
-            throw BudgetError("the run is too large for the interpreter: recording every value of every rank would hold more than " +
-                              std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
+          // (ops x ranks of slots in all)
+          charge_slots(*r, static_cast<std::int64_t>(op.n_out) * dist.ranks(), "recording every value of every rank");
           slot.assign(op.n_out, std::vector<Val>(static_cast<std::size_t>(dist.ranks()))), r->plan_order.push_back(oi);
         }
         int k = 0;
@@ -196,18 +201,14 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
               MbCut& m = r->plan_cut_mb[cu];
               if (k < 0 || k >= s.n_mb) continue;  // (never: such a name is no point; unchecked, the run is redone without cuts)
               auto ku = static_cast<std::size_t>(k);
-              const auto inst_bytes = dist.ranks() * static_cast<std::int64_t>(sizeof(Val));  // a slot per rank, charged while held
-              if (m.inst[ku].empty()) {
-                r->record_bytes += inst_bytes;
-                if (live_bytes() + r->record_bytes > alloc_limits().max_bytes)
-                  throw BudgetError("the run is too large for the interpreter: its stage cuts' per-rank slots would hold more than " +
-                                    std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
+              if (m.inst[ku].empty()) {  // a slot per rank, charged while held
+                charge_slots(*r, dist.ranks(), "its stage cuts' per-rank slots");
                 m.inst[ku].resize(static_cast<std::size_t>(dist.ranks()));
               }
               m.inst[ku][static_cast<std::size_t>(rank)] = dist.at(rank, n);
               if (r->cut_memo[cu].mb != k) r->cut_memo[cu] = CutMemo{}, r->cut_memo[cu].mb = k;  // (replicas of one instance)
               cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
-              if (--m.left[ku] == 0) mb_cut_step(s, m, ku, r->model_cut[cu]), r->record_bytes -= inst_bytes;
+              if (--m.left[ku] == 0) mb_cut_step(s, m, ku, r->model_cut[cu]), r->record_bytes -= slot_bytes(dist.ranks());
             } else {
               r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
               cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "autograd/autograd.h"
+#include "equiv/reduce.h"
 #include "spatial/spatial.h"
 
 namespace spmd::equiv_detail {
@@ -111,23 +112,19 @@ std::vector<NameId> rename_optimizer_grads(Program& t, std::vector<Op>& ops, std
 }
 
 void loss_scales_on_one_device(Program& m, const Program& typed, const SpatialTypes& st) {
-  std::vector<const ValueType*> env(typed.names.size(), nullptr);
-  for (std::size_t i = 0; i < typed.tensors.size() && i < st.decls.size(); ++i) env[static_cast<std::size_t>(typed.tensors[i].name)] = &st.decls[i];
-  for (std::size_t oi = 0; oi < typed.ops.size() && oi < st.out_base.size(); ++oi) {
+  const auto tin = input_types({&typed, &typed.ops, &st, nullptr});
+  for (std::size_t oi = 0; oi < typed.ops.size() && oi < m.ops.size(); ++oi) {
     const Op& op = typed.ops[oi];
-    if (op.kind == OpKind::LossScale && op.attrs.axes && oi < m.ops.size() && m.ops[oi].kind == OpKind::LossScale) {
-      const ValueType* in = env[static_cast<std::size_t>(typed.ins(op)[0])];
-      double n = 1;
-      bool known = in && in->ok;
-      for (std::size_t a = 0; a < typed.mesh.size() && known; ++a) {
-        if (!(op.attrs.axes & (1u << a)) || !in->pl[a].is_p() || in->pl[a].op != ReduceOp::Avg) continue;
-        if (!typed.exprs.is_const(typed.mesh[a].size)) known = false;
-        else n *= static_cast<double>(typed.exprs.value(typed.mesh[a].size));
-      }
-      if (known) m.ops[oi].attrs.number = op.attrs.number * n;
+    if (op.kind != OpKind::LossScale || !op.attrs.axes || m.ops[oi].kind != OpKind::LossScale || tin[oi].empty()) continue;
+    const ValueType* in = tin[oi][0];
+    double n = 1;
+    bool known = in && in->ok;
+    for (std::size_t a = 0; a < typed.mesh.size() && known; ++a) {
+      if (!(op.attrs.axes & (1u << a)) || !in->pl[a].is_p() || in->pl[a].op != ReduceOp::Avg) continue;
+      if (!typed.exprs.is_const(typed.mesh[a].size)) known = false;
+      else n *= static_cast<double>(typed.exprs.value(typed.mesh[a].size));
     }
-    auto outs = typed.outs(op);
-    for (std::size_t k = 0; k < outs.size(); ++k) env[static_cast<std::size_t>(outs[k])] = &st.out(oi, static_cast<int>(k));
+    if (known) m.ops[oi].attrs.number = op.attrs.number * n;
   }
 }
 
