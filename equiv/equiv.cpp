@@ -217,7 +217,7 @@ std::string pending_axes(Setup& s, const Link& l, std::uint64_t ts, std::int64_t
 }
 
 EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work,
-                               EquivResult& res) {
+                               EquivResult& res, const CutCulprit& cut, bool large) {
   const Program& p = s.p;
   const Link& bad = links[diff.link];
   Diagnostic d;
@@ -249,22 +249,26 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   // A counterexample with small integer inputs when one exists, else the drawn reals; then where it goes wrong.
   std::unique_ptr<Run> rec;
   std::optional<Difference> rdiff;
-  bool ints = false, too_large = false;
+  // (a run holding an eighth of the byte budget at its peak holds far more in all: with a stage cut to start from,
+  // recording every value is not tried)
+  bool ints = false, too_large = large && cut.op >= 0;
   std::uint64_t degree = 0;
-  try {
-    if (diff.kind == DiffKind::Real) {
-      rec = run_once(s, ts, true, true, work);
-      if (rec->failure.empty()) rdiff = compare(s, *rec, links, degree);
-      // small integers can hit a zero divisor (x / 0, log 0): such a run has no real value, so the drawn reals
-      // give the counterexample instead
-      ints = rdiff && rdiff->kind == DiffKind::Real && stays_real(s, *rec, links[rdiff->link]);
+  if (!too_large) {
+    try {
+      if (diff.kind == DiffKind::Real) {
+        rec = run_once(s, ts, true, true, work);
+        if (rec->failure.empty()) rdiff = compare(s, *rec, links, degree);
+        // small integers can hit a zero divisor (x / 0, log 0): such a run has no real value, so the drawn reals
+        // give the counterexample instead
+        ints = rdiff && rdiff->kind == DiffKind::Real && stays_real(s, *rec, links[rdiff->link]);
+      }
+      if (!ints) {
+        rec = run_once(s, ts, false, true, work);
+        rdiff = rec->failure.empty() ? compare(s, *rec, links, degree) : std::nullopt;
+      }
+    } catch (const BudgetError&) {
+      rec.reset(), too_large = true;  // recording every value is over the budget (a deep pipelined step)
     }
-    if (!ints) {
-      rec = run_once(s, ts, false, true, work);
-      rdiff = rec->failure.empty() ? compare(s, *rec, links, degree) : std::nullopt;
-    }
-  } catch (const BudgetError&) {
-    rec.reset(), too_large = true;  // recording every value is over the budget (a deep pipelined step)
   }
   if (!rec || !rdiff) rdiff = diff, rec.reset();
   const Link& shown = links[rdiff->link];
@@ -276,6 +280,27 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
       c = localize(s, *rec, shown.plan, pairs);
     } catch (const BudgetError&) {  // reading the recorded values by every placement is too large: no place named
       c = Culprit{};
+    }
+  }
+  // Recording every value is over the budget: the trial's run with every stage cut says where it first went wrong, and
+  // a run recording the ops around that point only searches there.
+  if (too_large && cut.op >= 0) {
+    c = Culprit{};
+    record_around(s, cut);
+    try {
+      std::unique_ptr<Run> near = run_once(s, ts, false, true, work);
+      if (near->failure.empty() && cut.plan >= 0) {
+        std::vector<std::pair<NameId, NameId>> pairs;
+        for (const auto& l : links) pairs.emplace_back(l.plan, l.spec);
+        c = localize(s, *near, cut.plan, pairs);
+      }
+    } catch (const BudgetError&) {
+      c = Culprit{};
+    }
+    s.record_plan.clear(), s.record_model.clear();
+    if (c.op < 0) {  // the point itself, and the ops on its way
+      c.op = cut.op, c.named = cut.spec, c.by_cuts = true, c.way = cut.way;
+      if (cut.spec >= 0) c.spec_op = s.model_last[static_cast<std::size_t>(cut.spec)];
     }
   }
   // The compared output held as summands of the spec's value (ranks that disagree on an R output: a row-parallel
@@ -332,11 +357,31 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
       d.message +=
           fmt::format("; the ranks hold summands of the spec's {} (a pending sum over {}): a reduction (AllReduce over {}) is missing after {}",
                       p.name(shown.spec), out_axes, out_axes, op_text(s, false, op));
+    // an op reading a batch input that the schedule's `batch: order` hands out otherwise (a dropped or shuffled microbatch)
+    if (s.pair)
+      for (NameId n : p.ins(op))
+        for (const auto& mb : s.pair->microbatches)
+          if (mb.name == n && mb.order_loc.line) {
+            d.notes.push_back(
+                {mb.order_loc, fmt::format("it reads the microbatches of {}, and the schedule's `batch:` {}", p.name(mb.source), mb.order_text)});
+            break;
+          }
     if (c.spec_op >= 0) {
       const Op& mo = s.model.ops[static_cast<std::size_t>(c.spec_op)];
       d.notes.push_back({mo.loc, (out_axes.empty() ? "the spec computes it here: " : "the spec computes it whole here: ") + op_text(s, true, mo)});
     }
-    if (c.frontier >= 0 && c.pending_in < 0) {  // (a pending input already says where: the reduction before op)
+    if (c.by_cuts) {
+      if (!c.way.empty())
+        d.message +=
+            fmt::format(", or one of the {} op{} that compute it from values equal to the spec's", c.way.size(), c.way.size() == 1 ? "" : "s");
+      d.message += " (the first lineage point that differs; recording every value to search further is over the byte budget)";
+      constexpr std::size_t kShown = 8;
+      for (std::size_t k = 0; k < c.way.size() && k < kShown; ++k) {
+        const Op& wo = p.ops[static_cast<std::size_t>(c.way[k])];
+        d.notes.push_back({wo.loc, fmt::format("on the way: {}", op_text(s, false, wo))});
+      }
+      if (c.way.size() > kShown) d.notes.back().message += fmt::format(" (and {} more)", c.way.size() - kShown);
+    } else if (c.frontier >= 0 && c.pending_in < 0) {  // (a pending input already says where: the reduction before op)
       const Op& fo = p.ops[static_cast<std::size_t>(c.frontier)];
       d.notes.push_back(
           {fo.loc, fmt::format("the first value on the way with no counterpart in the spec is {}: the difference arises between there and line {}",
@@ -640,6 +685,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     bool field_failed = false, sets_full = false;
     std::optional<Difference> diff;
     int points = 0;  // the lineage points verified (0: none)
+    CutCulprit cut;  // where the run with every cut first went wrong (for a difference whose recording is too large)
     int plan_choice = -1, model_choice = -1;
     std::uint64_t degree = 0, uf = 0;
     double log2 = 0;
@@ -661,6 +707,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       std::fill(ss.cut_off.begin(), ss.cut_off.end(), 0);
       run = run_once(ss, ts, false, false, w, true);
       if (run->failure.empty() && !num::trial_failed() && run->first_failed_cut >= 0) {
+        o.cut = first_cut_failure(ss, *run);
         ss.cut_off[static_cast<std::size_t>(run->first_failed_cut)] = 1;
         num::clear_failed();
         run = run_once(ss, ts, false, false, w, true);
@@ -727,7 +774,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       if (o.field_failed) return std::nullopt;
       if (o.diff) {
         num::Lanes guard({o.ts, sets});  // the trial's lanes again (deterministic in its seed) for the search
-        return report_difference(s, links, *o.diff, o.ts, work, res);
+        return report_difference(s, links, *o.diff, o.ts, work, res, o.cut, o.peak > s.oo.max_bytes / 8);
       }
       if (!tally.choice && o.plan_choice >= 0) tally.choice = &p.ops[static_cast<std::size_t>(o.plan_choice)];
       if (!tally.choice && o.model_choice >= 0) tally.choice = &s.model.ops[static_cast<std::size_t>(o.model_choice)];

@@ -85,6 +85,7 @@ struct Run {
   std::vector<std::int64_t> cut_left;  // ranks (a pipeline's point: rank x instance writes) yet to write each point
   std::vector<char> cut_ok;
   int first_failed_cut = -1;  // the first point found not to hold while the plan ran (-1: none)
+  bool windowed = false;      // recorded for Setup::record_plan only: an op not recorded is taken to be right
   std::vector<CutMemo> cut_memo;  // the plan's, per point while some rank has yet to write it
 };
 
@@ -116,6 +117,9 @@ struct Setup {
   // NameId -> 1 for the values read after a run (the compared outputs): a run without records frees the others
   // once dead (Runner::free_dead).
   std::vector<char> plan_keep, model_keep;
+  // A recording of some ops only (per op of the plan and the model; empty: every op): the ops around the first cut
+  // point that differs (first_cut_failure), the rest freed when dead as in a run without recording.
+  std::vector<char> record_plan, record_model;
   const TrainingPair* pair = nullptr;  // a training pair: microbatch inputs and op families of a pipeline
   // On a reduced mesh (equiv/reduce.h, choose_mesh): the declared mesh, the plan runner's value_sizes; else empty.
   std::vector<std::int64_t> value_mesh;
@@ -175,10 +179,27 @@ struct Culprit {
   // An input of `op` that matches a model value only as a pending sum (a missing reduction before `op`).
   NameId pending_in = -1, pending_spec = -1;
   std::string pending_axes;
+  bool by_cuts = false;  // found by the stage cuts (first_cut_failure)
+  std::vector<int> way;  // then: the ops computing its value from points that hold
 };
 
 // The first op on the way to `output` that goes wrong (and the model op it should have matched), from a recorded run.
 Culprit localize(Setup& s, Run& run, NameId output, const std::vector<std::pair<NameId, NameId>>& links);
+
+// Where a run with every stage cut first goes wrong, without recording a value (a deep pipelined step whose recording
+// is over the byte budget): the plan op writing a cut point that does not hold while every cut point its value comes
+// from (through ops that write none) holds. Cut points are random functions of their values, so a difference stays
+// one downstream; the earliest such op (in program order) is taken. None when no cut fails that way.
+struct CutCulprit {
+  int op = -1;           // the plan op (an instance of a pipeline's op: its first)
+  NameId plan = -1;      // the point it writes
+  NameId spec = -1;      // the spec's name of the point
+  std::vector<int> way;  // the ops computing it from points that hold (not constants), in program order
+};
+CutCulprit first_cut_failure(const Setup& s, const Run& run);
+// Sets Setup::record_plan / record_model to the ops around `c`: the plan's way to the point (with every microbatch's
+// instance of each), and the spec's ops computing its counterpart from the spec's cut points.
+void record_around(Setup& s, const CutCulprit& c);
 std::string op_text(const Program& p, const Op& op);
 // The same, saying when the op is part of a derived backward (its line is the forward op's).
 std::string op_text(const Setup& s, bool model, const Op& op);

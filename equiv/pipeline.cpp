@@ -308,7 +308,28 @@ PipelineLowering lower_pipeline(const Program& p, const Schedule& s) {
       d.param = false;
       L.tensors.push_back(d);
       part_name[static_cast<std::size_t>(b.name)].push_back(d.name);
-      meta.microbatches.push_back({d.name, b.name, b.dim, j, N});
+      meta.microbatches.push_back({d.name, b.name, b.dim, j, N, {}, {}});
+    }
+    // an `order:` other than each microbatch its own part: said where the value check names an op that reads it
+    std::vector<std::int64_t> reads(static_cast<std::size_t>(N), 0);
+    bool identity = true;
+    for (std::size_t k = 0; k < b.order.size(); ++k) {
+      identity &= b.order[k] == static_cast<std::int64_t>(k);
+      if (b.order[k] >= 0 && b.order[k] < N) ++reads[static_cast<std::size_t>(b.order[k])];
+    }
+    if (!b.order.empty() && !identity) {
+      std::string twice, never;
+      for (std::int64_t j = 0; j < N; ++j) {
+        auto r = reads[static_cast<std::size_t>(j)];
+        if (r > 1) twice += fmt::format("{}{}", twice.empty() ? "" : ", ", j);
+        if (r == 0) never += fmt::format("{}{}", never.empty() ? "" : ", ", j);
+      }
+      std::string text = twice.empty() ? "reads the parts in another order than the microbatches' (shuffled microbatches)"
+                                       : fmt::format("reads part {} more than once and part {} never (a dropped microbatch)", twice, never);
+      for (std::int64_t j = 0; j < N; ++j) {
+        auto& m = meta.microbatches[meta.microbatches.size() - static_cast<std::size_t>(N) + static_cast<std::size_t>(j)];
+        m.order_loc = b.loc, m.order_text = text;
+      }
     }
   }
   std::vector<const BatchSplit*> batch_of(T.names.size(), nullptr);

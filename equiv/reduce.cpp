@@ -128,6 +128,10 @@ std::vector<std::vector<const ValueType*>> input_types(const TypedOps& t) {
   return out;
 }
 
+// The steps of the local search over the order in which the shape reduction's sizes take their values: each step
+// searches (sizes - 1)^2 orders.
+constexpr int kMaxOrderSteps = 12;
+
 Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& base, const std::vector<TypedOps>& lists,
                            const std::vector<std::int64_t>& declared_mesh) {
   Reduction red;
@@ -183,6 +187,7 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
     const ExprPool* pool;
     ExprId e;
     std::int64_t declared;
+    std::vector<int> vars;  // the size variables it names
   };
   std::vector<Extent> extents;
   std::set<std::pair<const ExprPool*, ExprId>> seen_extent;
@@ -190,7 +195,14 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
     for (int d = 0; d < t.rank; ++d) {
       ExprId e = t.shape[static_cast<std::size_t>(d)];
       if (!seen_extent.insert({&pool, e}).second) continue;
-      if (auto v = ev(pool, e, base)) extents.push_back({&pool, e, *v});
+      auto v = ev(pool, e, base);
+      if (!v) continue;
+      Extent x{&pool, e, *v, {}};
+      try {
+        pool.collect_vars(e, x.vars);
+      } catch (const AxisExprError&) {  // (a mesh axis size: fixed)
+      }
+      extents.push_back(std::move(x));
     }
   };
   auto add_value = [&](const ExprPool& pool, const ValueType& t) {
@@ -295,10 +307,15 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   std::vector<std::int64_t> cur = base;
   // Extents declared different stay different: a count computed by the ops (the sum of a softmax over an [N8, 2*N2]
   // value along dim 0 is 2*N2 per column summed, along dim 1 N8) must not coincide at the reduced sizes where it
-  // differs at the declared ones (N8 -> 4 with N2 = 2 would make the two sums agree).
+  // differs at the declared ones (N8 -> 4 with N2 = 2 would make the two sums agree). Only extents whose sizes are
+  // all settled are compared: a size the search has not reached yet still has its declared value, and an extent
+  // such as B*S at a reduced S and the declared B could meet a declared 2048 that no choice keeps.
+  std::vector<char> settled(nv, 1);
   auto apart = [&]() {
     std::map<std::int64_t, std::int64_t> seen;  // reduced -> declared
     for (const auto& x : extents) {
+      if (std::any_of(x.vars.begin(), x.vars.end(), [&](int v) { return static_cast<std::size_t>(v) < nv && !settled[static_cast<std::size_t>(v)]; }))
+        continue;
       auto r = ev(*x.pool, x.e, cur);
       if (!r) return false;
       auto [it, fresh] = seen.emplace(*r, x.declared);
@@ -312,12 +329,17 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
     return apart();
   };
   // One greedy search: each size in `order` takes its smallest value that keeps every fact, a few passes over all.
-  auto search = [&](const std::vector<std::size_t>& order) {
+  // `settle`: a size is compared with the others' extents once the search has reached it (without: from the start,
+  // at their declared values, which keeps every step apart). None when the result does not keep every extent apart
+  // (a size that kept its value met one settled after it).
+  auto search = [&](const std::vector<std::size_t>& order, bool settle) -> std::optional<std::vector<std::int64_t>> {
     cur = base;
+    for (std::size_t v = 0; v < nv; ++v) settled[v] = !settle || !g.vars[v].general || pinned[v];
     for (int pass = 0; pass < 3; ++pass) {
       bool changed = false;
       for (std::size_t v : order) {
         if (!g.vars[v].general || pinned[v]) continue;
+        settled[v] = 1;
         std::int64_t was = cur[v];
         std::vector<std::int64_t> cands;
         for (std::int64_t c = 1; c < was && c <= 4096; ++c) cands.push_back(c);
@@ -340,6 +362,8 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
       }
       if (!changed) break;
     }
+    std::fill(settled.begin(), settled.end(), 1);
+    if (!apart()) return std::nullopt;
     return cur;
   };
   // What a choice costs the run: the elements of every typed value at those sizes.
@@ -358,20 +382,33 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
     return total;
   };
   // The sizes kept apart crowd the small values, so the order of the search matters (Llama-3-405B's plan: S 10, D 2,
-  // F 18 when the smallest declared size goes first; S 2, D 8, F 10 with S first, a third of the elements): the
-  // smallest first, then each size moved to the front, and the cheapest result is taken (the first on a tie).
-  std::vector<std::size_t> order(nv);  // the smallest first, so each finds its place above the ones below it
-  for (std::size_t v = 0; v < nv; ++v) order[v] = v;
+  // F 18 when the smallest declared size goes first; S 2, D 8, F 10 with S first, a third of the elements;
+  // DeepSeek-V2-Lite's: B 96, S 16 with each size in turn first; B 64, S 8, half the elements, when the microbatch's
+  // batch goes before K and S before E). A local search over orders: from the smallest first, every move of one size
+  // to another place in the order is searched, the cheapest result taken while it is cheaper (the first on a tie).
+  std::vector<std::size_t> order;  // the sizes that move, the smallest first, so each finds its place above the ones below
+  for (std::size_t v = 0; v < nv; ++v)
+    if (g.vars[v].general && !pinned[v]) order.push_back(v);
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return base[a] < base[b]; });
-  std::vector<std::int64_t> best = search(order);
+  std::vector<std::int64_t> best = search(order, false).value_or(base);  // (every step kept apart: the result is)
   double best_cost = cost(best);
-  for (std::size_t k = 1; k < order.size(); ++k) {
-    const std::size_t v = order[k];
-    if (!g.vars[v].general || pinned[v]) continue;
-    std::vector<std::size_t> front = order;
-    std::rotate(front.begin(), front.begin() + static_cast<std::ptrdiff_t>(k), front.begin() + static_cast<std::ptrdiff_t>(k) + 1);
-    std::vector<std::int64_t> r = search(front);
-    if (double c = cost(r); c < best_cost) best = std::move(r), best_cost = c;
+  if (auto r = search(order, true))
+    if (double c = cost(*r); c < best_cost) best = std::move(*r), best_cost = c;
+  for (int step = 0; step < kMaxOrderSteps; ++step) {
+    std::vector<std::size_t> next;
+    for (std::size_t i = 0; i < order.size(); ++i)
+      for (std::size_t j = 0; j < order.size(); ++j) {
+        if (i == j) continue;
+        std::vector<std::size_t> moved = order;
+        const std::size_t v = moved[i];
+        moved.erase(moved.begin() + static_cast<std::ptrdiff_t>(i));
+        moved.insert(moved.begin() + static_cast<std::ptrdiff_t>(j), v);
+        auto r = search(moved, true);
+        if (!r) continue;
+        if (double c = cost(*r); c < best_cost) best = std::move(*r), best_cost = c, next = std::move(moved);
+      }
+    if (next.empty()) break;
+    order = std::move(next);
   }
   cur = best;
   red.vars = cur;

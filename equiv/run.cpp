@@ -80,6 +80,10 @@ void charge_slots(Run& run, std::int64_t n, const char* what) {
 
 }  // namespace
 
+namespace {
+struct WindowDone {};  // thrown by a run recording some ops once it has them all
+}  // namespace
+
 std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, bool record, std::int64_t& work, bool cut) {
   auto run = std::make_unique<Run>();
   const Program& p = s.p;
@@ -161,14 +165,25 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       }
     }
   }
-  if (!record && !s.plan_keep.empty()) dist.free_dead(s.plan_keep), one.free_dead(s.model_keep);
+  run->windowed = record && !s.record_plan.empty();
+  // A run recording some ops only stops once it has them all (the spec's, then the plan's on every rank running them).
+  std::int64_t model_left = 0, plan_left = 0;
+  if (run->windowed) {
+    for (char m : s.record_model) model_left += m;
+    for (std::int64_t r = 0; r < dist.ranks(); ++r) {
+      auto [from, to] = dist.op_range(r);
+      for (std::uint32_t oi = from; oi < to; ++oi) plan_left += s.record_plan[oi];
+    }
+  }
+  if ((!record || run->windowed) && !s.plan_keep.empty()) dist.free_dead(s.plan_keep), one.free_dead(s.model_keep);
   if (record || cut) {
     one.after_op = [&, r = run.get()](int oi, std::int64_t) {
       const Op& op = s.model.ops[static_cast<std::size_t>(oi)];
-      if (record) {
+      if (record && (s.record_model.empty() || s.record_model[static_cast<std::size_t>(oi)])) {
         auto& slot = r->model_vals[static_cast<std::size_t>(oi)];
         slot.clear();
         for (NameId n : s.model.outs(op)) slot.push_back(one.at(0, n).t);
+        if (r->windowed && --model_left == 0) throw WindowDone{};
       }
       if (cut)
         for (NameId n : s.model.outs(op))
@@ -179,7 +194,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
     };
     dist.after_op = [&, r = run.get()](int oi, std::int64_t rank) {
       const Op& op = p.ops[static_cast<std::size_t>(oi)];
-      if (record) {
+      if (record && (s.record_plan.empty() || s.record_plan[static_cast<std::size_t>(oi)])) {
         auto& slot = r->plan_vals[static_cast<std::size_t>(oi)];
         if (slot.empty()) {
           // (ops x ranks of slots in all)
@@ -188,6 +203,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
         }
         int k = 0;
         for (NameId n : p.outs(op)) slot[static_cast<std::size_t>(k++)][static_cast<std::size_t>(rank)] = dist.at(rank, n);
+        if (r->windowed && --plan_left == 0) throw WindowDone{};
       }
       if (cut && op.kind != OpKind::Recv)  // a received value is its Send's, already cut on the sender (per-rank programs)
         for (std::size_t k = 0; k < op.n_out; ++k)
@@ -233,6 +249,8 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
   for (Runner* side : {&one, &dist}) {
     try {
       side->run(seed);
+    } catch (const WindowDone&) {  // every op it records is recorded: the rest is not needed
+      continue;
     } catch (const BudgetError&) {
       throw;
     } catch (const std::runtime_error& e) {

@@ -45,6 +45,8 @@ struct TrainingPair {
     NameId name = -1, source = -1;  // the plan input `name` is part `part` of `parts` of each rank's block of `source`
     int dim = 0;
     std::int64_t part = 0, parts = 1;
+    Loc order_loc;           // the schedule's `batch:` entry when its `order:` is not each microbatch its own part
+    std::string order_text;  // then what it does ("reads part 2 twice and part 3 never")
   };
   std::vector<MicrobatchInput> microbatches;
   std::vector<int> family;      // per plan op: the op of the one-microbatch step it is an instance of (-1: none)

@@ -690,6 +690,49 @@ outputs:
   CHECK(bounded.out.find("first plan op") == std::string::npos);
 }
 
+TEST_CASE("a pipelined step too large to record whole is located by its stage cuts, recording only the ops around the first that differs") {
+  // 8 layers (MatMul, Multiply, GELU) in 2 stages, 32 microbatches; layer 1 of the plan scales by 0.5 where the spec
+  // scales by 0.25. At 32 MiB every value of every rank is too many to record (the previous binary: the mismatch,
+  // not located); the run with every stage cut gives the first point that differs, and a run recording the ops around
+  // it finds the op.
+  std::string t = "mesh: {pp: 2, dp: 2}\ntensors:\n  x: {shape: [256, 32], placement: {dp: S(0)}}\n";
+  for (int l = 0; l < 8; ++l) t += fmt::format("  w{}: {{shape: [32, 32], param: true}}\n", l);
+  auto layer = [&](int l, const char* ind, bool plan) {
+    return fmt::format(
+        "{0}- {{op: MatMul, in: [h{1}, w{1}], out: a{1}}}\n{0}- {{op: Multiply, in: [a{1}], out: b{1}, scalar: {2}}}\n"
+        "{0}- {{op: GELU, in: [b{1}], out: h{3}}}\n",
+        ind, l, plan && l == 1 ? "0.5" : "0.25", l + 1);
+  };
+  t += "schedule:\n  kind: 1F1B\n  axis: pp\n  microbatches: 32\n  batch: {x: 0}\n  stages:\n"
+       "    - in: [x, w0, w1, w2, w3]\n      out: [h4]\n      ops:\n        - {op: Multiply, in: [x], out: h0, scalar: 1}\n";
+  for (int l = 0; l < 4; ++l) t += layer(l, "        ", true);
+  t += "    - in: [h4, w4, w5, w6, w7]\n      out: [loss]\n      ops:\n";
+  for (int l = 4; l < 8; ++l) t += layer(l, "        ", true);
+  t += "        - {op: Sum, in: [h8], out: s, dims: [0, 1]}\n        - {op: LossScale, in: [s], out: loss, scale: 0.001}\n"
+       "  merge: {loss: sum}\nloss: loss\ngrad_sync:\n";
+  for (int l = 0; l < 8; ++l) t += fmt::format("  - {{op: AllReduce, in: [w{0}.grad], out: w{0}.grad, axis: dp}}\n", l);
+  t += "outputs:\n  loss: {placement: {dp: P}}\nspec:\n  ops:\n    - {op: Multiply, in: [x], out: h0, scalar: 1}\n";
+  for (int l = 0; l < 8; ++l) t += layer(l, "    ", false);
+  t += "    - {op: Sum, in: [h8], out: s, dims: [0, 1]}\n    - {op: LossScale, in: [s], out: loss, scale: 0.001}\n  outputs: [loss]\n";
+  std::string g = write_tmp("cut_located.yaml", t);
+  const std::string at = "the first plan op that goes wrong is Multiply writing b1@mb0, whose value differs from the spec's b1 by every placement";
+  Run whole = run({"equiv", g});  // recorded whole
+  CHECK(whole.code == 1);
+  CHECK(whole.out.find(at) != std::string::npos);
+  Run cut = run({"equiv", "--max-memory", "32", g});
+  CHECK(cut.code == 1);
+  CHECK(cut.out.find("loss[] is 14.3058 in the plan and 6.29213 in the spec; " + at) != std::string::npos);
+  // (the line of the op, in the stage that runs it)
+  CHECK(cut.out.find("cut_located.yaml:") != std::string::npos);
+}
+
+TEST_CASE("a dropped or shuffled microbatch: the op that reads it points at the schedule's `batch:` order") {
+  Run r = run({"equiv", src("examples/pipeline/shuffled_microbatches_bug.yaml")});
+  CHECK(r.code == 1);
+  CHECK(r.out.find(":36:5: note: it reads the microbatches of labels, and the schedule's `batch:` reads the parts in another order than the "
+                   "microbatches' (shuffled microbatches)") != std::string::npos);
+}
+
 TEST_CASE("a local-view training step: check compares the hand-written backward's gradients; backward and report do not derive one") {
   const std::string fixed = src("examples/local/megatron_mlp_custom_backward_fixed.yaml");
   Run eq = run({"equiv", fixed});
