@@ -30,6 +30,9 @@ BUG (one per run):
   dropped_mb   the data loader hands the last microbatch the one before it (a dropped microbatch; pipelined plans)
   sync_avg     one parameter's gradient averaged over dp instead of summed (the grad sync's reduce op)
   adamw_lr     one parameter's AdamW step with another learning rate (an optimizer state updated wrongly)
+  sync_early   stage 0's gradient sync (REDUCE_GRAD in PyTorch's pipelining CSV) runs before the backward of its last
+               microbatch (TrainVerify's "grad sync before the last microbatch"; pipelined plans): the schedule is
+               written as a CSV beside the program, so give `-o FILE`
   wrong_shard  one parameter's optimizer sharded ZeRO-1 style (states by rows over dp) while its gradient is
                reduce-scattered by columns: each rank updates its states from another rank's gradient shard
                (karpathy/llm.c#524's mistake; the 8B plan)
@@ -49,12 +52,32 @@ PLANS = {
     "deepseek_v3_671b": (61, 32, 8, 8, 16, dict(H=7168, NH=128, NKV=128, D=128, F=18432, V=129280, S=4096,
                                                  E=256, K=8, FE=2048, FS=2048, DENSE=3)),
 }
-BUGS = ("constant", "dropped_mb", "sync_avg", "adamw_lr", "wrong_shard")
+BUGS = ("constant", "dropped_mb", "sync_avg", "adamw_lr", "wrong_shard", "sync_early")
+
+
+def one_f_one_b_csv(pp, mbs, early_stage=None):
+    """PyTorch's pipelining CSV of a 1F1B schedule: rank r runs pp - 1 - r warm-up forwards, then one forward and one
+    backward at a time, then the remaining backwards, then its stage's REDUCE_GRAD (`early_stage`: before its last
+    backward instead)."""
+    rows = []
+    for r in range(pp):
+        warm = min(pp - 1 - r, mbs)
+        acts = ["%dF%d" % (r, m) for m in range(warm)]
+        for i in range(mbs - warm):
+            acts += ["%dF%d" % (r, warm + i), "%dB%d" % (r, i)]
+        acts += ["%dB%d" % (r, m) for m in range(mbs - warm, mbs)]
+        acts.append("%dREDUCE_GRAD" % r)
+        if r == early_stage:  # BUG: the gradient all-reduce before the last microbatch's backward
+            acts.remove("%dREDUCE_GRAD" % r)
+            acts.insert(acts.index("%dB%d" % (r, mbs - 1)), "%dREDUCE_GRAD" % r)
+        rows.append(",".join(acts))
+    return "\n".join(rows) + "\n"
 WEIGHTS = ("ga", "wq", "wk", "wv", "wo", "gm", "wg", "wu", "wd")
 MOE_WEIGHTS = ("ga", "wq", "wk", "wv", "wo", "gm", "rt", "eg", "eu", "ed", "sg", "su", "sd")
 
 
-def generate(plan, bug=None, layers=None):
+def generate(plan, bug=None, layers=None, csv_name=None):
+    """The program's text; with bug sync_early, (text, the CSV's text) and the program names the CSV `csv_name`."""
     default_layers, dp, tp, pp, mbs, d = PLANS[plan]
     layers = layers or default_layers
     out = []
@@ -233,9 +256,13 @@ def generate(plan, bug=None, layers=None):
             bounds.append((at, at + n - 1))
             at += n
         w("schedule:")
-        w("  kind: 1F1B")
+        if bug == "sync_early":
+            w("  csv: %s   # 1F1B, stage 0's REDUCE_GRAD before its last backward" % csv_name)
+        else:
+            w("  kind: 1F1B")
         w("  axis: pp")
-        w("  microbatches: %d" % mbs)
+        if bug != "sync_early":  # (a CSV's microbatches are its own)
+            w("  microbatches: %d" % mbs)
         if bug == "dropped_mb":
             order = list(range(mbs))
             order[-1] = mbs - 2  # BUG: the last microbatch's data is the one before it
@@ -297,15 +324,37 @@ def generate(plan, bug=None, layers=None):
     w("  outputs: [loss]")
     w("  optimizer:")
     adamw("    ", False)
-    return "\n".join(out) + "\n"
+    text = "\n".join(out) + "\n"
+    if bug == "sync_early":
+        return text, one_f_one_b_csv(pp, mbs, early_stage=0)
+    return text
 
 
 def main(argv):
-    if len(argv) < 2 or argv[1] not in PLANS or (len(argv) > 2 and argv[2] not in BUGS):
-        sys.stderr.write("usage: trainverify.py {%s} [%s]\n" % ("|".join(PLANS), "|".join(BUGS)))
+    args, out_file = list(argv[1:]), None
+    if "-o" in args:
+        i = args.index("-o")
+        out_file = args[i + 1] if i + 1 < len(args) else None
+        del args[i:i + 2]
+    if not args or args[0] not in PLANS or (len(args) > 1 and args[1] not in BUGS) or len(args) > 2 or ("-o" in argv and not out_file):
+        sys.stderr.write("usage: trainverify.py {%s} [%s] [-o FILE]\n" % ("|".join(PLANS), "|".join(BUGS)))
+        return 2
+    plan, bug = args[0], args[1] if len(args) > 1 else None
+    if bug == "sync_early" and (PLANS[plan][3] == 1 or not out_file):
+        sys.stderr.write("trainverify.py: sync_early needs a pipelined plan and -o FILE (its schedule is a CSV beside it)\n")
         return 2
     layers = int(os.environ.get("TRAINVERIFY_LAYERS", "0")) or None  # fewer layers, to try the generator quickly
-    sys.stdout.write(generate(argv[1], argv[2] if len(argv) > 2 else None, layers))
+    csv_name = os.path.splitext(os.path.basename(out_file))[0] + ".csv" if out_file else None
+    text = generate(plan, bug, layers, csv_name)
+    if isinstance(text, tuple):
+        text, csv_text = text
+        with open(os.path.join(os.path.dirname(out_file) or ".", csv_name), "w") as f:
+            f.write(csv_text)
+    if out_file:
+        with open(out_file, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
     return 0
 
 

@@ -6,9 +6,9 @@
 #
 # Prints per run: wall time, user CPU, peak RSS, the exit code and the verdict line; a row fails when the verdict or
 # the located op is not the expected one or a run takes over 60 s or 4 GiB. Exit 0 when every row holds.
-# The DeepSeek-V3 MoE plans are "equivalent for the drawn routings" (docs/equivalence.md); they do not meet the
-# 60 s / 4 GiB target yet (docs/performance.md, "TrainVerify's production plans"), so those rows fail until they
-# do. A bug the type checker finds (a gradient averaged where summed, a state updated from another
+# The DeepSeek-V3 MoE plans are "equivalent for the drawn routings" (docs/equivalence.md); the 236B and 671B do not
+# meet the 60 s / 4 GiB target yet (docs/performance.md, "TrainVerify's production plans"), so those rows fail until
+# they do. A bug the type checker finds (a gradient averaged where summed, a state updated from another
 # shard) is run with `check`: it is found before any value is computed.
 # usage: bash bench/trainverify.sh [BUILD_DIR]
 set -uo pipefail
@@ -25,7 +25,7 @@ run() {  # plan, bug ("" for none), command (equiv | check), expected exit code,
   shift 5
   local name="$plan${bug:+_$bug}"
   # shellcheck disable=SC2086
-  python3 "$here/trainverify.py" "$plan" $bug > "$tmp/$name.yaml"
+  python3 "$here/trainverify.py" "$plan" $bug -o "$tmp/$name.yaml"  # (and its schedule's CSV beside it, if any)
   local extra=()
   [ "$cmd" = equiv ] && extra=(--max-work "$work" "$@")
   timeout 600 /usr/bin/time -f "%e %U %M" -o "$tmp/$name.time" "$build/spmdcheck" "$cmd" "${extra[@]}" "$tmp/$name.yaml" > "$tmp/$name.out" 2>&1
@@ -49,16 +49,22 @@ run llama3_8b wrong_shard check 1 "error\[placement-mismatch\]: AdamWUpdate: the
 # microbatch's instances share with the spec. The 405B step holds its stage cuts within 1600 MiB of values (a quarter
 # of the budget goes to the cuts; at the default 800 MiB too few are taken and the degree bound is too large).
 run llama3_70b "" equiv 0 "equivalent: .*dp 16 -> 2 ranks, tp 8 -> 2 ranks"
-# (the deep pipelined steps' mismatches are not located yet: recording every value of every rank for the search is
-# over the memory budget, so the verdict names the output that differs)
-run llama3_70b constant equiv 1 "value-mismatch"
-run llama3_70b dropped_mb equiv 1 "value-mismatch"
+# (recording every value of every rank of a deep pipelined step is over the byte budget: the run with every stage cut
+# gives the first lineage point that differs, and a run recording only the ops around it names the op; a dropped
+# microbatch is found where the first layer reads it, with a note at the schedule's batch order)
+run llama3_70b constant equiv 1 "first plan op that goes wrong is FlashAttention writing c40@mb0"
+run llama3_70b dropped_mb equiv 1 "batch:. reads part 30 more than once and part 31 never"
+# (stage 0's REDUCE_GRAD before its last backward, in a CSV schedule: no stage cut differs, the writers of the output
+# that differs are searched)
+run llama3_70b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad"
 run llama3_405b "" equiv 0 "equivalent: .*dp 64 -> 2 ranks, tp 8 -> 2 ranks" --max-memory 1600
-run llama3_405b dropped_mb equiv 1 "value-mismatch" --max-memory 1600
+run llama3_405b dropped_mb equiv 1 "batch:. reads part 14 more than once and part 15 never" --max-memory 1600
+run llama3_405b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad" --max-memory 1600
 # DeepSeek-V3 (MoE: experts split over tp, EP = TP; tp is kept, MoEDispatch tells its ranks apart; a dense spec).
 # The whole-batch dense spec holds B x S x E x FE values per layer: 3000 MiB per run, and a larger work budget.
 work=40000000000 run deepseek_v3_16b "" equiv 0 "equivalent for the drawn routings: .*dp 16 -> 2 ranks" --max-memory 3000
-work=40000000000 run deepseek_v3_16b constant equiv 1 "value-mismatch" --max-memory 3000
+work=40000000000 run deepseek_v3_16b constant equiv 1 "first plan op that goes wrong is FlashAttention writing c13@mb0" --max-memory 3000
+work=40000000000 run deepseek_v3_16b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad" --max-memory 3000
 work=40000000000 run deepseek_v3_236b "" equiv 0 "equivalent for the drawn routings" --max-memory 3000
 work=40000000000 run deepseek_v3_671b "" equiv 0 "equivalent for the drawn routings" --max-memory 3000
 exit $status

@@ -217,7 +217,7 @@ std::string pending_axes(Setup& s, const Link& l, std::uint64_t ts, std::int64_t
 }
 
 EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work,
-                               EquivResult& res, const CutCulprit& cut, bool large) {
+                               EquivResult& res, const CutCulprit& cut, bool large, const std::vector<char>* held_off) {
   const Program& p = s.p;
   const Link& bad = links[diff.link];
   Diagnostic d;
@@ -302,6 +302,22 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
       c.op = cut.op, c.named = cut.spec, c.by_cuts = true, c.way = cut.way;
       if (cut.spec >= 0) c.spec_op = s.model_last[static_cast<std::size_t>(cut.spec)];
     }
+  } else if (too_large && held_off && s.plan_last[static_cast<std::size_t>(bad.plan)] >= 0) {
+    // Every stage cut point held in the trial's run: the difference arises on the way from them to the output (a
+    // gradient all-reduced before its last microbatch's backward was added), and those ops, recorded alone, are searched.
+    const std::vector<char> off = s.cut_off;
+    s.cut_off = *held_off;
+    record_around(s, way_to(s, bad.plan, bad.spec));
+    s.cut_off = off;
+    try {
+      std::unique_ptr<Run> near = run_once(s, ts, false, true, work);
+      std::vector<std::pair<NameId, NameId>> pairs;
+      for (const auto& l : links) pairs.emplace_back(l.plan, l.spec);
+      if (near->failure.empty()) c = localize(s, *near, bad.plan, pairs);
+    } catch (const BudgetError&) {
+      c = Culprit{};
+    }
+    s.record_plan.clear(), s.record_model.clear();
   }
   // The compared output held as summands of the spec's value (ranks that disagree on an R output: a row-parallel
   // layer, a norm's weight gradient without its all-reduce): the reduction is missing after the op that wrote it,
@@ -686,6 +702,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     std::optional<Difference> diff;
     int points = 0;  // the lineage points verified (0: none)
     CutCulprit cut;  // where the run with every cut first went wrong (for a difference whose recording is too large)
+    std::optional<std::vector<char>> held_off;  // the cuts of a run whose every cut point held (the difference is past them)
     int plan_choice = -1, model_choice = -1;
     std::uint64_t degree = 0, uf = 0;
     double log2 = 0;
@@ -713,6 +730,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
         run = run_once(ss, ts, false, false, w, true);
       }
       if (run->failure.empty() && !num::trial_failed() && cuts_hold(ss, *run)) {
+        if (ss.n_cuts > 0) o.held_off = ss.cut_off;
         diff = compare(ss, *run, links, degree);
         if (!diff || diff->kind != DiffKind::Lanes)
           o.points = ss.n_cuts - static_cast<int>(std::count(ss.cut_off.begin(), ss.cut_off.end(), 1));
@@ -774,7 +792,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       if (o.field_failed) return std::nullopt;
       if (o.diff) {
         num::Lanes guard({o.ts, sets});  // the trial's lanes again (deterministic in its seed) for the search
-        return report_difference(s, links, *o.diff, o.ts, work, res, o.cut, o.peak > s.oo.max_bytes / 8);
+        return report_difference(s, links, *o.diff, o.ts, work, res, o.cut, o.peak > s.oo.max_bytes / 8, o.held_off ? &*o.held_off : nullptr);
       }
       if (!tally.choice && o.plan_choice >= 0) tally.choice = &p.ops[static_cast<std::size_t>(o.plan_choice)];
       if (!tally.choice && o.model_choice >= 0) tally.choice = &s.model.ops[static_cast<std::size_t>(o.model_choice)];

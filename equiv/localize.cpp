@@ -323,6 +323,40 @@ void record_around(Setup& s, const CutCulprit& c) {
   }
 }
 
+CutCulprit way_to(const Setup& s, NameId plan, NameId spec) {
+  const Program& p = s.p;
+  CutCulprit c;
+  c.op = s.plan_last[static_cast<std::size_t>(plan)], c.plan = plan, c.spec = spec;
+  if (c.op < 0) return c;
+  const std::vector<std::vector<int>> producers = equiv_detail::plan_producers(p);
+  std::vector<char> seen(p.ops.size(), 0);
+  std::vector<int> stack;
+  // every op writing the output (a gradient accumulated over microbatches, then all-reduced), and their way back
+  for (std::size_t o = 0; o < p.ops.size(); ++o)
+    for (NameId n : p.outs(p.ops[o]))
+      if (n == plan) stack.push_back(static_cast<int>(o));
+  while (!stack.empty()) {
+    const int q = stack.back();
+    stack.pop_back();
+    if (q < 0 || seen[static_cast<std::size_t>(q)]) continue;
+    seen[static_cast<std::size_t>(q)] = 1;
+    const Op& op = p.ops[static_cast<std::size_t>(q)];
+    bool at_cut = false;
+    if (op.kind != OpKind::Recv) {
+      auto outs = p.outs(op);
+      for (std::size_t k = 0; k < outs.size(); ++k)
+        if (int cu = s.plan_cut[static_cast<std::size_t>(outs[k])];
+            cu >= 0 && s.plan_final[op.first + op.n_in + k] && !s.cut_off[static_cast<std::size_t>(cu)])
+          at_cut = true;
+    }
+    if (at_cut) continue;  // (a point that holds)
+    if (q != c.op) c.way.push_back(q);
+    for (int r : producers[static_cast<std::size_t>(q)]) stack.push_back(r);
+  }
+  std::sort(c.way.begin(), c.way.end());
+  return c;
+}
+
 bool cuts_hold(const Setup& s, const Run& run) {
   for (std::size_t c = 0; c < run.cut_ok.size(); ++c) {
     if (run.cut_ok[c]) continue;

@@ -1,7 +1,8 @@
 // tests/test_cli.cpp - exit codes, JSON output, `spmdcheck test`, and the generated docs/ops.md.
 #include <doctest/doctest.h>
-#include <nlohmann/json.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -724,6 +725,33 @@ TEST_CASE("a pipelined step too large to record whole is located by its stage cu
   CHECK(cut.out.find("loss[] is 14.3058 in the plan and 6.29213 in the spec; " + at) != std::string::npos);
   // (the line of the op, in the stage that runs it)
   CHECK(cut.out.find("cut_located.yaml:") != std::string::npos);
+  // The plan right, but stage 0's gradient all-reduce (REDUCE_GRAD) before its last backward: every stage cut point
+  // holds (the gradients are compared as outputs); the ops computing the output from them, recorded alone, name the op
+  // (the previous binary: not located).
+  std::string fixed = t;
+  fixed.replace(fixed.find("scalar: 0.5"), 11, "scalar: 0.25");
+  fixed.replace(fixed.find("  kind: 1F1B\n"), 13, "  csv: early_sync.csv\n");
+  fixed.replace(fixed.find("  microbatches: 32\n"), 19, "");
+  std::string csv;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> acts;
+    const int warm = 1 - r;
+    for (int m = 0; m < warm; ++m) acts.push_back(fmt::format("{}F{}", r, m));
+    for (int i = 0; i < 32 - warm; ++i) acts.push_back(fmt::format("{}F{}", r, warm + i)), acts.push_back(fmt::format("{}B{}", r, i));
+    for (int m = 32 - warm; m < 32; ++m) acts.push_back(fmt::format("{}B{}", r, m));
+    // stage 0: before its last backward (the bug); stage 1: after it
+    acts.insert(r == 0 ? acts.end() - 1 : acts.end(), fmt::format("{}REDUCE_GRAD", r));
+    csv += fmt::format("{}\n", fmt::join(acts, ","));
+  }
+  write_tmp("early_sync.csv", csv);
+  std::string e = write_tmp("early_sync.yaml", fixed);
+  Run early = run({"equiv", "--max-memory", "128", e});  // (at 128 MiB the stage cuts are dense: 64 ops on the way)
+  CHECK(early.code == 1);
+  CHECK(early.out.find("disagree on a value that is R over dp") != std::string::npos);
+  CHECK(early.out.find("the first plan op that goes wrong is AllReduce writing w0.grad, whose value matches no value of the spec") !=
+        std::string::npos);
+  Run sched = run({"check", e});
+  CHECK(sched.out.find("error[grad-sync-early]: 0REDUCE_GRAD reduces stage 0's gradient") != std::string::npos);
 }
 
 TEST_CASE("a dropped or shuffled microbatch: the op that reads it points at the schedule's `batch:` order") {
