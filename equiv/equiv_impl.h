@@ -197,6 +197,11 @@ struct CutCulprit {
   std::vector<int> way;  // the ops computing it from points that hold (not constants), in program order
 };
 CutCulprit first_cut_failure(const Setup& s, const Run& run);
+// An op a pipeline's lowering made (gradient accumulation, merges over microbatches): correct by construction.
+bool generated_op(const Setup& s, int oi);
+// A pipeline's Recv of a microbatch's value (an instance of its writer's family): a copy of the value on the next
+// stage's ranks, not a piece of it.
+bool received_copy(const Setup& s, int oi);
 // Sets Setup::record_plan / record_model to the ops around `c`: the plan's way to the point (with every microbatch's
 // instance of each), and the spec's ops computing its counterpart from the spec's cut points.
 void record_around(Setup& s, const CutCulprit& c);
@@ -228,5 +233,29 @@ bool prepare_reduction(const Program& g, const std::vector<std::int64_t>& base, 
 // pipeline axis and the microbatch count are kept) and the spec's; each lowered op reads the real extents of the step
 // op it is an instance of (TrainingPair::family).
 bool prepare_pipeline_reduction(const Program& g, const std::vector<std::int64_t>& base, const TrainingPair& tp, Reduced& red);
+
+// One compared output that differs.
+enum class DiffKind { Form, Real, Lanes };  // shape / assembly; the doubles; only the field lanes
+struct Difference {
+  std::size_t link = 0;  // index into the links
+  std::string what;      // the element and both values, or why it cannot be compared
+  DiffKind kind = DiffKind::Form;
+};
+
+struct Link {
+  NameId plan, spec;
+  Loc loc;
+  Placements pl{};
+  std::vector<std::pair<int, std::int64_t>> held{};  // an output's `ranks:` (per-rank plans): read from those ranks only
+};
+
+// Compares every link; `degree` receives the largest degree bound of the compared elements (plan + spec).
+std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& links, std::uint64_t& degree);
+// A difference found in trial `ts` (equiv/report.cpp): value-mismatch (the doubles differ: a counterexample, the first
+// plan op that goes wrong), or value-unproved (only the field lanes differ). `cut`: where the trial's run with every
+// stage cut first went wrong; `large`: the run's peak held an eighth of the byte budget (recording every value is not
+// tried when a cut says where to look); `held_off`: the cut switches of a run whose every cut point held.
+EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work,
+                               EquivResult& res, const CutCulprit& cut, bool large, const std::vector<char>* held_off);
 
 }  // namespace spmd::equiv_detail
