@@ -409,7 +409,8 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     double log2 = 0;
     std::int64_t peak = 0, used = 0;  // the most bytes of values live at once, the work it took
   };
-  auto trial = [&](Setup& ss, std::uint64_t ts, bool sets, std::int64_t& w) {
+  // `alone`: no other trial runs at once, so a run without cuts may go on a second thread (below).
+  auto trial = [&](Setup& ss, std::uint64_t ts, bool sets, std::int64_t& w, bool alone) {
     Outcome o;
     o.ts = ts;
     const std::int64_t w0 = w;
@@ -424,11 +425,70 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       // is left uncut and the run is made once more with the others first.
       std::fill(ss.cut_off.begin(), ss.cut_off.end(), 0);
       run = run_once(ss, ts, false, false, w, true);
+      // A run without cuts on a second thread while the cuts are tried again (a trial alone): a wrong plan fails the
+      // cuts again, and that run's real difference is the verdict (anything else it gives is not taken: the run is
+      // made here as before, so a verdict's error bound counts this thread's evaluations only).
+      struct Ahead {  // (its values are freed on its thread: each thread counts the bytes it holds)
+        bool ran = false;
+        Run failed;
+        int plan_choice = -1, model_choice = -1;
+        std::optional<Difference> diff;
+        std::uint64_t degree = 0;
+        bool field_failed = false;
+        std::int64_t w = 0;
+        std::exception_ptr error;
+      } ahead;
+      std::optional<std::thread> ahead_th;
+      std::optional<Setup> ahead_s;  // its own setup, as a paired trial's
+      const std::int64_t w_ahead = w;
       if (run->failure.empty() && !num::trial_failed() && run->first_failed_cut >= 0) {
         o.cut = first_cut_failure(ss, *run);
         ss.cut_off[static_cast<std::size_t>(run->first_failed_cut)] = 1;
         num::clear_failed();
-        run = run_once(ss, ts, false, false, w, true);
+        if (alone && opt.parallel) {
+          run.reset();
+          ahead.w = w;
+          ahead_s.emplace(ss);
+          try {
+            ahead_th.emplace([&ahead, &ahead_s, &links, ts, sets] {
+              try {
+                num::Lanes g({ts, sets});
+                std::unique_ptr<Run> r = run_once(*ahead_s, ts, false, false, ahead.w);
+                if (r->failure.empty() && !num::trial_failed()) ahead.diff = compare(*ahead_s, *r, links, ahead.degree);
+                ahead.field_failed = num::trial_failed();
+                ahead.failed.failure = r->failure, ahead.failed.failed_op = r->failed_op, ahead.failed.plan_failed = r->plan_failed;
+                if (r->failure.empty()) ahead.plan_choice = r->plan->inexact_choice, ahead.model_choice = r->model->inexact_choice;
+                ahead.ran = true;
+              } catch (...) {
+                ahead.error = std::current_exception();
+              }
+            });
+          } catch (const std::system_error&) {  // no second thread: as before
+          }
+        }
+        std::unique_ptr<Run> again;
+        try {
+          again = run_once(ss, ts, false, false, w, true);
+        } catch (...) {
+          if (ahead_th) ahead_th->join();
+          throw;
+        }
+        run = std::move(again);
+      }
+      if (ahead_th) {
+        ahead_th->join();
+        const bool cuts_fail = !(run->failure.empty() && !num::trial_failed() && cuts_hold(ss, *run));
+        if (cuts_fail && !ahead.error && ahead.ran && ahead.failed.failure.empty() && !ahead.field_failed && ahead.diff &&
+            ahead.diff->kind == DiffKind::Real) {
+          o.diff = std::move(ahead.diff), o.degree = ahead.degree;
+          o.plan_choice = ahead.plan_choice, o.model_choice = ahead.model_choice;
+          o.uf = num::uf_evaluations(), o.log2 = trial_log2_bound(ahead.degree);
+          w += ahead.w - w_ahead;
+          run.reset();
+          o.peak = peak_bytes();
+          o.used = w0 - w;
+          return o;
+        }
       }
       if (run->failure.empty() && !num::trial_failed() && cuts_hold(ss, *run)) {
         if (ss.n_cuts > 0) o.held_off = ss.cut_off;
@@ -479,7 +539,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     // a trial alone, with the budget left (as the loop always ran them)
     auto alone = [&](int at) {
       std::int64_t w = work;
-      return trial(s, seed_of(at), sets, w);
+      return trial(s, seed_of(at), sets, w, true);
     };
     // Takes one outcome in order: a result to return, or none (counted, or a trial that does not count).
     auto take = [&](Outcome& o) -> std::optional<EquivResult> {
@@ -516,13 +576,13 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       if (pair) {
         s2.emplace(s);
         try {
-          th.emplace([&] { b = trial(*s2, seed_of(attempt + 1), sets, w2); });
+          th.emplace([&] { b = trial(*s2, seed_of(attempt + 1), sets, w2, false); });
         } catch (const std::system_error&) {  // no second thread: one after the other, below
         }
       }
       if (th) {
         std::int64_t w1 = work / 2;
-        Outcome a = trial(s, seed_of(attempt), sets, w1);
+        Outcome a = trial(s, seed_of(attempt), sets, w1, !th);
         th->join();
         if (a.budget) a = alone(attempt);  // out of its half of the work: alone, as it would have run
         if (auto r = take(a)) return r;
