@@ -409,6 +409,19 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     double log2 = 0;
     std::int64_t peak = 0, used = 0;  // the most bytes of values live at once, the work it took
   };
+  // The run without cuts (its difference, when it runs, into `into`), and what an outcome takes from a run: its
+  // failure, the field arithmetic's, the choices by value.
+  auto run_uncut = [&](Setup& su, std::uint64_t ts, std::int64_t& w, Outcome& into) {
+    num::clear_failed();
+    std::unique_ptr<Run> r = run_once(su, ts, false, false, w);
+    if (r->failure.empty() && !num::trial_failed()) into.diff = compare(su, *r, links, into.degree);
+    return r;
+  };
+  auto read_run = [](const Run& r, Outcome& into) {
+    into.failed.failure = r.failure, into.failed.failed_op = r.failed_op, into.failed.plan_failed = r.plan_failed;
+    into.field_failed = num::trial_failed();
+    if (r.failure.empty()) into.plan_choice = r.plan->inexact_choice, into.model_choice = r.model->inexact_choice;
+  };
   // `alone`: no other trial runs at once, so a run without cuts may go on a second thread (below).
   auto trial = [&](Setup& ss, std::uint64_t ts, bool sets, std::int64_t& w, bool alone) {
     Outcome o;
@@ -418,8 +431,6 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       num::Lanes guard({ts, sets});
       reset_peak_bytes();
       std::unique_ptr<Run> run;
-      std::optional<Difference> diff;
-      std::uint64_t degree = 0;
       // With stage cuts first; a cut that does not hold (or a difference in the lanes) is decided without them. A
       // point found not to hold while the plan ran (a per-microbatch loss, not a part of the spec's whole-batch one)
       // is left uncut and the run is made once more with the others first.
@@ -427,38 +438,25 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       run = run_once(ss, ts, false, false, w, true);
       // A run without cuts on a second thread while the cuts are tried again (a trial alone): a wrong plan fails the
       // cuts again, and that run's real difference is the verdict (anything else it gives is not taken: the run is
-      // made here as before, so a verdict's error bound counts this thread's evaluations only).
-      struct Ahead {  // (its values are freed on its thread: each thread counts the bytes it holds)
-        bool ran = false;
-        Run failed;
-        int plan_choice = -1, model_choice = -1;
-        std::optional<Difference> diff;
-        std::uint64_t degree = 0;
-        bool field_failed = false;
-        std::int64_t w = 0;
-        std::exception_ptr error;
-      } ahead;
+      // made here as before, so a verdict's error bound counts this thread's evaluations only). Its values are freed
+      // on its thread: each thread counts the bytes it holds.
+      Outcome ahead;
       std::optional<std::thread> ahead_th;
       std::optional<Setup> ahead_s;  // its own setup, as a paired trial's
-      const std::int64_t w_ahead = w;
+      std::int64_t ahead_w = w;
+      const std::int64_t ahead_w0 = w;
       if (run->failure.empty() && !num::trial_failed() && run->first_failed_cut >= 0) {
         o.cut = first_cut_failure(ss, *run);
         ss.cut_off[static_cast<std::size_t>(run->first_failed_cut)] = 1;
         num::clear_failed();
         if (alone && opt.parallel) {
           run.reset();
-          ahead.w = w;
           ahead_s.emplace(ss);
           try {
-            ahead_th.emplace([&ahead, &ahead_s, &links, ts, sets] {
+            ahead_th.emplace([&, ts, sets] {
               try {
                 num::Lanes g({ts, sets});
-                std::unique_ptr<Run> r = run_once(*ahead_s, ts, false, false, ahead.w);
-                if (r->failure.empty() && !num::trial_failed()) ahead.diff = compare(*ahead_s, *r, links, ahead.degree);
-                ahead.field_failed = num::trial_failed();
-                ahead.failed.failure = r->failure, ahead.failed.failed_op = r->failed_op, ahead.failed.plan_failed = r->plan_failed;
-                if (r->failure.empty()) ahead.plan_choice = r->plan->inexact_choice, ahead.model_choice = r->model->inexact_choice;
-                ahead.ran = true;
+                read_run(*run_uncut(*ahead_s, ts, ahead_w, ahead), ahead);
               } catch (...) {
                 ahead.error = std::current_exception();
               }
@@ -478,12 +476,11 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       if (ahead_th) {
         ahead_th->join();
         const bool cuts_fail = !(run->failure.empty() && !num::trial_failed() && cuts_hold(ss, *run));
-        if (cuts_fail && !ahead.error && ahead.ran && ahead.failed.failure.empty() && !ahead.field_failed && ahead.diff &&
-            ahead.diff->kind == DiffKind::Real) {
+        if (cuts_fail && !ahead.error && ahead.failed.failure.empty() && !ahead.field_failed && ahead.diff && ahead.diff->kind == DiffKind::Real) {
           o.diff = std::move(ahead.diff), o.degree = ahead.degree;
           o.plan_choice = ahead.plan_choice, o.model_choice = ahead.model_choice;
           o.uf = num::uf_evaluations(), o.log2 = trial_log2_bound(ahead.degree);
-          w += ahead.w - w_ahead;
+          w += ahead_w - ahead_w0;
           run.reset();
           o.peak = peak_bytes();
           o.used = w0 - w;
@@ -492,24 +489,18 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       }
       if (run->failure.empty() && !num::trial_failed() && cuts_hold(ss, *run)) {
         if (ss.n_cuts > 0) o.held_off = ss.cut_off;
-        diff = compare(ss, *run, links, degree);
-        if (!diff || diff->kind != DiffKind::Lanes)
+        o.diff = compare(ss, *run, links, o.degree);
+        if (!o.diff || o.diff->kind != DiffKind::Lanes)
           o.points = ss.n_cuts - static_cast<int>(std::count(ss.cut_off.begin(), ss.cut_off.end(), 1));
         else
           run.reset();
       } else {
         run.reset();
       }
-      if (!run) {
-        num::clear_failed();
-        run = run_once(ss, ts, false, false, w);
-        if (run->failure.empty() && !num::trial_failed()) diff = compare(ss, *run, links, degree);
-      }
-      o.failed.failure = run->failure, o.failed.failed_op = run->failed_op, o.failed.plan_failed = run->plan_failed;
-      o.field_failed = num::trial_failed(), o.sets_full = num::sets_full();
-      o.diff = std::move(diff), o.degree = degree;
-      if (run->failure.empty()) o.plan_choice = run->plan->inexact_choice, o.model_choice = run->model->inexact_choice;
-      o.uf = num::uf_evaluations(), o.log2 = trial_log2_bound(degree);
+      if (!run) run = run_uncut(ss, ts, w, o);
+      read_run(*run, o);
+      o.sets_full = num::sets_full();
+      o.uf = num::uf_evaluations(), o.log2 = trial_log2_bound(o.degree);
       run.reset();
       o.peak = peak_bytes();
     } catch (const BudgetError& e) {

@@ -205,10 +205,11 @@ bool received_copy(const Setup& s, int oi);
 // Sets Setup::record_plan / record_model to the ops around `c`: the plan's way to the point (with every microbatch's
 // instance of each), and the spec's ops computing its counterpart from the spec's cut points.
 void record_around(Setup& s, const CutCulprit& c);
-// The ops that compute the compared output `plan` (the spec's `spec`) from the stage cut points: every op writing it
-// and, back from those, every op up to a cut point (in program order). For a run in which every cut point held, they
-// are where a difference of that output arises (record_around records them).
-CutCulprit way_to(const Setup& s, NameId plan, NameId spec);
+// The ops that compute the compared output `plan` (the spec's `spec`) from the stage cut points of the cut switches
+// `off`: every op writing it and, back from those, every op up to a cut point (in program order). For a run with
+// those switches in which every cut point held, they are where a difference of that output arises (record_around
+// records them).
+CutCulprit way_to(const Setup& s, const std::vector<char>& off, NameId plan, NameId spec);
 std::string op_text(const Program& p, const Op& op);
 // The same, saying when the op is part of a derived backward (its line is the forward op's).
 std::string op_text(const Setup& s, bool model, const Op& op);

@@ -7,20 +7,28 @@
 
 namespace spmd::equiv_detail {
 
+namespace {
+
+// The cut point plan op `oi` writes (its program's last write of the name; the last such output), when the switches
+// `off` cut it; -1: none. (A received value is its Send's, cut on the sender.)
+int cut_written(const Setup& s, const std::vector<char>& off, std::size_t oi) {
+  const Op& op = s.p.ops[oi];
+  if (op.kind == OpKind::Recv) return -1;
+  int c = -1;
+  auto outs = s.p.outs(op);
+  for (std::size_t k = 0; k < outs.size(); ++k)
+    if (int cu = s.plan_cut[static_cast<std::size_t>(outs[k])]; cu >= 0 && s.plan_final[op.first + op.n_in + k] && !off[static_cast<std::size_t>(cu)])
+      c = cu;
+  return c;
+}
+
+}  // namespace
+
 CutCulprit first_cut_failure(const Setup& s, const Run& run) {
   const Program& p = s.p;
   CutCulprit c;
-  // the cut point each op writes last (its program's last write of the name), when cut in this run
-  std::vector<int> op_cut(p.ops.size(), -1);
-  for (std::size_t oi = 0; oi < p.ops.size(); ++oi) {
-    const Op& op = p.ops[oi];
-    if (op.kind == OpKind::Recv) continue;  // (a received value is its Send's, cut on the sender)
-    auto outs = p.outs(op);
-    for (std::size_t k = 0; k < outs.size(); ++k)
-      if (int cu = s.plan_cut[static_cast<std::size_t>(outs[k])];
-          cu >= 0 && s.plan_final[op.first + op.n_in + k] && !s.cut_off[static_cast<std::size_t>(cu)])
-        op_cut[oi] = cu;
-  }
+  std::vector<int> op_cut(p.ops.size());
+  for (std::size_t oi = 0; oi < p.ops.size(); ++oi) op_cut[oi] = cut_written(s, s.cut_off, oi);
   auto held = [&](int cu) {
     auto u = static_cast<std::size_t>(cu);
     if (run.cut_ok[u]) return true;
@@ -95,7 +103,7 @@ void record_around(Setup& s, const CutCulprit& c) {
   }
 }
 
-CutCulprit way_to(const Setup& s, NameId plan, NameId spec) {
+CutCulprit way_to(const Setup& s, const std::vector<char>& off, NameId plan, NameId spec) {
   const Program& p = s.p;
   CutCulprit c;
   c.op = s.plan_last[static_cast<std::size_t>(plan)], c.plan = plan, c.spec = spec;
@@ -112,16 +120,7 @@ CutCulprit way_to(const Setup& s, NameId plan, NameId spec) {
     stack.pop_back();
     if (q < 0 || seen[static_cast<std::size_t>(q)]) continue;
     seen[static_cast<std::size_t>(q)] = 1;
-    const Op& op = p.ops[static_cast<std::size_t>(q)];
-    bool at_cut = false;
-    if (op.kind != OpKind::Recv) {
-      auto outs = p.outs(op);
-      for (std::size_t k = 0; k < outs.size(); ++k)
-        if (int cu = s.plan_cut[static_cast<std::size_t>(outs[k])];
-            cu >= 0 && s.plan_final[op.first + op.n_in + k] && !s.cut_off[static_cast<std::size_t>(cu)])
-          at_cut = true;
-    }
-    if (at_cut) continue;  // (a point that holds)
+    if (cut_written(s, off, static_cast<std::size_t>(q)) >= 0) continue;  // (a point that holds)
     if (q != c.op) c.way.push_back(q);
     for (int r : producers[static_cast<std::size_t>(q)]) stack.push_back(r);
   }

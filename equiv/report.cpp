@@ -159,10 +159,24 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   }
   if (!rec || !rdiff) rdiff = diff, rec.reset();
   const Link& shown = links[rdiff->link];
+  std::vector<std::pair<NameId, NameId>> pairs;
+  for (const auto& l : links) pairs.emplace_back(l.plan, l.spec);
+  // A run recording the ops of `around` only (record_around), searched from `output`; none when it fails or is too
+  // large.
+  auto search_around = [&](const CutCulprit& around, NameId output) {
+    Culprit found;
+    record_around(s, around);
+    try {
+      std::unique_ptr<Run> near = run_once(s, ts, false, true, work);
+      if (near->failure.empty() && output >= 0) found = localize(s, *near, output, pairs);
+    } catch (const BudgetError&) {
+      found = Culprit{};
+    }
+    s.record_plan.clear(), s.record_model.clear();
+    return found;
+  };
   Culprit c;
   if (rec) {
-    std::vector<std::pair<NameId, NameId>> pairs;
-    for (const auto& l : links) pairs.emplace_back(l.plan, l.spec);
     try {
       c = localize(s, *rec, shown.plan, pairs);
     } catch (const BudgetError&) {  // reading the recorded values by every placement is too large: no place named
@@ -172,19 +186,7 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   // Recording every value is over the budget: the trial's run with every stage cut says where it first went wrong, and
   // a run recording the ops around that point only searches there.
   if (too_large && cut.op >= 0) {
-    c = Culprit{};
-    record_around(s, cut);
-    try {
-      std::unique_ptr<Run> near = run_once(s, ts, false, true, work);
-      if (near->failure.empty() && cut.plan >= 0) {
-        std::vector<std::pair<NameId, NameId>> pairs;
-        for (const auto& l : links) pairs.emplace_back(l.plan, l.spec);
-        c = localize(s, *near, cut.plan, pairs);
-      }
-    } catch (const BudgetError&) {
-      c = Culprit{};
-    }
-    s.record_plan.clear(), s.record_model.clear();
+    c = search_around(cut, cut.plan);
     if (c.op < 0) {  // the point itself, and the ops on its way
       c.op = cut.op, c.named = cut.spec, c.by_cuts = true, c.way = cut.way;
       if (cut.spec >= 0) c.spec_op = s.model_last[static_cast<std::size_t>(cut.spec)];
@@ -192,19 +194,7 @@ EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const D
   } else if (too_large && held_off && s.plan_last[static_cast<std::size_t>(bad.plan)] >= 0) {
     // Every stage cut point held in the trial's run: the difference arises on the way from them to the output (a
     // gradient all-reduced before its last microbatch's backward was added), and those ops, recorded alone, are searched.
-    const std::vector<char> off = s.cut_off;
-    s.cut_off = *held_off;
-    record_around(s, way_to(s, bad.plan, bad.spec));
-    s.cut_off = off;
-    try {
-      std::unique_ptr<Run> near = run_once(s, ts, false, true, work);
-      std::vector<std::pair<NameId, NameId>> pairs;
-      for (const auto& l : links) pairs.emplace_back(l.plan, l.spec);
-      if (near->failure.empty()) c = localize(s, *near, bad.plan, pairs);
-    } catch (const BudgetError&) {
-      c = Culprit{};
-    }
-    s.record_plan.clear(), s.record_model.clear();
+    c = search_around(way_to(s, *held_off, bad.plan, bad.spec), bad.plan);
   }
   // The compared output held as summands of the spec's value (ranks that disagree on an R output: a row-parallel
   // layer, a norm's weight gradient without its all-reduce): the reduction is missing after the op that wrote it,

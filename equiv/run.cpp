@@ -78,10 +78,8 @@ void charge_slots(Run& run, std::int64_t n, const char* what) {
                       std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
 }
 
-}  // namespace
-
-namespace {
 struct WindowDone {};  // thrown by a run recording some ops once it has them all
+
 }  // namespace
 
 std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, bool record, std::int64_t& work, bool cut) {

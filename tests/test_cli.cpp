@@ -1,7 +1,6 @@
 // tests/test_cli.cpp - exit codes, JSON output, `spmdcheck test`, and the generated docs/ops.md.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <sys/stat.h>
@@ -16,8 +15,9 @@
 
 #include "cli/driver.h"
 #include "ir/loader.h"
-#include "spatial/spatial.h"
 #include "ir/op_table.h"
+#include "schedules/schedule.h"
+#include "spatial/spatial.h"
 
 #include "tests/helpers.h"
 
@@ -732,26 +732,22 @@ TEST_CASE("a pipelined step too large to record whole is located by its stage cu
   fixed.replace(fixed.find("scalar: 0.5"), 11, "scalar: 0.25");
   fixed.replace(fixed.find("  kind: 1F1B\n"), 13, "  csv: early_sync.csv\n");
   fixed.replace(fixed.find("  microbatches: 32\n"), 19, "");
-  std::string csv;
+  Schedule sched = generate_schedule("1F1B", 2, 32);
   for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> acts;
-    const int warm = 1 - r;
-    for (int m = 0; m < warm; ++m) acts.push_back(fmt::format("{}F{}", r, m));
-    for (int i = 0; i < 32 - warm; ++i) acts.push_back(fmt::format("{}F{}", r, warm + i)), acts.push_back(fmt::format("{}B{}", r, i));
-    for (int m = 32 - warm; m < 32; ++m) acts.push_back(fmt::format("{}B{}", r, m));
-    // stage 0: before its last backward (the bug); stage 1: after it
-    acts.insert(r == 0 ? acts.end() - 1 : acts.end(), fmt::format("{}REDUCE_GRAD", r));
-    csv += fmt::format("{}\n", fmt::join(acts, ","));
+    auto& row = sched.rows[static_cast<std::size_t>(r)];
+    Action reduce{};
+    reduce.type = ActionType::ReduceGrad, reduce.stage = r;
+    row.insert(r == 0 ? row.end() - 1 : row.end(), reduce);  // stage 0: before its last backward (the bug); stage 1: after it
   }
-  write_tmp("early_sync.csv", csv);
+  write_tmp("early_sync.csv", schedule_csv(sched));
   std::string e = write_tmp("early_sync.yaml", fixed);
   Run early = run({"equiv", "--max-memory", "128", e});  // (at 128 MiB the stage cuts are dense: 64 ops on the way)
   CHECK(early.code == 1);
   CHECK(early.out.find("disagree on a value that is R over dp") != std::string::npos);
   CHECK(early.out.find("the first plan op that goes wrong is AllReduce writing w0.grad, whose value matches no value of the spec") !=
         std::string::npos);
-  Run sched = run({"check", e});
-  CHECK(sched.out.find("error[grad-sync-early]: 0REDUCE_GRAD reduces stage 0's gradient") != std::string::npos);
+  Run checked = run({"check", e});
+  CHECK(checked.out.find("error[grad-sync-early]: 0REDUCE_GRAD reduces stage 0's gradient") != std::string::npos);
 }
 
 TEST_CASE("a dropped or shuffled microbatch: the op that reads it points at the schedule's `batch:` order") {
