@@ -227,8 +227,9 @@ bool comparable(const Setup& s, const std::vector<Val>& ranks, const Tensor& wan
 
 }  // namespace
 
-// A stage cut holds: the plan's value before the cut, read by some placement with no pending sum (a cut of per-rank
-// summands would not be a cut of their sum), equals the model's in doubles and in every lane. Each point is checked
+// A stage cut holds: the plan's value after the cut, read by some placement with no pending sum (a cut of per-rank
+// summands would not be a cut of their sum), equals the model's in doubles and in every lane (the cut's random
+// function of different lanes agrees only by a collision the error bound counts). Each point is checked
 // as soon as every rank of the plan has written it (run_once); one only some ranks write (the ranks whose program
 // writes it) after the run. Per-rank plans: the ranks that hold the value are read (any_reading).
 bool cut_holds(const Setup& s, const std::vector<Val>& ranks, const Tensor& want) {

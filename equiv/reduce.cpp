@@ -424,24 +424,53 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
 
 namespace {
 
-// Whether `op`, which names mesh axes, uses them only through the partition and a function of the whole group that
-// does not depend on which rank is which (choose_mesh): a reduction, a concatenation in rank order, an exchange of
-// blocks, a slice of the own block. A root, a ring, a point-to-point transfer, MoE capacity groups and
-// context-parallel attention's positions tell ranks apart.
-bool symmetric_over_axes(const Op& op) {
+// A dropless MoE dispatch's routing: its indices' name, its axes and its capacity (the bound T), as written.
+struct DroplessRouting {
+  std::string indices;
+  std::uint32_t axes;
+  std::string capacity;
+  bool operator==(const DroplessRouting&) const = default;
+};
+
+// The routing of a MoEDispatch (`p`'s op `op`), its capacity as written ("" when it has no buffer attribute).
+DroplessRouting routing_of(const Program& p, const Op& op) {
+  std::string cap;
+  if (op.attrs.shape != kNoIndex && p.shapes[op.attrs.shape].size() == 2) cap = p.expr_str(p.shapes[op.attrs.shape][1]);
+  return {p.name(p.ins(op)[1]), op.attrs.axes, cap};
+}
+
+// Whether `op` (of `p`), which names mesh axes, uses them only through the partition and a function of the whole
+// group that does not depend on which rank is which (choose_mesh): a reduction, a concatenation in rank order, an
+// exchange of blocks, a slice of the own block. A root, a ring, a point-to-point transfer, MoE capacity that drops
+// tokens and context-parallel attention's positions tell ranks apart. A dropless MoE dispatch is a scatter of each
+// rank's own tokens into its expert-major slots (every token has one: the capacity is the bound C = T) followed by
+// an exchange of expert blocks: it treats ranks alike, and so do the ops of the same routing (the same indices over
+// the same axes): a dispatch into a buffer of the same capacity (a combine's derived gradient), and a combine or a
+// gate gradient, whose buffer the type checker reads as their dispatch's.
+bool symmetric_over_axes(const Program& p, const Op& op, const std::vector<DroplessRouting>& dropless) {
   static constexpr OpKind kSymmetric[] = {OpKind::AllReduce,        OpKind::AllGather,       OpKind::ReduceScatter,         OpKind::Convert,
                                           OpKind::ZeROGatherParam,  OpKind::ZeROScatterGrad, OpKind::ZeROPartitionOptState, OpKind::GradNormSq,
                                           OpKind::CrossEntropyLoss, OpKind::CrossEntropyGrad, OpKind::LossScale};
   if (op.kind == OpKind::AllToAll) return op.attrs.shape == kNoIndex;  // explicit split sizes differ per rank
+  if (op.kind == OpKind::MoEDispatch)
+    return op.attrs.dropless || std::find(dropless.begin(), dropless.end(), routing_of(p, op)) != dropless.end();
+  if (op.kind == OpKind::MoECombine || op.kind == OpKind::MoEGateGrad) {
+    const std::string idx = p.name(p.ins(op)[op.kind == OpKind::MoECombine ? 1 : 2]);
+    return std::any_of(dropless.begin(), dropless.end(), [&](const DroplessRouting& d) { return d.indices == idx && d.axes == op.attrs.axes; });
+  }
   return std::find(std::begin(kSymmetric), std::end(kSymmetric), op.kind) != std::end(kSymmetric);
 }
 
 }  // namespace
 
-std::vector<std::int64_t> choose_mesh(const Program& g, const std::vector<const std::vector<Op>*>& lists, std::vector<std::string>& kept) {
+std::vector<std::int64_t> choose_mesh(const Program& g, const std::vector<OpList>& lists, std::vector<std::string>& kept) {
   const std::vector<std::int64_t> mesh = mesh_sizes(g);
   std::vector<std::int64_t> out = mesh;
   if (g.local_view || g.per_rank || g.schedule.present) return out;
+  std::vector<DroplessRouting> dropless;
+  for (const auto& list : lists)
+    for (const auto& op : *list.ops)
+      if (op.kind == OpKind::MoEDispatch && op.attrs.dropless && op.n_in >= 2) dropless.push_back(routing_of(*list.program, op));
   for (std::size_t a = 0; a < g.mesh.size(); ++a) {
     if (!g.exprs.is_const(g.mesh[a].size) || mesh[a] <= 2) continue;
     std::string why;
@@ -449,9 +478,9 @@ std::vector<std::int64_t> choose_mesh(const Program& g, const std::vector<const 
       for (auto [axis, c] : od.ranks)
         if (static_cast<std::size_t>(axis) == a && why.empty())
           why = fmt::format("output {} is read from {} = {} only (line {})", g.name(od.name), g.mesh[a].name, c, od.loc.line);
-    for (const auto* list : lists)
-      for (const auto& op : *list)
-        if (why.empty() && (op.attrs.axes & (1u << a)) && !symmetric_over_axes(op))
+    for (const auto& list : lists)
+      for (const auto& op : *list.ops)
+        if (why.empty() && (op.attrs.axes & (1u << a)) && !symmetric_over_axes(*list.program, op, dropless))
           why = fmt::format("{} ({}) tells its ranks apart", op_name(op.kind), loc_text(op));
     if (why.empty())
       out[a] = 2;

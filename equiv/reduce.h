@@ -57,9 +57,13 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
 // keeps two elements of a dim. Every group size used as a value (an average's divisor, a sharded dim's real local
 // extent, the copies of the loss a training step differentiates) keeps its declared value (Runner::value_sizes).
 // Kept as declared, with the reason in `kept`: an axis some op uses asymmetrically (a ring, a send, a root, MoE
-// capacity groups, context-parallel attention's positions), an axis an output's `ranks:` selects, a per-rank,
-// local-view or pipelined program.
-std::vector<std::int64_t> choose_mesh(const Program& g, const std::vector<const std::vector<Op>*>& lists, std::vector<std::string>& kept);
+// capacity that drops tokens, context-parallel attention's positions), an axis an output's `ranks:` selects, a
+// per-rank, local-view or pipelined program. `lists`: each op list with the program whose names its ops use.
+struct OpList {
+  const Program* program;
+  const std::vector<Op>* ops;
+};
+std::vector<std::int64_t> choose_mesh(const Program& g, const std::vector<OpList>& lists, std::vector<std::string>& kept);
 
 // The ranks of each mesh axis of `g` (1 for a symbolic size).
 std::vector<std::int64_t> mesh_sizes(const Program& g);

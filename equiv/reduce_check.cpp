@@ -79,7 +79,7 @@ bool types_as(const Program& q, const std::vector<Diagnostic>& before, const Spa
 // exactly as declared (the same findings, the same placement for every value). `op_lists`: the ops a reduced axis
 // must treat symmetrically. On return `pt` / `pc` hold g's types and claims at the declared sizes (for real_shapes),
 // `mt` / `mc` the model's. False: nothing to reduce, or the reduction does not hold.
-bool choose_checked(const Program& g, const Program& model, bool plan_typed, bool has_spec, const std::vector<const std::vector<Op>*>& op_lists,
+bool choose_checked(const Program& g, const Program& model, bool plan_typed, bool has_spec, const std::vector<OpList>& op_lists,
                     const std::vector<std::int64_t>& base, Reduced& red, SpatialTypes& pt, std::vector<ShapeClaim>& pc, SpatialTypes& mt,
                     std::vector<ShapeClaim>& mc) {
   std::vector<TypedOps> lists;
@@ -137,8 +137,8 @@ bool prepare_reduction(const Program& g, const std::vector<std::int64_t>& base, 
   SpatialTypes pt, mt;
   std::vector<ShapeClaim> pc, mc;
   bool plan_typed = !g.local_view;
-  std::vector<const std::vector<Op>*> op_lists{&g.ops, &g.backward, &g.grad_sync, &g.optimizer};
-  if (tp) op_lists.push_back(&tp->program.ops);
+  std::vector<OpList> op_lists{{&g, &g.ops}, {&g, &g.backward}, {&g, &g.grad_sync}, {&g, &g.optimizer}};
+  if (tp) op_lists.push_back({&tp->program, &tp->program.ops});
   if (!choose_checked(g, model, plan_typed, g.has_spec, op_lists, base, red, pt, pc, mt, mc)) return false;
   // The real shapes the value-using kernels read.
   if (tp) {
@@ -168,7 +168,7 @@ bool prepare_pipeline_reduction(const Program& g, const std::vector<std::int64_t
   }
   SpatialTypes pt, mt;
   std::vector<ShapeClaim> pc, mc;
-  if (!choose_checked(step, model, true, true, {&step.ops, &step.grad_sync, &step.optimizer}, base, red, pt, pc, mt, mc)) return false;
+  if (!choose_checked(step, model, true, true, {{&step, &step.ops}, {&step, &step.grad_sync}, {&step, &step.optimizer}}, base, red, pt, pc, mt, mc)) return false;
   if (!red.r.mesh.empty())  // the pipeline axis is the stages: kept
     red.r.mesh.insert(red.r.mesh.begin() + axis, g.exprs.value(g.mesh[static_cast<std::size_t>(axis)].size));
   // Each lowered op reads the real extents of the step op it is an instance of; the ops the lowering adds (gradient

@@ -186,8 +186,8 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       if (cut)
         for (NameId n : s.model.outs(op))
           if (int c = s.model_cut[static_cast<std::size_t>(n)]; c >= 0 && !s.cut_off[static_cast<std::size_t>(c)] && s.model_last[static_cast<std::size_t>(n)] == oi) {
-            r->model_cut[static_cast<std::size_t>(c)] = one.at(0, n).t;
             cut_lanes(one.at(0, n).t, c, nullptr);
+            r->model_cut[static_cast<std::size_t>(c)] = one.at(0, n).t;  // (compared after the cut: no copy)
           }
     };
     dist.after_op = [&, r = run.get()](int oi, std::int64_t rank) {
@@ -219,13 +219,13 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
                 charge_slots(*r, dist.ranks(), "its stage cuts' per-rank slots");
                 m.inst[ku].resize(static_cast<std::size_t>(dist.ranks()));
               }
-              m.inst[ku][static_cast<std::size_t>(rank)] = dist.at(rank, n);
               if (r->cut_memo[cu].mb != k) r->cut_memo[cu] = CutMemo{}, r->cut_memo[cu].mb = k;  // (replicas of one instance)
               cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
+              m.inst[ku][static_cast<std::size_t>(rank)] = dist.at(rank, n);
               if (--m.left[ku] == 0) mb_cut_step(s, m, ku, r->model_cut[cu]), r->record_bytes -= slot_bytes(dist.ranks());
             } else {
-              r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
               cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
+              r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
             }
             if (--r->cut_left[cu] == 0) {  // every rank has it (every instance): check it now and drop the copies
               if (mb) {

@@ -292,6 +292,50 @@ void lanes_div(Num& r, const Num& a, const Num& b) {
   r.deg = sat(std::uint64_t{a.deg} + b.deg);
 }
 
+}  // namespace num
+
+void div_many(const Num* a, const Num* b, Num* r, std::size_t n) {
+  const Num one = 1.0;  // (made here: a constant's lanes are set only while the lanes are on)
+  if (!num::ctx.on) {
+    for (std::size_t i = 0; i < n; ++i) r[i] = (a ? a[i] : one) / b[i];
+    return;
+  }
+  // The plain quotients with a divisor that is nonzero in every lane take the batch; the rest (a log part, a field
+  // zero that fails the trial) are divided one by one as before.
+  std::vector<std::size_t> batch;
+  batch.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const Num& x = a ? a[i] : one;
+    if (num::plain(x) && num::plain(b[i]) && std::all_of(b[i].f, b[i].f + kLanes, [](Fp f) { return f != 0; }))
+      batch.push_back(i);
+    else
+      r[i] = x / b[i];
+  }
+  if (batch.empty()) return;
+  std::vector<Fp> pre(batch.size());
+  std::vector<Fp> inv(batch.size() * kLanes);
+  for (int l = 0; l < kLanes; ++l) {
+    Fp acc = 1;
+    for (std::size_t k = 0; k < batch.size(); ++k) pre[k] = acc = num::fmul(acc, b[batch[k]].f[l], l);
+    Fp t = num::finv(acc, l);  // 1 / (b_0 ... b_last)
+    for (std::size_t k = batch.size(); k-- > 0;) {
+      inv[k * kLanes + static_cast<std::size_t>(l)] = k ? num::fmul(t, pre[k - 1], l) : t;
+      t = num::fmul(t, b[batch[k]].f[l], l);
+    }
+  }
+  for (std::size_t k = 0; k < batch.size(); ++k) {
+    const std::size_t i = batch[k];
+    const Num& x = a ? a[i] : one;
+    Num q;  // operator/'s plain branch with the inverse from the batch
+    q.d = x.d / b[i].d;
+    for (int l = 0; l < kLanes; ++l) q.f[l] = num::fmul(x.f[l], inv[k * kLanes + static_cast<std::size_t>(l)], l);
+    q.deg = num::deg_mul(x.deg, b[i].deg), q.tag = std::max(x.tag, b[i].tag);
+    r[i] = q;
+  }
+}
+
+namespace num {
+
 void lanes_fn(Fn fn, Num& r, const Num& a) {
   auto key = static_cast<std::uint64_t>(fn);
   const std::uint32_t tag = a.tag;

@@ -246,6 +246,10 @@ inline Num operator/(const Num& a, const Num& b) {
   }
   return r;
 }
+// r[i] = a[i] / b[i] for i < n, exactly as operator/ gives each (the same lanes, degree, tag and real value), with
+// one field inverse per lane for all the plain quotients (Montgomery's batch inversion: three products each) instead
+// of one each. `a` may be null: the dividend 1. r may be a or b.
+void div_many(const Num* a, const Num* b, Num* r, std::size_t n);
 inline Num operator-(const Num& a) {
   Num r;
   r.d = -a.d;

@@ -52,7 +52,18 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   // The dispatcher sends only the ops named here; the function is picked once, not per element (and inlined).
   const OpKind k = op.kind;
   auto map = [&](auto f) { v.t = unary(v.t, f); };
-  if (k == OpKind::SiLU) map([](const Num& x) { return silu(x); });
+  // SiLU and Sigmoid divide every element by 1 + exp(-x): the quotients share one field inverse (div_many)
+  auto by_one_plus_exp = [&](bool times_x) {
+    const Num one = 1.0;
+    Tensor den = unary(v.t, [&](const Num& x) { return one + exp(-x); });
+    Tensor out = Tensor::uninit(v.t.shape);
+    div_many(times_x ? v.t.data.data() : nullptr, den.data.data(), out.data.data(), out.data.size());
+    if (times_x)  // silu's real value as silu() gives it
+      for (std::size_t w = 0; w < out.data.size(); ++w) out.data[w].d = v.t.data[w].d / (1 + std::exp(-v.t.data[w].d));
+    v.t = std::move(out);
+  };
+  if (k == OpKind::SiLU && num::on()) by_one_plus_exp(true);
+  else if (k == OpKind::SiLU) map([](const Num& x) { return silu(x); });
   else if (k == OpKind::GELU) map([](const Num& x) { return gelu(x); });
   else if (k == OpKind::ReLU) map([](const Num& x) { return relu(x); });
   else if (k == OpKind::Cast && at.has_dtype && is_int(dt))  // to an integer type: integer data, exact (decided by d: a choice on inexact data)
@@ -66,6 +77,7 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   else if (k == OpKind::Log) map([](const Num& x) { return log(x); });
   else if (k == OpKind::Sqrt) map([](const Num& x) { return sqrt(x); });
   else if (k == OpKind::Rsqrt) map([](const Num& x) { return rsqrt(x); });
+  else if (k == OpKind::Sigmoid && num::on()) by_one_plus_exp(false);
   else if (k == OpKind::Sigmoid)  // 1 / (1 + exp(-x)) with the lane exp (docs/equivalence.md)
     map([](const Num& x) {
       const Num one = 1.0;  // made here: a constant's lanes are set only while the lanes are on

@@ -93,18 +93,20 @@ void Runner::pointwise_grad(int oi, std::int64_t r, const std::vector<std::int64
       return v;
     });
   else if (of == "Rsqrt") apply([](const Num& g, const Num& a) { return g * (Num(-0.5) * rsqrt(a) / a); });
-  else if (of == "SiLU")
-    apply([](const Num& g, const Num& a) {
-      const Num one = 1.0;  // made here: a constant's lanes are set only while the lanes are on
-      Num s = one / (one + exp(-a));
-      return g * (s + a * s * (one - s));
-    });
-  else if (of == "Sigmoid")
-    apply([](const Num& g, const Num& a) {
-      const Num one = 1.0;
-      Num s = one / (one + exp(-a));
-      return g * (s * (one - s));  // exact: the derivative of the forward's lane formula
-    });
+  else if (of == "SiLU" || of == "Sigmoid") {
+    // s = 1 / (1 + E(-x)) for every element, the quotients sharing one field inverse (div_many)
+    const Num one = 1.0;  // made here: a constant's lanes are set only while the lanes are on
+    const bool silu = of == "SiLU";
+    Tensor xs = dl.shape == xl.shape ? xl : binary(dl, xl, [](const Num&, const Num& a) { return a; });
+    Tensor s = unary(xs, [&](const Num& a) { return one + exp(-a); });
+    div_many(nullptr, s.data.data(), s.data.data(), s.data.size());
+    o.t = binary(dl, xl, [](const Num& g, const Num&) { return g; });
+    for (std::size_t w = 0; w < o.t.data.size(); ++w) {
+      const Num &g = o.t.data[w], &a = xs.data[w], &sw = s.data[w];
+      // exact: the derivative of the forward's lane formula
+      o.t.data[w] = silu ? g * (sw + a * sw * (one - sw)) : g * (sw * (one - sw));
+    }
+  }
   else if (of == "GELU")
     apply([](const Num& g, const Num& a) {
       double cdf = 0.5 * (1 + std::erf(a.d / std::sqrt(2.0))), pdf = std::exp(-0.5 * a.d * a.d) / std::sqrt(2 * std::numbers::pi);

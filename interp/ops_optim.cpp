@@ -51,15 +51,18 @@ void Runner::optimizer_update(int oi, std::int64_t r, const std::vector<std::int
     // param -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
     const Num decay = 1 - lr * wd, c1 = b1, c1c = 1 - b1, c2 = b2, c2c = 1 - b2, e = eps;
     const Num step_size = lr / (1 - std::pow(b1, step)), bc2_sqrt = std::sqrt(1 - std::pow(b2, step));
+    std::vector<Num> moved(count), denom(count);  // (the quotients share one field inverse: div_many)
     for (std::size_t k = 0; k < count; ++k) {
       const Num& g = t[1].data[k];
       Num m = c1 * t[2].data[k] + c1c * g;
       Num v = c2 * t[3].data[k] + c2c * g * g;
-      Num denom = sqrt(v) / bc2_sqrt + e;
-      res[0].data[k] = t[0].data[k] * decay - step_size * m / denom;
+      denom[k] = sqrt(v) / bc2_sqrt + e;
+      moved[k] = step_size * m;
       res[1].data[k] = m;
       res[2].data[k] = v;
     }
+    div_many(moved.data(), denom.data(), moved.data(), count);
+    for (std::size_t k = 0; k < count; ++k) res[0].data[k] = t[0].data[k] * decay - moved[k];
   } else {
     const double mom = p_.number_attr(op, "momentum", 0), wd = p_.number_attr(op, "weight_decay", 0), damp = p_.number_attr(op, "dampening", 0);
     // torch.optim.SGD: g += wd param; buf = momentum buf + (1 - dampening) g, g = buf; param -= lr g

@@ -314,10 +314,11 @@ void group_layout(const Shape& s, const std::vector<int>& dims, std::vector<std:
 namespace {
 
 // po[m, n] += pa[m, k] x pb[k, n] in doubles, in the order the oracle always used (i, p, j).
-void real_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::int64_t k, std::int64_t n) {
+void real_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::int64_t k, std::int64_t n, bool skip_zeros = false) {
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t p = 0; p < k; ++p) {
       double x = pa[i * k + p].d;
+      if (x == 0.0 && skip_zeros) continue;
       for (std::int64_t j = 0; j < n; ++j) po[i * n + j].d += x * pb[p * n + j].d;
     }
 }
@@ -343,6 +344,7 @@ void lane_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::in
     std::fill(acc.begin(), acc.end(), 0);
     for (std::int64_t p = 0; p < k; ++p) {
       const Num& x = row_a[p];
+      if (std::all_of(x.f, x.f + kLanes, [](auto f) { return f == 0; })) continue;  // (an empty slot of a dispatch buffer)
       const Num* row = pb + p * n;
       for (std::size_t j = 0; j < nu; ++j)
         for (int l = 0; l < kLanes; ++l) acc[j * kLanes + static_cast<std::size_t>(l)] += static_cast<unsigned __int128>(x.f[l]) * row[j].f[l];
@@ -389,7 +391,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     if (!num::on()) {  // the oracle's path: the real values only
       real_product(pa, pb, po, m, k, n);
     } else if (std::all_of(pa, pa + m * k, num::plain) && std::all_of(pb, pb + k * n, num::plain)) {
-      real_product(pa, pb, po, m, k, n);
+      real_product(pa, pb, po, m, k, n, true);
       lane_product(pa, pb, po, m, k, n);
     } else {
       for (std::int64_t i = 0; i < m; ++i)

@@ -21,6 +21,7 @@ struct Gen {
   int k;
   int tp = 0, cp = 0, dp = 0;
   std::int64_t B, S, H, F, NH, D, V;
+  bool experts = false;  // a MoE layer was drawn (the sizes E and K are declared)
   std::string tensors, plan, spec, mistake;
   bool want_bug = false;
   int n = 0;
@@ -167,6 +168,53 @@ struct Gen {
     x = y;
   }
 
+  // A mixture-of-experts layer with expert parallelism over tp (no cp): the plan routes its tokens, split over tp, by
+  // a dropless MoEDispatch to the experts split over tp and back by MoECombine (a mesh reduction runs tp 4 at 2
+  // ranks: the dispatch treats ranks alike); the spec runs every token through every expert, weighted by a one-hot
+  // of its routing.
+  void moe() {
+    experts = true;
+    std::string rt = fresh("rt"), eg = fresh("eg"), ed = fresh("ed");
+    tensors += fmt::format("  {}: {{shape: [H, E], param: true}}\n", rt);
+    tensors += fmt::format("  {}: {{shape: [E, H, F], placement: {{tp: S(0)}}, param: true}}\n", eg);
+    tensors += fmt::format("  {}: {{shape: [E, F, H], placement: {{tp: S(0)}}, param: true}}\n", ed);
+    std::string xs = fresh("xs"), lg = fresh("lg"), gw = fresh("gw"), gi = fresh("gi"), buf = fresh("buf"), eh = fresh("eh"), ea = fresh("ea"),
+                eo = fresh("eo"), rs = fresh("rs"), ro = fresh("ro"), y = fresh("x");
+    p_op(fmt::format("{{op: Convert, in: [{}], out: {}, axis: tp, to: S(1)}}", x, xs));
+    p_op(fmt::format("{{op: MatMul, in: [{}, {}], out: {}}}", xs, rt, lg));
+    s_op(fmt::format("{{op: MatMul, in: [{}, {}], out: {}}}", x, rt, lg));
+    both(fmt::format("{{op: TopKGate, in: [{}], out: [{}, {}], k: K}}", lg, gw, gi));
+    bool twice = inject("the gate weights applied in the dispatch and again in the combine");
+    p_op(fmt::format("{{op: MoEDispatch, in: [{}, {}{}], out: {}, axis: tp, buffer: [E, S], dropless: true}}", xs, gi, twice ? ", " + gw : "", buf));
+    p_op(fmt::format("{{op: ExpertCompute, in: [{}, {}], out: {}}}", buf, eg, eh));
+    p_op(fmt::format("{{op: SiLU, in: [{}], out: {}}}", eh, ea));
+    p_op(fmt::format("{{op: ExpertCompute, in: [{}, {}], out: {}}}", ea, ed, eo));
+    bool unweighted = !twice && inject("the combine drops the gate weights");
+    p_op(fmt::format("{{op: MoECombine, in: [{}, {}{}], out: {}, axis: tp}}", eo, gi, unweighted ? "" : ", " + gw, rs));
+    p_op(fmt::format("{{op: AllGather, in: [{}], out: {}, axis: tp, dim: 1}}", rs, ro));
+    p_op(fmt::format("{{op: Add, in: [{}, {}], out: {}}}", x, ro, y));
+    std::string oh = fresh("oh"), gw4 = fresh("gw"), ohw = fresh("ohw"), gd = fresh("gd"), egt = fresh("egt"), eg2 = fresh("eg"), eh2 = fresh("eh"),
+                ea2 = fresh("ea"), ea3 = fresh("ea"), eat = fresh("eat"), eo2 = fresh("eo"), eot = fresh("eot"), gd3 = fresh("gd"), ro3 = fresh("ro"),
+                rr = fresh("ro");
+    s_op(fmt::format("{{op: OneHot, in: [{}], out: {}, classes: E, dtype: f32}}", gi, oh));
+    s_op(fmt::format("{{op: Reshape, in: [{}], out: {}, shape: [B, S, K, 1]}}", gw, gw4));
+    s_op(fmt::format("{{op: Multiply, in: [{}, {}], out: {}}}", oh, gw4, ohw));
+    s_op(fmt::format("{{op: Sum, in: [{}], out: {}, dims: [2]}}", ohw, gd));
+    s_op(fmt::format("{{op: Transpose, in: [{}], out: {}, dims: [0, 1]}}", eg, egt));
+    s_op(fmt::format("{{op: Reshape, in: [{}], out: {}, shape: [H, E*F]}}", egt, eg2));
+    s_op(fmt::format("{{op: MatMul, in: [{}, {}], out: {}}}", x, eg2, eh2));
+    s_op(fmt::format("{{op: SiLU, in: [{}], out: {}}}", eh2, ea2));
+    s_op(fmt::format("{{op: Reshape, in: [{}], out: {}, shape: [B*S, E, F]}}", ea2, ea3));
+    s_op(fmt::format("{{op: Transpose, in: [{}], out: {}, dims: [0, 1]}}", ea3, eat));
+    s_op(fmt::format("{{op: MatMul, in: [{}, {}], out: {}}}", eat, ed, eo2));
+    s_op(fmt::format("{{op: Transpose, in: [{}], out: {}, dims: [0, 1]}}", eo2, eot));
+    s_op(fmt::format("{{op: Reshape, in: [{}], out: {}, shape: [B*S, 1, E]}}", gd, gd3));
+    s_op(fmt::format("{{op: MatMul, in: [{}, {}], out: {}}}", gd3, eot, ro3));
+    s_op(fmt::format("{{op: Reshape, in: [{}], out: {}, shape: [B, S, H]}}", ro3, rr));
+    s_op(fmt::format("{{op: Add, in: [{}, {}], out: {}}}", x, rr, y));
+    x = y;
+  }
+
   // RoPE at global positions: under cp each rank reads its block of Arange(S).
   void rope() {
     std::string wr = fresh("wr"), wo = fresh("wo");
@@ -240,13 +288,17 @@ ScaledProgram generate_scaled(std::uint64_t seed, int scale) {
   }
   std::int64_t t = std::max(g.tp, 1), k = scale;
   g.B = 2 * k * std::max<std::int64_t>(g.dp / 2, 1), g.S = 4 * k, g.H = 4 * k * t, g.F = 4 * k * t, g.NH = t * k, g.D = 2 * k, g.V = 2 * t * k;
+  const std::int64_t experts = 2 * t * k;  // (top-2 routing: K stays 2 at every scale)
   g.want_bug = g.coin(0.5);
   g.x = "x0";
   g.tensors = fmt::format("  x0: {{shape: [B, S, H], placement: {}}}\n", g.act_pl());
   int blocks = 1 + g.pick(3);
   for (int b = 0; b < blocks && !g.reduced; ++b) {
     switch (g.pick(4)) {
-      case 0: g.mlp(); break;
+      case 0:
+        if (g.tp && !g.cp && g.coin(0.5)) g.moe();  // (drawn after the family's other choices of this block)
+        else g.mlp();
+        break;
       case 1: g.norm(); break;
       case 2: g.attention(); break;
       case 3: g.rope(); break;
@@ -260,10 +312,10 @@ ScaledProgram generate_scaled(std::uint64_t seed, int scale) {
   ScaledProgram r;
   r.mistake = g.mistake;
   r.text = fmt::format(
-      "# reduce_gen seed {} scale {}{}\nmesh: {{{}}}\nsizes: {{B: {}, S: {}, H: {}, F: {}, NH: {}, D: {}, V: {}}}\ntensors:\n{}ops:\n{}outputs:\n  {}: "
+      "# reduce_gen seed {} scale {}{}\nmesh: {{{}}}\nsizes: {{B: {}, S: {}, H: {}, F: {}, NH: {}, D: {}, V: {}{}}}\ntensors:\n{}ops:\n{}outputs:\n  {}: "
       "{{placement: {}}}\nspec:\n  ops:\n{}  outputs: [{}]\n",
-      seed, scale, r.mistake.empty() ? "" : " (mistake: " + r.mistake + ")", mesh_text, g.B, g.S, g.H, g.F, g.NH, g.D, g.V, g.tensors, g.plan, g.x,
-      out_pl, g.spec, g.x);
+      seed, scale, r.mistake.empty() ? "" : " (mistake: " + r.mistake + ")", mesh_text, g.B, g.S, g.H, g.F, g.NH, g.D, g.V,
+      g.experts ? fmt::format(", E: {}, K: 2", experts) : "", g.tensors, g.plan, g.x, out_pl, g.spec, g.x);
   return r;
 }
 

@@ -380,6 +380,31 @@ spec:
   CHECK(kept.message.find("kept dp = 4 ranks: Broadcast (line 6) tells its ranks apart") != std::string::npos);
 }
 
+TEST_CASE("equiv: mesh reduction runs a dropless MoE dispatch's axis at 2 ranks and keeps one whose capacity drops tokens") {
+  auto read = [](const char* f) {
+    std::ifstream in(std::filesystem::path(SPMD_SOURCE_DIR) / f);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string dropless = read("tests/programs/moe/reduce_mesh_moe_dropless_unproved.yaml");
+  REQUIRE(!dropless.empty());
+  // dropless: each rank's tokens scattered into its own slots, expert blocks exchanged: ep 4 runs at 2 ranks
+  EquivResult ok = check_equivalence(load_program_string(dropless, "dropless.yaml"));
+  CHECK(ok.verdict == EquivVerdict::Equivalent);
+  CHECK(ok.reduction.find("ep 4 -> 2 ranks") != std::string::npos);
+  CHECK(ok.drawn_routings);
+  // the combine not weighted by the gate: found on the reduced mesh, at the combine
+  EquivResult bad = check_equivalence(load_program_file((std::filesystem::path(SPMD_SOURCE_DIR) / "tests/programs/moe/reduce_mesh_moe_combine_unweighted_bad.yaml").string()));
+  CHECK(bad.verdict == EquivVerdict::Mismatch);
+  CHECK(bad.message.find("MoECombine writing y") != std::string::npos);
+  // a capacity (C/n slots per expert for each of the n ranks' tokens, the rest dropped) follows the group size: kept
+  std::string capacity = dropless;
+  capacity.replace(capacity.find("dropless: true"), 14, "capacity_factor: 1.0");
+  EquivResult kept = check_equivalence(load_program_string(capacity, "capacity.yaml"));
+  CHECK(kept.verdict == EquivVerdict::Equivalent);
+  CHECK(kept.reduction.find("ranks") == std::string::npos);
+  CHECK(kept.message.find("kept ep = 4 ranks: MoEDispatch (line 17) tells its ranks apart") != std::string::npos);
+}
+
 TEST_CASE("equiv: an optimizer edited after loading is not reduced from its text") {
   // (a mutant of the optimizer step: the reduced check must run the edited program, not its text)
   std::string text = R"(mesh: {dp: 8}

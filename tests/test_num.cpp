@@ -264,3 +264,28 @@ TEST_CASE("num: a mean of per-group means of log-sum-exps equals the mean over a
   CHECK(!same(mean_all, (g3 / Num(2.0) + g4 / Num(6.0)) / Num(2.0)));
   CHECK(same(mean_all, (g3 + g4) / Num(8.0)));
 }
+
+TEST_CASE("num: div_many gives every quotient as operator/ does, with one inverse for the plain ones") {
+  num::Lanes on({77});
+  std::vector<Num> a, b;
+  for (std::uint64_t i = 0; i < 40; ++i) a.push_back(draw(i)), b.push_back(draw(i + 100) + Num(3.0));
+  b[5] = Num(0.0);                  // a field zero: fails the trial, as operator/ does
+  b[7] = log(draw(3) + Num(5.0));   // a log part: divided one by one
+  a[9] = exp(draw(4) - log(b[2]));  // a dividend with a log part
+  std::vector<Num> want(a.size()), got(a.size()), ones(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) want[i] = a[i] / b[i], ones[i] = Num(1.0) / b[i];
+  num::clear_failed();
+  div_many(a.data(), b.data(), got.data(), a.size());
+  CHECK(num::trial_failed());
+  auto bits_equal = [](const Num& x, const Num& y) {
+    bool eq = (x.d == y.d || (std::isnan(x.d) && std::isnan(y.d))) && x.deg == y.deg && x.tag == y.tag;
+    for (int l = 0; l < kLanes; ++l) eq = eq && x.f[l] == y.f[l] && x.y[l] == y.y[l] && x.k[l] == y.k[l];
+    return eq;
+  };
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK_MESSAGE(bits_equal(got[i], want[i]), "quotient ", i);
+  div_many(nullptr, b.data(), got.data(), b.size());  // the dividend 1
+  for (std::size_t i = 0; i < b.size(); ++i) CHECK_MESSAGE(bits_equal(got[i], ones[i]), "reciprocal ", i);
+  std::vector<Num> in_place = b;  // r may be b
+  div_many(nullptr, in_place.data(), in_place.data(), in_place.size());
+  for (std::size_t i = 0; i < b.size(); ++i) CHECK(bits_equal(in_place[i], ones[i]));
+}
