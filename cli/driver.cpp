@@ -516,8 +516,8 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
         ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 50));
     std::int64_t equiv_mib = 0;
     equiv->add_option("--max-memory", equiv_mib,
-                      "MiB of tensor values one run may hold at once (default 800), checked before allocating; a run past it is not proved (two "
-                      "trials may run at once, each within it)")
+                      "MiB of tensor values one trial may hold at once (default 800), checked before allocating; a trial past it is not proved "
+                      "(two trials run at once only when twice the last one's peak fits in it, each then within it)")
         ->check(CLI::Range(std::int64_t{16}, std::int64_t{1} << 20));
     equiv->add_flag("--declared-sizes", equiv_declared,
                     "run at the declared sizes, without shape reduction (docs/equivalence.md, \"Shape reduction\"); a run too large is not proved");

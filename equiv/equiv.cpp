@@ -423,13 +423,15 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     if (r.failure.empty()) into.plan_choice = r.plan->inexact_choice, into.model_choice = r.model->inexact_choice;
   };
   // `alone`: no other trial runs at once, so a run without cuts may go on a second thread (below).
-  auto trial = [&](Setup& ss, std::uint64_t ts, bool sets, std::int64_t& w, bool alone) {
+  // `split`: its runs may run the spec beside the plan (Setup::split).
+  auto trial_with = [&](Setup& ss, std::uint64_t ts, bool sets, std::int64_t& w, bool alone, bool split) {
     Outcome o;
     o.ts = ts;
     const std::int64_t w0 = w;
     try {
       num::Lanes guard({ts, sets});
       reset_peak_bytes();
+      ss.split = split;
       std::unique_ptr<Run> run;
       // With stage cuts first; a cut that does not hold (or a difference in the lanes) is decided without them. A
       // point found not to hold while the plan ran (a per-microbatch loss, not a part of the spec's whole-batch one)
@@ -449,9 +451,10 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
         o.cut = first_cut_failure(ss, *run);
         ss.cut_off[static_cast<std::size_t>(run->first_failed_cut)] = 1;
         num::clear_failed();
-        if (alone && opt.parallel) {
+        if (alone && opt.parallel && 2 * peak_bytes() <= s.oo.max_bytes) {  // (two runs at once: both within the budget)
           run.reset();
           ahead_s.emplace(ss);
+          ahead_s->split = false;  // (one thread each: this one and the retry beside it)
           try {
             ahead_th.emplace([&, ts, sets] {
               try {
@@ -465,6 +468,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
           }
         }
         std::unique_ptr<Run> again;
+        if (ahead_th) ss.split = false;  // (the second core runs the run without cuts)
         try {
           again = run_once(ss, ts, false, false, w, true);
         } catch (...) {
@@ -475,6 +479,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       }
       if (ahead_th) {
         ahead_th->join();
+        ss.split = split;
         const bool cuts_fail = !(run->failure.empty() && !num::trial_failed() && cuts_hold(ss, *run));
         if (cuts_fail && !ahead.error && ahead.failed.failure.empty() && !ahead.field_failed && ahead.diff && ahead.diff->kind == DiffKind::Real) {
           o.diff = std::move(ahead.diff), o.degree = ahead.degree;
@@ -509,6 +514,14 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       o.error = std::current_exception();
     }
     o.used = w0 - w;
+    return o;
+  };
+  // A trial alone runs its spec beside its plan (on the second core); their values together may pass the byte
+  // budget where one after the other they would not: such a trial is made again one run at a time.
+  auto trial = [&](Setup& ss, std::uint64_t ts, bool sets, std::int64_t& w, bool alone) {
+    const std::int64_t w0 = w;
+    Outcome o = trial_with(ss, ts, sets, w, alone, alone && opt.parallel);
+    if (o.budget && alone && opt.parallel) w = w0, o = trial_with(ss, ts, sets, w, alone, false);
     return o;
   };
   // The trials; `sets`: max and min reductions as functions of sets (interp/num.h, set_extreme), the pass that
@@ -558,8 +571,10 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     std::optional<Outcome> last;  // the previous trial taken: what one takes
     int attempt = 0;
     while (attempt < kMaxAttempts && wanted()) {
-      // (each run holds at most the run's byte budget, so two at once hold at most twice it: --max-memory is per run)
-      const bool pair = opt.parallel && last && attempt + 1 < kMaxAttempts && wanted_after(*last) && work >= 4 * last->used;
+      // (each run holds at most the run's byte budget, so two at once hold at most twice it: --max-memory is per run;
+      // two trials whose peaks together are over it run one at a time instead, each with its spec beside its plan)
+      const bool pair = opt.parallel && last && attempt + 1 < kMaxAttempts && wanted_after(*last) && work >= 4 * last->used &&
+                        2 * last->peak <= s.oo.max_bytes;
       std::optional<Setup> s2;  // the second trial's (its own cut switches)
       std::optional<std::thread> th;
       Outcome b;

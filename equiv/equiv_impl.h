@@ -87,6 +87,7 @@ struct Run {
   int first_failed_cut = -1;  // the first point found not to hold while the plan ran (-1: none)
   bool windowed = false;      // recorded for Setup::record_plan only: an op not recorded is taken to be right
   std::vector<CutMemo> cut_memo;  // the plan's, per point while some rank has yet to write it
+  std::int64_t model_work = 0;    // the spec's work counter when it runs on its own thread (Setup::split)
 };
 
 struct Setup {
@@ -109,6 +110,9 @@ struct Setup {
   // the instances of one op of the one-microbatch step), read together as the spec sees the value (cut_holds_mb).
   std::vector<char> cut_mb;
   std::vector<char> cut_off;  // per cut point: not cut in this trial's runs (it did not hold in an earlier run)
+  // A run with stage cuts runs the spec on a second thread beside the plan (run_once): set for a trial that runs
+  // alone, with the second core to itself.
+  bool split = false;
   std::int64_t n_mb = 0;  // a pipeline's microbatches (steps x microbatches)
   std::vector<std::int64_t> model_elems;  // a pipeline's: per NameId, the elements of the spec's value (-1: unknown)
   // Shape reduction (equiv/reduce.h): the real global shapes of each op's inputs, for the plan and the model.

@@ -3,8 +3,15 @@
 // each cut point's lanes replaced by a random function of them once plan and spec agree there, every op's value
 // recorded when localization asks; and the cut points of a pipelined plan.
 #include <algorithm>
+#include <malloc.h>
+
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "equiv/equiv_impl.h"
@@ -79,14 +86,59 @@ void charge_slots(Run& run, std::int64_t n, const char* what) {
 }
 
 struct WindowDone {};  // thrown by a run recording some ops once it has them all
+struct Stopped {};     // thrown by the spec's run on its thread once the plan's has failed
+
+// The spec's run on its thread and the plan's: which cut points the spec has written, and when it is done (under
+// the mutex, which orders the spec's writes of Run::model_cut before the plan's reads).
+struct SpecSync {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<char> ready;                  // per cut point: the spec's value is in Run::model_cut
+  std::vector<int> order;                   // the points in the order the spec wrote them
+  bool done = false;
+  std::atomic<std::int64_t> published{0};   // order's size (the plan's thread looks again when it grows)
+  std::atomic<bool> stop{false};            // the plan's run failed: the spec's stops
+  std::atomic<bool> spec_failed{false};     // the spec's run failed: the plan's stops (the spec's failure is the run's)
+  void publish(int c) {
+    std::lock_guard<std::mutex> lock(mu);
+    ready[static_cast<std::size_t>(c)] = 1;
+    order.push_back(c);
+    published.store(static_cast<std::int64_t>(order.size()), std::memory_order_release);
+  }
+  bool is_ready(std::size_t c) {
+    std::lock_guard<std::mutex> lock(mu);
+    return done || ready[c];
+  }
+  // the points written since the first `from`
+  std::vector<int> since(std::size_t from) {
+    std::lock_guard<std::mutex> lock(mu);
+    return from < order.size() ? std::vector<int>(order.begin() + static_cast<std::ptrdiff_t>(from), order.end()) : std::vector<int>{};
+  }
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+    }
+    cv.notify_all();
+  }
+  void wait_finished() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+};
 
 }  // namespace
 
 std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, bool record, std::int64_t& work, bool cut) {
   auto run = std::make_unique<Run>();
   const Program& p = s.p;
+  // The spec on a second thread beside the plan (Setup::split): a run recording nothing, in the lanes without sets
+  // (whose recorded sets the two runs would not share).
+  const bool split = s.split && !record && num::on() && !num::lane_params().sets;
+  run->model_work = work;  // (the spec's own counter when it runs on its thread: added to `work` after it)
   run->plan = std::make_unique<Runner>(p, s.inst.vars, s.inst.mesh, false, s.oo, work);
-  run->model = std::make_unique<Runner>(s.model, s.inst.vars, std::vector<std::int64_t>(s.inst.mesh.size(), 1), true, s.oo, work, s.inst.mesh);
+  run->model = std::make_unique<Runner>(s.model, s.inst.vars, std::vector<std::int64_t>(s.inst.mesh.size(), 1), true, s.oo, split ? run->model_work : work,
+                                        s.inst.mesh);
   Runner& dist = *run->plan;
   Runner& one = *run->model;
   if (!s.value_mesh.empty()) dist.set_value_sizes(s.value_mesh);
@@ -174,6 +226,66 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
     }
   }
   if ((!record || run->windowed) && !s.plan_keep.empty()) dist.free_dead(s.plan_keep), one.free_dead(s.model_keep);
+  // A cut point is checked once the spec has written it and the plan's every rank (every instance of a pipeline's
+  // point) has: on one thread the spec ran first; beside it, a check whose spec value is not written yet waits (its
+  // plan values held) and is taken once it is. The first point found not to hold is the first the plan completed.
+  SpecSync sync;
+  if (split) sync.ready.assign(static_cast<std::size_t>(s.n_cuts), 0);
+  auto ready = [&](std::size_t c) { return !split || sync.is_ready(c); };
+  std::vector<std::int64_t> complete_at(cut ? static_cast<std::size_t>(s.n_cuts) : 0, -1);
+  std::int64_t completed = 0;
+  std::size_t seen = 0;  // the points written by the spec that the plan's thread has looked at
+  std::vector<std::vector<std::size_t>> pending_mb(complete_at.size());  // per point: microbatch instances waiting
+  std::vector<char> pending_finish(complete_at.size(), 0);                // points complete in the plan, waiting
+  std::size_t n_pending = 0;
+  auto finish = [&, r = run.get()](std::size_t cu) {
+    if (cu < s.cut_mb.size() && s.cut_mb[cu]) {
+      const MbCut& m = r->plan_cut_mb[cu];
+      r->cut_ok[cu] = !m.failed && m.checked == s.n_mb;
+      r->plan_cut_mb[cu] = MbCut{};
+    } else {
+      r->cut_ok[cu] = cut_holds(s, r->plan_cut[cu], r->model_cut[cu]);
+      r->plan_cut[cu].clear();
+    }
+    const int c = static_cast<int>(cu);
+    if (!r->cut_ok[cu] && (r->first_failed_cut < 0 || complete_at[cu] < complete_at[static_cast<std::size_t>(r->first_failed_cut)])) r->first_failed_cut = c;
+    r->model_cut[cu] = Tensor();
+  };
+  auto check_now = [&, r = run.get()](std::size_t cu, std::size_t k) {
+    mb_cut_step(s, r->plan_cut_mb[cu], k, r->model_cut[cu]);
+    r->record_bytes -= slot_bytes(dist.ranks());
+  };
+  // the waiting instances of point cu, in the order they were written (its spec value is written)
+  auto flush = [&](std::size_t cu) {
+    n_pending -= pending_mb[cu].size();
+    for (std::size_t k : std::exchange(pending_mb[cu], {})) check_now(cu, k);
+  };
+  auto check_instance = [&](std::size_t cu, std::size_t k) {
+    if (!ready(cu)) return pending_mb[cu].push_back(k), void(++n_pending);
+    flush(cu);
+    check_now(cu, k);
+  };
+  auto complete = [&](std::size_t cu) {  // every rank has written the point (every instance)
+    complete_at[cu] = completed++;
+    if (!ready(cu)) return pending_finish[cu] = 1, void(++n_pending);
+    flush(cu);
+    finish(cu);
+  };
+  // the waiting checks of point cu, once the spec has written it
+  auto take = [&](std::size_t cu) {
+    flush(cu);
+    if (pending_finish[cu]) pending_finish[cu] = 0, --n_pending, finish(cu);
+  };
+  // the points the spec has written since the plan's thread last looked (every point once it is done)
+  auto take_pending = [&](bool all) {
+    if (all) {
+      for (std::size_t cu = 0; cu < pending_mb.size(); ++cu) take(cu);
+      return;
+    }
+    std::vector<int> fresh = sync.since(seen);
+    seen += fresh.size();
+    for (int c : fresh) take(static_cast<std::size_t>(c));
+  };
   if (record || cut) {
     one.after_op = [&, r = run.get()](int oi, std::int64_t) {
       const Op& op = s.model.ops[static_cast<std::size_t>(oi)];
@@ -188,7 +300,9 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
           if (int c = s.model_cut[static_cast<std::size_t>(n)]; c >= 0 && !s.cut_off[static_cast<std::size_t>(c)] && s.model_last[static_cast<std::size_t>(n)] == oi) {
             cut_lanes(one.at(0, n).t, c, nullptr);
             r->model_cut[static_cast<std::size_t>(c)] = one.at(0, n).t;  // (compared after the cut: no copy)
+            if (split) sync.publish(c);  // (this thread does not touch the handle again: the plan's thread drops it)
           }
+      if (split && sync.stop.load(std::memory_order_relaxed)) throw Stopped{};
     };
     dist.after_op = [&, r = run.get()](int oi, std::int64_t rank) {
       const Op& op = p.ops[static_cast<std::size_t>(oi)];
@@ -222,28 +336,102 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
               if (r->cut_memo[cu].mb != k) r->cut_memo[cu] = CutMemo{}, r->cut_memo[cu].mb = k;  // (replicas of one instance)
               cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
               m.inst[ku][static_cast<std::size_t>(rank)] = dist.at(rank, n);
-              if (--m.left[ku] == 0) mb_cut_step(s, m, ku, r->model_cut[cu]), r->record_bytes -= slot_bytes(dist.ranks());
+              if (--m.left[ku] == 0) check_instance(cu, ku);
             } else {
               cut_lanes(dist.at(rank, n).t, c, &r->cut_memo[cu]);
               r->plan_cut[cu][static_cast<std::size_t>(rank)] = dist.at(rank, n);
             }
             if (--r->cut_left[cu] == 0) {  // every rank has it (every instance): check it now and drop the copies
-              if (mb) {
-                const MbCut& m = r->plan_cut_mb[cu];
-                r->cut_ok[cu] = !m.failed && m.checked == s.n_mb;
-                r->plan_cut_mb[cu] = MbCut{};
-              } else {
-                r->cut_ok[cu] = cut_holds(s, r->plan_cut[cu], r->model_cut[cu]);
-                r->plan_cut[cu].clear();
-              }
-              if (!r->cut_ok[cu] && r->first_failed_cut < 0) r->first_failed_cut = c;
-              r->model_cut[cu] = Tensor();
               r->cut_memo[cu] = CutMemo{};
+              complete(cu);
             }
           }
+      if (split && n_pending > 0 && static_cast<std::size_t>(sync.published.load(std::memory_order_acquire)) != seen) take_pending(false);
+      if (split && sync.spec_failed.load(std::memory_order_relaxed)) throw Stopped{};
     };
   }
   // The spec, then the plan: a failure is the run's (a BudgetError goes to the caller: too large to run).
+  auto fail = [&](Runner* side, const std::runtime_error& e) {
+    run->plan_failed = side == &dist;
+    run->failure = std::string(run->plan_failed ? "the plan's" : "the spec's") + " run fails: " + e.what();
+    run->failed_op = side->failed_op;
+  };
+  if (split) {
+    // The spec on its thread: the same lanes and byte count (each side's values are the trial's), its own work
+    // counter; its random-function evaluations are counted here after it (pairs of the two runs' can collide).
+    std::exception_ptr spec_error;
+    std::vector<std::uint64_t> spec_evals;
+    bool spec_field_failed = false;
+    const num::LaneParams lanes = num::lane_params();
+    ByteCount* bytes = byte_count();
+    const AllocLimits limits = alloc_limits();
+    const std::int64_t work0 = work;
+    std::thread th;
+    try {
+      th = std::thread([&] {
+        share_byte_count(bytes, limits);
+        {
+          num::Lanes guard(lanes);
+          try {
+            one.run(seed);
+          } catch (...) {
+            spec_error = std::current_exception();
+            sync.spec_failed.store(true, std::memory_order_relaxed);
+          }
+          spec_evals = num::tag_evaluations();
+          spec_field_failed = num::trial_failed();
+        }
+        sync.finish();
+        share_byte_count(nullptr, AllocLimits{});
+      });
+    } catch (const std::system_error&) {  // no second thread: the spec on this one first, as without split
+      try {
+        one.run(seed);
+      } catch (const BudgetError&) {
+        throw;
+      } catch (const std::runtime_error& e) {
+        fail(&one, e);
+        return run;
+      }
+      sync.finish();
+    }
+    std::exception_ptr plan_error;
+    try {
+      dist.run(seed);
+    } catch (...) {
+      plan_error = std::current_exception();
+      sync.stop.store(true, std::memory_order_relaxed);
+    }
+    sync.wait_finished();
+    if (th.joinable()) {
+      th.join();
+      // What the spec's thread freed stays in its malloc arena, where this thread's allocations do not look: given
+      // back, so that the next run's values are not held twice (DeepSeek-V2's step with a wrong grad sync: 5.1 GB
+      // resident without, 3.5 GB with)
+      malloc_trim(0);
+    }
+    num::add_evaluations(spec_evals);
+    if (spec_field_failed) num::mark_failed();
+    const std::int64_t spec_used = run->model_work - work0;
+    // the spec's error first (the plan's was made beside it): as when the spec runs first
+    for (auto [side, err] : {std::pair{&one, spec_error}, std::pair{&dist, plan_error}}) {
+      if (!err) continue;
+      try {
+        std::rethrow_exception(err);
+      } catch (const Stopped&) {
+        continue;  // (stopped after the plan's own error)
+      } catch (const BudgetError&) {
+        throw;
+      } catch (const std::runtime_error& e) {
+        fail(side, e);
+        return run;
+      }
+    }
+    work += spec_used;
+    if (work > s.oo.max_work) throw BudgetError("the run exceeds the interpreter's work limit (" + std::to_string(s.oo.max_work) + " element operations)");
+    take_pending(true);
+    return run;
+  }
   for (Runner* side : {&one, &dist}) {
     try {
       side->run(seed);
@@ -252,9 +440,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
     } catch (const BudgetError&) {
       throw;
     } catch (const std::runtime_error& e) {
-      run->plan_failed = side == &dist;
-      run->failure = std::string(run->plan_failed ? "the plan's" : "the spec's") + " run fails: " + e.what();
-      run->failed_op = side->failed_op;
+      fail(side, e);
       return run;
     }
   }

@@ -177,6 +177,13 @@ Fp rf(std::uint64_t key, const Fp* args, int n, int l, std::uint32_t tag) {
   return freduce(splitmix(h), l);
 }
 
+std::vector<std::uint64_t> tag_evaluations() { return tag_evals; }
+
+void add_evaluations(const std::vector<std::uint64_t>& per_tag) {
+  for (std::size_t t = 0; t < per_tag.size(); ++t)
+    if (per_tag[t]) count_evaluations(static_cast<std::uint32_t>(t), per_tag[t]);
+}
+
 double uf_pairs() {
   double pairs = 0;
   for (std::uint64_t u : tag_evals) pairs += static_cast<double>(u) * (static_cast<double>(u) - 1) / 2;
@@ -189,6 +196,7 @@ Lanes::Lanes(const LaneParams& params) : saved_(ctx), saved_tags_(std::move(tag_
   Context c;
   c.on = true;
   c.sets = params.sets;
+  c.seed = params.seed;
   std::uint64_t s = splitmix(params.seed ^ 0x5eed0f11e1d5ULL);
   for (int l = 0; l < kLanes; ++l) {
     // a prime in (2^61, 2^62), which freduce needs (one past the top starts again from the bottom)

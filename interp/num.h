@@ -32,6 +32,7 @@ struct Context {
   bool on = false;
   bool failed = false;           // a field division by zero (or log of a field zero) in this trial
   bool sets = false;             // LaneParams::sets
+  std::uint64_t seed = 0;        // LaneParams::seed
   bool sets_full = false;        // set_extreme stopped recording sets (over kMaxSetKeys): the trial proves nothing
   Fp p[kLanes] = {0, 0};         // the primes (2^61 < p < 2^62)
   std::uint64_t bm[kLanes] = {0, 0};   // Barrett constants floor(2^124 / p): a product is reduced without a division
@@ -66,7 +67,14 @@ class Lanes {
 };
 inline bool trial_failed() { return ctx.failed; }
 inline void clear_failed() { ctx.failed = false; }
+inline void mark_failed() { ctx.failed = true; }
 inline std::uint64_t uf_evaluations() { return ctx.uf_evals; }
+// The parameters of this thread's lanes (another thread's Lanes of them computes the same functions).
+inline LaneParams lane_params() { return {ctx.seed, ctx.sets}; }
+// This thread's random-function evaluations per stage tag, and those of another thread of the same lanes counted
+// here (a trial's runs on two threads: their pairs of evaluations can collide too).
+std::vector<std::uint64_t> tag_evaluations();
+void add_evaluations(const std::vector<std::uint64_t>& per_tag);
 // Pairs of random-function evaluations that share a stage tag (so a key): sum over tags of U_t (U_t - 1) / 2. Only
 // such pairs can collide (evaluations under different tags use independent functions).
 double uf_pairs();

@@ -69,15 +69,20 @@ void buffer_free(void* p, std::size_t bytes) {
 namespace {
 
 thread_local AllocLimits limits;
-thread_local std::int64_t live = 0, peak = 0;
+thread_local ByteCount own_count;
+thread_local ByteCount* count = nullptr;  // (null: own_count; a thread_local pointer needs no TLS wrapper call)
+
+ByteCount& counted() { return count ? *count : own_count; }
 
 }  // namespace
 
 void set_alloc_limits(const AllocLimits& l) { limits = l; }
 const AllocLimits& alloc_limits() { return limits; }
-std::int64_t live_bytes() { return live; }
-std::int64_t peak_bytes() { return peak; }
-void reset_peak_bytes() { peak = live; }
+std::int64_t live_bytes() { return counted().live.load(std::memory_order_relaxed); }
+std::int64_t peak_bytes() { return counted().peak.load(std::memory_order_relaxed); }
+void reset_peak_bytes() { counted().peak.store(live_bytes(), std::memory_order_relaxed); }
+ByteCount* byte_count() { return &counted(); }
+void share_byte_count(ByteCount* c, const AllocLimits& l) { count = c, limits = l; }
 
 namespace {
 
@@ -104,12 +109,13 @@ void NumBuffer::allocate(std::size_t n) {
     throw BudgetError("a tensor of " + std::to_string(n) + " elements is too large for the interpreter (more than its limit of " +
                       std::to_string(limits.max_elements) + " elements)");
   auto bytes = static_cast<std::int64_t>(sizeof(Header) + n * sizeof(Num));
-  if (live + bytes > limits.max_bytes)
+  ByteCount& c = counted();
+  if (c.live.load(std::memory_order_relaxed) + bytes > limits.max_bytes)
     throw BudgetError("the run is too large for the interpreter: it would hold more than " + bytes_text(limits.max_bytes) + " of tensor values at once");
-  h_ = static_cast<Header*>(buffer_alloc(static_cast<std::size_t>(bytes)));
-  h_->refs = 1, h_->n = n;
-  live += bytes;
-  peak = std::max(peak, live);
+  h_ = ::new (buffer_alloc(static_cast<std::size_t>(bytes))) Header{{1}, n};
+  const std::int64_t now = c.live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  for (std::int64_t p = c.peak.load(std::memory_order_relaxed); now > p && !c.peak.compare_exchange_weak(p, now, std::memory_order_relaxed);) {
+  }
 }
 
 NumBuffer::NumBuffer(std::size_t n, const Num& fill) {
@@ -127,7 +133,8 @@ void NumBuffer::unshare() {
 
 void NumBuffer::destroy() {
   auto bytes = sizeof(Header) + h_->n * sizeof(Num);
-  live -= static_cast<std::int64_t>(bytes);
+  counted().live.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+  h_->~Header();
   buffer_free(h_, bytes);
   h_ = nullptr;
 }

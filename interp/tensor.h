@@ -4,6 +4,7 @@
 // Every helper that can be handed mismatched shapes throws InterpError; the interpreter turns that into
 // a located "the run fails" result, never a crash.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -39,9 +40,18 @@ struct AllocLimits {
 };
 void set_alloc_limits(const AllocLimits& limits);
 const AllocLimits& alloc_limits();
-std::int64_t live_bytes();  // bytes of element buffers live on this thread
+std::int64_t live_bytes();  // bytes of element buffers live on this thread (or its byte count's threads)
 std::int64_t peak_bytes();  // the most live at once since the thread started (or since reset_peak_bytes)
 void reset_peak_bytes();
+// The bytes a thread's buffers hold, charged where a buffer is made and credited where it is freed. A thread counts
+// its own unless it shares another's (share_byte_count): two threads of one trial, which hand values to each other,
+// then count against one budget.
+struct ByteCount {
+  std::atomic<std::int64_t> live{0}, peak{0};
+};
+ByteCount* byte_count();
+// This thread counts against `c` (nullptr: its own count again), with the allocation limits `limits`.
+void share_byte_count(ByteCount* c, const AllocLimits& limits);
 // Throws BudgetError when a tensor of shape `s` would exceed the element limit (the message names the shape).
 void check_elements(const std::vector<std::int64_t>& s);
 [[noreturn]] void throw_too_large(const std::vector<std::int64_t>& s, std::int64_t limit);
@@ -70,7 +80,7 @@ class NumBuffer {
   NumBuffer(std::size_t n, const Num& fill);
   NumBuffer(std::size_t n, Uninit);  // every element must be written before it is read
   NumBuffer(const NumBuffer& o) noexcept : h_(o.h_) {
-    if (h_) ++h_->refs;
+    if (h_) h_->refs.fetch_add(1, std::memory_order_relaxed);
   }
   NumBuffer(NumBuffer&& o) noexcept : h_(o.h_) { o.h_ = nullptr; }
   NumBuffer& operator=(const NumBuffer& o) noexcept {
@@ -84,7 +94,7 @@ class NumBuffer {
     return *this;
   }
   ~NumBuffer() {
-    if (h_ && --h_->refs == 0) destroy();
+    if (h_ && h_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) destroy();
   }
 
   std::size_t size() const { return h_ ? h_->n : 0; }
@@ -108,16 +118,17 @@ class NumBuffer {
   Num* begin() { return data(); }
   Num* end() { return data() + size(); }
   // Whether another handle shares this buffer (tests; a write through this handle would copy first).
-  bool shared() const { return h_ && h_->refs > 1; }
+  bool shared() const { return h_ && h_->refs.load(std::memory_order_acquire) > 1; }
 
  private:
-  struct Header {
-    std::size_t refs, n;
+  struct Header {  // (the count is atomic: two threads of a trial may hold handles to one buffer, reading it)
+    std::atomic<std::size_t> refs;
+    std::size_t n;
   };
   Header* h_ = nullptr;
   Num* elems() const { return reinterpret_cast<Num*>(h_ + 1); }
   void own() {
-    if (h_ && h_->refs > 1) unshare();
+    if (h_ && h_->refs.load(std::memory_order_acquire) > 1) unshare();
   }
   void allocate(std::size_t n);
   void unshare();
