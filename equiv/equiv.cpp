@@ -467,6 +467,27 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
           } catch (const std::system_error&) {  // no second thread: as before
           }
         }
+        if (!ahead_th) {
+          // One run at a time: the run without cuts first. A real difference there is the verdict (the doubles do not
+          // depend on the cuts, so the cuts would fail again and this run decide); anything else, the cuts are tried
+          // again as before. A wrong step is found one run sooner.
+          run.reset();
+          Outcome first;
+          const std::vector<std::uint64_t> evals = num::tag_evaluations();  // (put back when this run is not taken)
+          std::unique_ptr<Run> uncut = run_uncut(ss, ts, w, first);
+          read_run(*uncut, first);
+          uncut.reset();
+          if (first.failed.failure.empty() && !first.field_failed && first.diff && first.diff->kind == DiffKind::Real) {
+            o.diff = std::move(first.diff), o.degree = first.degree;
+            o.plan_choice = first.plan_choice, o.model_choice = first.model_choice;
+            o.uf = num::uf_evaluations(), o.log2 = trial_log2_bound(o.degree);
+            o.peak = peak_bytes();
+            o.used = w0 - w;
+            return o;
+          }
+          num::clear_failed();
+          num::restore_evaluations(evals);
+        }
         std::unique_ptr<Run> again;
         if (ahead_th) ss.split = false;  // (the second core runs the run without cuts)
         try {

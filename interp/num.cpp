@@ -184,6 +184,12 @@ void add_evaluations(const std::vector<std::uint64_t>& per_tag) {
     if (per_tag[t]) count_evaluations(static_cast<std::uint32_t>(t), per_tag[t]);
 }
 
+void restore_evaluations(const std::vector<std::uint64_t>& per_tag) {
+  tag_evals = per_tag;
+  ctx.uf_evals = 0;
+  for (std::uint64_t u : per_tag) ctx.uf_evals += u;
+}
+
 double uf_pairs() {
   double pairs = 0;
   for (std::uint64_t u : tag_evals) pairs += static_cast<double>(u) * (static_cast<double>(u) - 1) / 2;

@@ -75,6 +75,8 @@ inline LaneParams lane_params() { return {ctx.seed, ctx.sets}; }
 // here (a trial's runs on two threads: their pairs of evaluations can collide too).
 std::vector<std::uint64_t> tag_evaluations();
 void add_evaluations(const std::vector<std::uint64_t>& per_tag);
+// Puts this thread's counts back to `per_tag` (tag_evaluations() taken earlier): a run whose result is not taken.
+void restore_evaluations(const std::vector<std::uint64_t>& per_tag);
 // Pairs of random-function evaluations that share a stage tag (so a key): sum over tags of U_t (U_t - 1) / 2. Only
 // such pairs can collide (evaluations under different tags use independent functions).
 double uf_pairs();
