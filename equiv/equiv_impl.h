@@ -263,4 +263,17 @@ std::optional<Difference> compare(Setup& s, Run& run, const std::vector<Link>& l
 EquivResult& report_difference(Setup& s, const std::vector<Link>& links, const Difference& diff, std::uint64_t ts, std::int64_t& work,
                                EquivResult& res, const CutCulprit& cut, bool large, const std::vector<char>* held_off);
 
+// What an `equivalent` verdict covers beyond the real inputs: ", for the drawn integer inputs (...)" and dropout masks
+// (equiv/choices.cpp), or "".
+std::string scope_text(const Program& p);
+// Whether op `k` is MoE routing: TopKGate picks each token's experts by value, MoEDispatch fills capacity slots by
+// those indices.
+bool is_routing(OpKind k);
+// The first op of the plan or the spec whose result depends on a choice made by comparing values (routing, a max/min
+// reduction, an input pending a max or min, an FP8 amax), or null; `sets`: max and min reductions read as functions of
+// sets (interp/num.h, set_extreme) are no choice.
+const Op* value_choice(const Program& p, bool sets = false);
+// Whether the plan's and the spec's static choices by value are all MoE routing, at least one.
+bool routing_only(const Program& p);
+
 }  // namespace spmd::equiv_detail

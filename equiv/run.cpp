@@ -1,10 +1,11 @@
 // equiv/run.cpp - one run of a plan and its model on drawn inputs, with the stage cuts (docs/equivalence.md,
 // "Stages" and "Pipelines"): the inputs declared on the plan's ranks and assembled for the model, both programs run,
 // each cut point's lanes replaced by a random function of them once plan and spec agree there, every op's value
-// recorded when localization asks; and the cut points of a pipelined plan.
-#include <algorithm>
+// recorded when localization asks (the spec on a second thread beside the plan when the trial has the machine to
+// itself: Setup::split); and the cut points of a pipelined plan.
 #include <malloc.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
