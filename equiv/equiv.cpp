@@ -356,6 +356,20 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     into.field_failed = num::trial_failed();
     if (r.failure.empty()) into.plan_choice = r.plan->inexact_choice, into.model_choice = r.model->inexact_choice;
   };
+  // Whether a run without cuts (read into `u`) shows a real difference: the verdict, whatever the cuts say (the doubles
+  // do not depend on them).
+  auto real_difference = [](const Outcome& u) {
+    return !u.error && u.failed.failure.empty() && !u.field_failed && u.diff && u.diff->kind == DiffKind::Real;
+  };
+  // The trial's outcome `o` from such a run's `u` (the trial's work: from `w0` down to `w`).
+  auto take_real = [](Outcome& o, Outcome& u, std::int64_t w0, std::int64_t w) {
+    o.diff = std::move(u.diff), o.degree = u.degree;
+    o.plan_choice = u.plan_choice, o.model_choice = u.model_choice;
+    o.uf = num::uf_evaluations(), o.log2 = trial_log2_bound(o.degree);
+    o.peak = peak_bytes();
+    o.used = w0 - w;
+    return std::move(o);
+  };
   // `alone`: no other trial runs at once, so a run without cuts may go on a second thread (below).
   // `split`: its runs may run the spec beside the plan (Setup::split).
   auto trial_with = [&](Setup& ss, std::uint64_t ts, bool sets, std::int64_t& w, bool alone, bool split) {
@@ -411,14 +425,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
           std::unique_ptr<Run> uncut = run_uncut(ss, ts, w, first);
           read_run(*uncut, first);
           uncut.reset();
-          if (first.failed.failure.empty() && !first.field_failed && first.diff && first.diff->kind == DiffKind::Real) {
-            o.diff = std::move(first.diff), o.degree = first.degree;
-            o.plan_choice = first.plan_choice, o.model_choice = first.model_choice;
-            o.uf = num::uf_evaluations(), o.log2 = trial_log2_bound(o.degree);
-            o.peak = peak_bytes();
-            o.used = w0 - w;
-            return o;
-          }
+          if (real_difference(first)) return take_real(o, first, w0, w);
           num::clear_failed();
           num::restore_evaluations(evals);
         }
@@ -436,15 +443,10 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
         ahead_th->join();
         ss.split = split;
         const bool cuts_fail = !(run->failure.empty() && !num::trial_failed() && cuts_hold(ss, *run));
-        if (cuts_fail && !ahead.error && ahead.failed.failure.empty() && !ahead.field_failed && ahead.diff && ahead.diff->kind == DiffKind::Real) {
-          o.diff = std::move(ahead.diff), o.degree = ahead.degree;
-          o.plan_choice = ahead.plan_choice, o.model_choice = ahead.model_choice;
-          o.uf = num::uf_evaluations(), o.log2 = trial_log2_bound(ahead.degree);
+        if (cuts_fail && real_difference(ahead)) {
           w += ahead_w - ahead_w0;
           run.reset();
-          o.peak = peak_bytes();
-          o.used = w0 - w;
-          return o;
+          return take_real(o, ahead, w0, w);
         }
       }
       if (run->failure.empty() && !num::trial_failed() && cuts_hold(ss, *run)) {
@@ -526,8 +528,8 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     std::optional<Outcome> last;  // the previous trial taken: what one takes
     int attempt = 0;
     while (attempt < kMaxAttempts && wanted()) {
-      // (each run holds at most the run's byte budget, so two at once hold at most twice it: --max-memory is per run;
-      // two trials whose peaks together are over it run one at a time instead, each with its spec beside its plan)
+      // (each trial holds at most the byte budget, so two at once hold at most twice it: --max-memory is per trial; two
+      // trials whose peaks together are over it run one at a time instead, each with its spec beside its plan)
       const bool pair = opt.parallel && last && attempt + 1 < kMaxAttempts && wanted_after(*last) && work >= 4 * last->used &&
                         2 * last->peak <= s.oo.max_bytes;
       std::optional<Setup> s2;  // the second trial's (its own cut switches)

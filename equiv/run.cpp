@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -93,7 +92,6 @@ struct Stopped {};     // thrown by the spec's run on its thread once the plan's
 // the mutex, which orders the spec's writes of Run::model_cut before the plan's reads).
 struct SpecSync {
   std::mutex mu;
-  std::condition_variable cv;
   std::vector<char> ready;                  // per cut point: the spec's value is in Run::model_cut
   std::vector<int> order;                   // the points in the order the spec wrote them
   bool done = false;
@@ -116,15 +114,8 @@ struct SpecSync {
     return from < order.size() ? std::vector<int>(order.begin() + static_cast<std::ptrdiff_t>(from), order.end()) : std::vector<int>{};
   }
   void finish() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      done = true;
-    }
-    cv.notify_all();
-  }
-  void wait_finished() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
   }
 };
 
@@ -403,8 +394,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       plan_error = std::current_exception();
       sync.stop.store(true, std::memory_order_relaxed);
     }
-    sync.wait_finished();
-    if (th.joinable()) {
+    if (th.joinable()) {  // (the spec's thread finishes its run; without it, the spec ran first on this one)
       th.join();
       // What the spec's thread freed stays in its malloc arena, where this thread's allocations do not look: given
       // back, so that the next run's values are not held twice (DeepSeek-V2's step with a wrong grad sync: 5.1 GB
@@ -429,7 +419,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
       }
     }
     work += spec_used;
-    if (work > s.oo.max_work) throw BudgetError("the run exceeds the interpreter's work limit (" + std::to_string(s.oo.max_work) + " element operations)");
+    if (work > s.oo.max_work) throw_over_work(s.oo.max_work);
     take_pending(true);
     return run;
   }

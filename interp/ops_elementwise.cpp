@@ -5,6 +5,7 @@
 #include "interp/runner.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace spmd::interp {
 
@@ -56,11 +57,12 @@ void Runner::pointwise(int oi, std::int64_t r, const std::string& taint) {
   auto by_one_plus_exp = [&](bool times_x) {
     const Num one = 1.0;
     Tensor den = unary(v.t, [&](const Num& x) { return one + exp(-x); });
-    Tensor out = Tensor::uninit(v.t.shape);
-    div_many(times_x ? v.t.data.data() : nullptr, den.data.data(), out.data.data(), out.data.size());
+    const Num* x = std::as_const(v.t).data.data();
+    Num* q = den.data.data();  // the quotients in den's place
+    div_many(times_x ? x : nullptr, q, q, den.data.size());
     if (times_x)  // silu's real value as silu() gives it
-      for (std::size_t w = 0; w < out.data.size(); ++w) out.data[w].d = v.t.data[w].d / (1 + std::exp(-v.t.data[w].d));
-    v.t = std::move(out);
+      for (std::size_t w = 0; w < den.data.size(); ++w) q[w].d = x[w].d / (1 + std::exp(-x[w].d));
+    v.t = std::move(den);
   };
   if (k == OpKind::SiLU && num::on()) by_one_plus_exp(true);
   else if (k == OpKind::SiLU) map([](const Num& x) { return silu(x); });

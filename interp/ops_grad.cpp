@@ -97,15 +97,16 @@ void Runner::pointwise_grad(int oi, std::int64_t r, const std::vector<std::int64
     // s = 1 / (1 + E(-x)) for every element, the quotients sharing one field inverse (div_many)
     const Num one = 1.0;  // made here: a constant's lanes are set only while the lanes are on
     const bool silu = of == "SiLU";
-    Tensor xs = dl.shape == xl.shape ? xl : binary(dl, xl, [](const Num&, const Num& a) { return a; });
+    const bool same = dl.shape == xl.shape;
+    const Tensor gs = same ? dl : binary(dl, xl, [](const Num& g, const Num&) { return g; });
+    const Tensor xs = same ? xl : binary(dl, xl, [](const Num&, const Num& a) { return a; });
     Tensor s = unary(xs, [&](const Num& a) { return one + exp(-a); });
-    div_many(nullptr, s.data.data(), s.data.data(), s.data.size());
-    o.t = binary(dl, xl, [](const Num& g, const Num&) { return g; });
-    for (std::size_t w = 0; w < o.t.data.size(); ++w) {
-      const Num &g = o.t.data[w], &a = xs.data[w], &sw = s.data[w];
-      // exact: the derivative of the forward's lane formula
-      o.t.data[w] = silu ? g * (sw + a * sw * (one - sw)) : g * (sw * (one - sw));
-    }
+    Num* sw = s.data.data();  // s, then the gradient in its place
+    div_many(nullptr, sw, sw, s.data.size());
+    const Num *g = gs.data.data(), *a = xs.data.data();
+    for (std::size_t w = 0; w < s.data.size(); ++w)  // exact: the derivative of the forward's lane formula
+      sw[w] = silu ? g[w] * (sw[w] + a[w] * sw[w] * (one - sw[w])) : g[w] * (sw[w] * (one - sw[w]));
+    o.t = std::move(s);
   }
   else if (of == "GELU")
     apply([](const Num& g, const Num& a) {

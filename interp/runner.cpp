@@ -345,7 +345,7 @@ void Runner::check_size(const Shape& s) const {
 
 void Runner::charge(std::int64_t n) {
   work_ += n;
-  if (work_ > opt_.max_work) throw BudgetError("the run exceeds the interpreter's work limit (" + std::to_string(opt_.max_work) + " element operations)");
+  if (work_ > opt_.max_work) throw_over_work(opt_.max_work);
 }
 
 const Val& Runner::in(int op, std::int64_t r, int i) {

@@ -99,6 +99,10 @@ void throw_too_large(const Shape& s, std::int64_t limit) {
   throw BudgetError("a tensor of shape " + shape_text(s) + " is too large for the interpreter (more than its limit of " + std::to_string(limit) + " elements)");
 }
 
+void throw_over_work(std::int64_t limit) {
+  throw BudgetError("the run exceeds the interpreter's work limit (" + std::to_string(limit) + " element operations)");
+}
+
 void check_elements(const Shape& s) {
   if (numel_of(s) > limits.max_elements) throw_too_large(s, limits.max_elements);
 }

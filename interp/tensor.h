@@ -55,6 +55,8 @@ void share_byte_count(ByteCount* c, const AllocLimits& limits);
 // Throws BudgetError when a tensor of shape `s` would exceed the element limit (the message names the shape).
 void check_elements(const std::vector<std::int64_t>& s);
 [[noreturn]] void throw_too_large(const std::vector<std::int64_t>& s, std::int64_t limit);
+// Throws BudgetError: a run past `limit` element operations (OracleOptions::max_work).
+[[noreturn]] void throw_over_work(std::int64_t limit);
 
 // Large element buffers (>= 1 MiB) are recycled through a thread-local cache instead of going back to the kernel:
 // the oracle's big tensors are above glibc's mmap threshold, and a fresh mapping per op made page faults most of
