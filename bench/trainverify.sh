@@ -6,9 +6,9 @@
 #
 # Prints per run: wall time, user CPU, peak RSS, the exit code and the verdict line; a row fails when the verdict or
 # the located op is not the expected one or a run takes over 60 s or 4 GiB. Exit 0 when every row holds.
-# The DeepSeek-V3 MoE plans are "equivalent for the drawn routings" (docs/equivalence.md); the 671B does not meet the
-# 60 s / 4 GiB target yet (docs/performance.md, "TrainVerify's production plans"), so its row fails until it does. A bug the type checker finds (a gradient averaged where summed, a state updated from another
-# shard) is run with `check`: it is found before any value is computed.
+# The DeepSeek-V3 MoE plans are "equivalent for the drawn routings" (docs/equivalence.md). A bug the type checker
+# finds (a gradient averaged where summed, a state updated from another shard) is run with `check`: it is found before
+# any value is computed.
 # usage: bash bench/trainverify.sh [BUILD_DIR]
 set -uo pipefail
 build=${1:-build}
@@ -64,9 +64,14 @@ run llama3_405b sync_early equiv 1 "first plan op that goes wrong is AllReduce w
 # work budget.
 work=40000000000 run deepseek_v3_16b "" equiv 0 "equivalent for the drawn routings: .*dp 16 -> 2 ranks, tp 4 -> 2 ranks" --max-memory 3000
 work=40000000000 run deepseek_v3_16b constant equiv 1 "first plan op that goes wrong is FlashAttention writing c13@mb0" --max-memory 3000
+work=40000000000 run deepseek_v3_16b dropped_mb equiv 1 "batch:. reads part 14 more than once and part 15 never" --max-memory 3000
 work=40000000000 run deepseek_v3_16b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad" --max-memory 3000
 work=40000000000 run deepseek_v3_236b "" equiv 0 "equivalent for the drawn routings: .*dp 16 -> 2 ranks, tp 8 -> 2 ranks" --max-memory 3000
 work=40000000000 run deepseek_v3_236b constant equiv 1 "first plan op that goes wrong is FlashAttention writing c30@mb0" --max-memory 3000
+work=40000000000 run deepseek_v3_236b dropped_mb equiv 1 "batch:. reads part 14 more than once and part 15 never" --max-memory 3000
 work=40000000000 run deepseek_v3_236b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad" --max-memory 3000
-work=40000000000 run deepseek_v3_671b "" equiv 0 "equivalent for the drawn routings" --max-memory 3000
+work=40000000000 run deepseek_v3_671b "" equiv 0 "equivalent for the drawn routings: .*dp 32 -> 2 ranks, tp 8 -> 2 ranks" --max-memory 3000
+work=40000000000 run deepseek_v3_671b constant equiv 1 "first plan op that goes wrong is FlashAttention writing c30@mb0" --max-memory 3000
+work=40000000000 run deepseek_v3_671b dropped_mb equiv 1 "batch:. reads part 14 more than once and part 15 never" --max-memory 3000
+work=40000000000 run deepseek_v3_671b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad" --max-memory 3000
 exit $status

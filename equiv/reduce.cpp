@@ -332,8 +332,10 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   // `settle`: a size is compared with the others' extents once the search has reached it (without: from the start,
   // at their declared values, which keeps every step apart). None when the result does not keep every extent apart
   // (a size that kept its value met one settled after it).
-  auto search = [&](const std::vector<std::size_t>& order, bool settle) -> std::optional<std::vector<std::int64_t>> {
-    cur = base;
+  // `start`: the values the search lowers from (the declared ones, or a choice that keeps every fact).
+  auto search = [&](const std::vector<std::size_t>& order, bool settle,
+                    const std::vector<std::int64_t>& start) -> std::optional<std::vector<std::int64_t>> {
+    cur = start;
     for (std::size_t v = 0; v < nv; ++v) settled[v] = !settle || !g.vars[v].general || pinned[v];
     for (int pass = 0; pass < 3; ++pass) {
       bool changed = false;
@@ -390,9 +392,9 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
   for (std::size_t v = 0; v < nv; ++v)
     if (g.vars[v].general && !pinned[v]) order.push_back(v);
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return base[a] < base[b]; });
-  std::vector<std::int64_t> best = search(order, false).value_or(base);  // (every step kept apart: the result is)
+  std::vector<std::int64_t> best = search(order, false, base).value_or(base);  // (every step kept apart: the result is)
   double best_cost = cost(best);
-  if (auto r = search(order, true))
+  if (auto r = search(order, true, base))
     if (double c = cost(*r); c < best_cost) best = std::move(*r), best_cost = c;
   for (int step = 0; step < kMaxOrderSteps; ++step) {
     std::vector<std::size_t> next;
@@ -403,12 +405,38 @@ Reduction choose_reduction(const Program& g, const std::vector<std::int64_t>& ba
         const std::size_t v = moved[i];
         moved.erase(moved.begin() + static_cast<std::ptrdiff_t>(i));
         moved.insert(moved.begin() + static_cast<std::ptrdiff_t>(j), v);
-        auto r = search(moved, true);
+        auto r = search(moved, true, base);
         if (!r) continue;
         if (double c = cost(*r); c < best_cost) best = std::move(*r), best_cost = c, next = std::move(moved);
       }
     if (next.empty()) break;
     order = std::move(next);
+  }
+  // The orders reach a choice one move at a time, and a cheaper one can be two moves away (DeepSeek-V3-671B's plan:
+  // E 16, FE 18, F 12, V 10, while its 58 MoE layers hold B x S x E x FE values each and the 3 dense ones B x S x F):
+  // a second local search over the values themselves, each step every exchange of two sizes' values (each at most
+  // its declared value, an even size even) that keeps every fact and every extent apart, then each size lowered as
+  // far as it goes (E 10, FE 12, F 16, V 18 there).
+  auto keeps_all = [&](const std::vector<std::int64_t>& vals) {
+    cur = vals;
+    for (const auto& f : facts)
+      if (!keeps(f, cur)) return false;
+    std::fill(settled.begin(), settled.end(), 1);
+    return apart();
+  };
+  for (int step = 0; step < kMaxOrderSteps; ++step) {
+    bool better = false;
+    for (std::size_t i = 0; i < order.size(); ++i)
+      for (std::size_t j = i + 1; j < order.size(); ++j) {
+        std::vector<std::int64_t> x = best;
+        std::swap(x[order[i]], x[order[j]]);
+        auto allowed = [&](std::size_t v) { return x[v] <= base[v] && (base[v] % 2 != 0 || x[v] % 2 == 0); };  // (an even size stays even)
+        if (x == best || !allowed(order[i]) || !allowed(order[j]) || !keeps_all(x)) continue;
+        auto r = search(order, false, x);
+        if (!r) continue;
+        if (double c = cost(*r); c < best_cost) best = std::move(*r), best_cost = c, better = true;
+      }
+    if (!better) break;
   }
   cur = best;
   red.vars = cur;

@@ -259,8 +259,33 @@ void Runner::attention_grad(int oi, std::int64_t r, const std::vector<std::int64
   o.ord = src.ord;
   std::int64_t B = q.t.numel() / std::max<std::int64_t>(1, SQ * q.t.shape[static_cast<std::size_t>(dd)]);
   charge(B * SQ * SK * (q.t.shape[static_cast<std::size_t>(dd)] + v.t.shape[static_cast<std::size_t>(dd)]) * 2);
-  attend_grad_kernel(op.attrs.layout, op.attrs.causal, dyl, q.t, k.t, v.t, qpos, kpos, wrt == 0 ? &o.t : nullptr, wrt == 1 ? &o.t : nullptr,
-                     wrt == 2 ? &o.t : nullptr, real_global(oi, 1, 3), op.attrs.has_number ? op.attrs.number : 0);
+  // A sibling's pass of the same attention (runner.h, AttnGradShare) may have left this gradient already.
+  const int group = attn_group_.empty() ? -1 : attn_group_[static_cast<std::size_t>(oi)];
+  auto same = [](const Tensor& a, const Tensor& b) { return a.data.data() == b.data.data() && a.shape == b.shape; };
+  if (auto it = attn_share_.find(r); group >= 0 && it != attn_share_.end()) {
+    AttnGradShare& sh = it->second;
+    if (sh.group == group && (sh.left >> wrt & 1u) && same(sh.dy, dy.t) && same(sh.q, q.t) && same(sh.k, k.t) && same(sh.v, v.t) && sh.qpos == qpos &&
+        sh.kpos == kpos) {
+      o.t = std::move(sh.out[wrt]);
+      sh.left = static_cast<std::uint8_t>(sh.left & ~(1u << wrt));
+      if (!sh.left) attn_share_.erase(it);
+      set_out(oi, r, 0, std::move(o), taint);
+      return;
+    }
+  }
+  const std::uint8_t wrts = group >= 0 ? static_cast<std::uint8_t>(attn_wrts_[static_cast<std::size_t>(group)] | (1u << wrt)) : static_cast<std::uint8_t>(1u << wrt);
+  Tensor grads[3];
+  attend_grad_kernel(op.attrs.layout, op.attrs.causal, dyl, q.t, k.t, v.t, qpos, kpos, (wrts & 1u) ? &grads[0] : nullptr, (wrts & 2u) ? &grads[1] : nullptr,
+                     (wrts & 4u) ? &grads[2] : nullptr, real_global(oi, 1, 3), op.attrs.has_number ? op.attrs.number : 0);
+  o.t = std::move(grads[wrt]);
+  if (const std::uint8_t others = static_cast<std::uint8_t>(wrts & ~(1u << wrt)); others) {
+    AttnGradShare& sh = attn_share_[r];
+    sh = AttnGradShare{group, dy.t, q.t, k.t, v.t, qpos, kpos, {}, others};
+    for (int w = 0; w < 3; ++w)
+      if (others >> w & 1u) sh.out[w] = std::move(grads[w]);
+  } else {
+    attn_share_.erase(r);
+  }
   set_out(oi, r, 0, std::move(o), taint);
 }
 

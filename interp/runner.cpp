@@ -34,6 +34,20 @@ Runner::Runner(const Program& p, const std::vector<std::int64_t>& vars, std::vec
       q /= sizes_[static_cast<std::size_t>(a)];
     }
   }
+  // AttentionGrad groups: the ops of one attention's gradient (the same inputs and attributes, each its wrt).
+  std::map<std::tuple<std::vector<NameId>, bool, int, std::uint32_t, int, double, bool>, int> groups;
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    const Op& op = p.ops[i];
+    if (op.kind != OpKind::AttentionGrad) continue;
+    if (attn_group_.empty()) attn_group_.assign(p.ops.size(), -1);
+    auto ins = p.ins(op);
+    auto key = std::make_tuple(std::vector<NameId>(ins.begin(), ins.end()), op.attrs.causal, static_cast<int>(op.attrs.layout), op.attrs.axes,
+                               static_cast<int>(op.attrs.order), op.attrs.number, op.attrs.has_number);
+    auto [it, fresh] = groups.emplace(std::move(key), static_cast<int>(attn_wrts_.size()));
+    if (fresh) attn_wrts_.push_back(0);
+    attn_group_[i] = it->second;
+    attn_wrts_[static_cast<std::size_t>(it->second)] |= static_cast<std::uint8_t>(1u << (op.attrs.choice < 3 ? op.attrs.choice : 0));
+  }
   // Each rank's program: the first whose selector its coordinates match (the loader made that exactly one).
   range_.assign(static_cast<std::size_t>(ranks_), {0, static_cast<std::uint32_t>(p.ops.size())});
   if (p.per_rank && !p.programs.empty())

@@ -350,6 +350,20 @@ class Runner {
   void release_dead(int oi, std::int64_t r);
   std::vector<std::pair<std::uint32_t, std::uint32_t>> range_;  // per rank: the ops of its program
   const std::vector<int>* member_ops_ = nullptr;                  // step_group across per-rank programs: each member's op
+  // AttentionGrad's q, k and v gradients of one attention (the same dy, q, k, v and attributes: a derived backward's
+  // three ops) come from one pass of the kernel, which recomputes P and dP once instead of three times: the first of
+  // them computes every gradient its group asks for and leaves the others here, per rank, with its inputs' tensors
+  // (held, so a buffer's address names its value) until its siblings take them.
+  struct AttnGradShare {
+    int group = -1;
+    Tensor dy, q, k, v;
+    std::vector<std::int64_t> qpos, kpos;
+    Tensor out[3];
+    std::uint8_t left = 0;  // the gradients (bit wrt) computed and not yet taken
+  };
+  std::vector<int> attn_group_;            // per op: its AttentionGrad group (-1: none); empty without AttentionGrad
+  std::vector<std::uint8_t> attn_wrts_;    // per group: the gradients its ops ask for (bit wrt)
+  std::map<std::int64_t, AttnGradShare> attn_share_;  // per rank
 };
 
 }  // namespace spmd::interp

@@ -325,46 +325,60 @@ void group_layout(const Shape& s, const std::vector<int>& dims, std::vector<std:
 namespace {
 
 // po[m, n] += pa[m, k] x pb[k, n] in doubles, in the order the oracle always used (i, p, j).
-void real_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::int64_t k, std::int64_t n, bool skip_zeros = false) {
+void real_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::int64_t k, std::int64_t n) {
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t p = 0; p < k; ++p) {
       double x = pa[i * k + p].d;
-      if (x == 0.0 && skip_zeros) continue;
       for (std::int64_t j = 0; j < n; ++j) po[i * n + j].d += x * pb[p * n + j].d;
     }
 }
 
-// The field lanes of the same product when no operand has a log part (po starts as zeros): what the element loop
-// `po += x * y` gives (field sums of products, the degree max_p(deg a + deg b), the largest tag), without forming a
-// Num per product: each sum of products is kept unreduced in 128 bits and folded every 15 products (fwide).
+// The same product when no operand has a log part (po starts as zeros): the doubles as real_product with its zero
+// rows skipped (the same order, so the same roundings), and the field lanes as the element loop `po += x * y` gives
+// them (field sums of products, the degree max_p(deg a + deg b), the largest tag), without forming a Num per
+// product: each sum of products is kept unreduced in 128 bits and folded every 15 products (fwide). One pass over
+// b for both (a Num is 64 bytes: a second pass for the doubles read every line of b again).
 void lane_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::int64_t k, std::int64_t n) {
   if (k == 0) return;
   const auto nu = static_cast<std::size_t>(n);
+  const auto ku = static_cast<std::size_t>(k);
+  // b packed once: its doubles and lanes contiguous (24 of each element's 64 bytes), read m times
   std::vector<std::uint32_t> col_tag(nu, 0), col_deg(nu, 0);
-  for (std::int64_t p = 0; p < k; ++p)
+  std::vector<double> bd(ku * nu);
+  std::vector<Fp> bf(ku * nu * kLanes);
+  for (std::size_t p = 0; p < ku; ++p)
     for (std::size_t j = 0; j < nu; ++j) {
-      const Num& y = pb[static_cast<std::size_t>(p) * nu + j];
+      const Num& y = pb[p * nu + j];
       col_tag[j] = std::max(col_tag[j], y.tag), col_deg[j] = std::max(col_deg[j], y.deg);
+      bd[p * nu + j] = y.d;
+      for (int l = 0; l < kLanes; ++l) bf[(p * nu + j) * kLanes + static_cast<std::size_t>(l)] = y.f[l];
     }
   std::vector<unsigned __int128> acc(nu * kLanes);
+  std::vector<double> accd(nu);
   for (std::int64_t i = 0; i < m; ++i) {
     const Num* row_a = pa + i * k;
     std::uint32_t row_tag = 0;
     bool uniform = true;
     for (std::int64_t p = 0; p < k; ++p) row_tag = std::max(row_tag, row_a[p].tag), uniform &= row_a[p].deg == row_a[0].deg;
     std::fill(acc.begin(), acc.end(), 0);
-    for (std::int64_t p = 0; p < k; ++p) {
+    Num* out = po + i * n;
+    for (std::size_t j = 0; j < nu; ++j) accd[j] = out[j].d;
+    for (std::size_t p = 0; p < ku; ++p) {
       const Num& x = row_a[p];
+      if (const double xd = x.d; xd != 0.0) {
+        const double* rd = bd.data() + p * nu;
+        for (std::size_t j = 0; j < nu; ++j) accd[j] += xd * rd[j];
+      }
       if (std::all_of(x.f, x.f + kLanes, [](auto f) { return f == 0; })) continue;  // (an empty slot of a dispatch buffer)
-      const Num* row = pb + p * n;
-      for (std::size_t j = 0; j < nu; ++j)
-        for (int l = 0; l < kLanes; ++l) acc[j * kLanes + static_cast<std::size_t>(l)] += static_cast<unsigned __int128>(x.f[l]) * row[j].f[l];
+      const Fp* rf = bf.data() + p * nu * kLanes;
+      for (std::size_t j = 0; j < nu * kLanes; j += kLanes)
+        for (int l = 0; l < kLanes; ++l) acc[j + static_cast<std::size_t>(l)] += static_cast<unsigned __int128>(x.f[l]) * rf[j + static_cast<std::size_t>(l)];
       if (p % 15 == 14)
         for (std::size_t j = 0; j < nu; ++j)
           for (int l = 0; l < kLanes; ++l) acc[j * kLanes + static_cast<std::size_t>(l)] = num::fwide(acc[j * kLanes + static_cast<std::size_t>(l)], l);
     }
-    Num* out = po + i * n;
     for (std::size_t j = 0; j < nu; ++j) {
+      out[j].d = accd[j];
       for (int l = 0; l < kLanes; ++l) out[j].f[l] = num::fwide(acc[j * kLanes + static_cast<std::size_t>(l)], l);
       out[j].tag = std::max(row_tag, col_tag[j]);
       if (uniform) {
@@ -402,7 +416,6 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     if (!num::on()) {  // the oracle's path: the real values only
       real_product(pa, pb, po, m, k, n);
     } else if (std::all_of(pa, pa + m * k, num::plain) && std::all_of(pb, pb + k * n, num::plain)) {
-      real_product(pa, pb, po, m, k, n, true);
       lane_product(pa, pb, po, m, k, n);
     } else {
       for (std::int64_t i = 0; i < m; ++i)

@@ -313,6 +313,42 @@ spec:
   CHECK(check_equivalence(load_program_string(bad, "order_bad.yaml")).verdict == EquivVerdict::Mismatch);
 }
 
+TEST_CASE("equiv: shape reduction exchanges two sizes' values when no order of the search reaches the cheaper choice") {
+  // Every order of the greedy search gives C 2 (the smallest declared size first) or a choice the local search over
+  // orders cannot improve one move at a time: A 4, B 6, C 2 (1360 elements a list). Exchanging A's and C's values,
+  // then lowering each size as far as it goes, gives A 2, B 4, C 6 (484): every extent still apart, every fact kept
+  std::string text = R"(mesh: {dp: 2}
+sizes: {A: 64, B: 4096, C: 16}
+tensors:
+  t0: {shape: [A*B, C*A]}
+  t1: {shape: [A, A]}
+  t2: {shape: [C*B, A*B, A]}
+ops:
+  - {op: Multiply, in: [t0], out: y0, scalar: 2}
+  - {op: Multiply, in: [t1], out: y1, scalar: 2}
+  - {op: Multiply, in: [t2], out: y2, scalar: 2}
+outputs:
+  y0: {}
+  y1: {}
+  y2: {}
+spec:
+  ops:
+    - {op: Add, in: [t0, t0], out: y0}
+    - {op: Add, in: [t1, t1], out: y1}
+    - {op: Add, in: [t2, t2], out: y2}
+  outputs: [y0, y1, y2]
+)";
+  EquivResult r = check_equivalence(load_program_string(text, "exchange.yaml"));
+  CHECK(r.verdict == EquivVerdict::Equivalent);
+  CHECK(r.reduction == "A 64 -> 2, B 4096 -> 4, C 16 -> 6");
+  // a wrong factor on the [C*B, A*B, A] value is found at those sizes
+  std::string bad = text;
+  bad.replace(bad.find("in: [t2], out: y2, scalar: 2"), 28, "in: [t2], out: y2, scalar: 3");
+  EquivResult b = check_equivalence(load_program_string(bad, "exchange_bad.yaml"));
+  CHECK(b.verdict == EquivVerdict::Mismatch);
+  CHECK(b.reduction == r.reduction);
+}
+
 TEST_CASE("equiv: two trials at once give the verdict, bound and messages of one after the other") {
   // pipelined steps with integer labels at reduced sizes take three trials: the second and third run together; a bug
   // found in either of them is reported as the sequential loop reports it. The first trial runs alone, its spec on a
