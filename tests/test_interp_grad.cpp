@@ -224,6 +224,42 @@ TEST_CASE("gradient kernels: AttentionGrad with respect to q, k and v against ce
   }
 }
 
+TEST_CASE("gradient kernels: AttentionGrad's siblings share one kernel pass only while their inputs hold the same values") {
+  // The wrt-q op computes the group's k gradient too (Runner::AttnGradShare); k is then rewritten under its name, so
+  // the wrt-k op must not take that gradient: it equals the one computed from the new k under another name
+  std::string head = R"(mesh: {dp: 1}
+tensors:
+  q: {shape: [1, 2, 3, 2]}
+  k: {shape: [1, 2, 3, 2]}
+  v: {shape: [1, 2, 3, 2]}
+  c: {shape: [1, 2, 3, 2]}
+ops:
+  - {op: AttentionGrad, in: [c, q, k, v], out: gq, wrt: q, layout: bhsd, causal: true}
+)";
+  Program same = load(head + "  - {op: Multiply, in: [k], out: k, scalar: 2}\n  - {op: AttentionGrad, in: [c, q, k, v], out: gk, wrt: k, layout: bhsd, causal: true}\n");
+  Program apart = load(head + "  - {op: Multiply, in: [k], out: k2, scalar: 2}\n  - {op: AttentionGrad, in: [c, q, k2, v], out: gk, wrt: k, layout: bhsd, causal: true}\n");
+  Program unchanged = load(head + "  - {op: AttentionGrad, in: [c, q, k, v], out: gk, wrt: k, layout: bhsd, causal: true}\n");
+  Program alone = load(std::string(R"(mesh: {dp: 1}
+tensors:
+  q: {shape: [1, 2, 3, 2]}
+  k: {shape: [1, 2, 3, 2]}
+  v: {shape: [1, 2, 3, 2]}
+  c: {shape: [1, 2, 3, 2]}
+ops:
+  - {op: AttentionGrad, in: [c, q, k, v], out: gk, wrt: k, layout: bhsd, causal: true}
+)"));
+  num::Lanes guard(num::LaneParams{5});
+  Sim a(same, {1}), b(apart, {1}), u(unchanged, {1}), o(alone, {1});
+  a.go(), b.go(), u.go(), o.go();
+  check_close(a.t("gk"), b.t("gk"), "gk after k is rewritten");
+  CHECK(same_lanes(a.t("gk"), b.t("gk")));
+  check_close(a.t("gq"), b.t("gq"), "gq");
+  // and with k unchanged the shared gradient is the one computed alone
+  check_close(u.t("gk"), o.t("gk"), "gk shared");
+  CHECK(same_lanes(u.t("gk"), o.t("gk")));
+  CHECK_FALSE(same_lanes(a.t("gk"), u.t("gk")));
+}
+
 TEST_CASE("gradient kernels: AttentionGrad under context parallelism (causal, contiguous and zigzag) equals the single-device gradient") {
   for (const char* order : {"contiguous", "zigzag"}) {
     INFO(order);
