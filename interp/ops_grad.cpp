@@ -251,7 +251,7 @@ void Runner::attention_grad(int oi, std::int64_t r, const std::vector<std::int64
   attn_positions(op, c, SQ, SK, qpos, kpos);
   std::vector<std::uint32_t> ym = q.mask;
   ym[static_cast<std::size_t>(dd)] = v.mask[static_cast<std::size_t>(dd)];
-  Tensor dyl = align(dy, ym, c, p_.name(p_.ins(op)[0]));
+  const std::int64_t real_d = real_global(oi, 1, 3);
   const Val& src = wrt == 0 ? q : wrt == 1 ? k : v;
   Val o;
   o.gshape = src.gshape;
@@ -265,7 +265,7 @@ void Runner::attention_grad(int oi, std::int64_t r, const std::vector<std::int64
   if (auto it = attn_share_.find(r); group >= 0 && it != attn_share_.end()) {
     AttnGradShare& sh = it->second;
     if (sh.group == group && (sh.left >> wrt & 1u) && same(sh.dy, dy.t) && same(sh.q, q.t) && same(sh.k, k.t) && same(sh.v, v.t) && sh.qpos == qpos &&
-        sh.kpos == kpos) {
+        sh.kpos == kpos && sh.ym == ym && sh.real_d == real_d) {
       o.t = std::move(sh.out[wrt]);
       sh.left = static_cast<std::uint8_t>(sh.left & ~(1u << wrt));
       if (!sh.left) attn_share_.erase(it);
@@ -275,12 +275,13 @@ void Runner::attention_grad(int oi, std::int64_t r, const std::vector<std::int64
   }
   const std::uint8_t wrts = group >= 0 ? static_cast<std::uint8_t>(attn_wrts_[static_cast<std::size_t>(group)] | (1u << wrt)) : static_cast<std::uint8_t>(1u << wrt);
   Tensor grads[3];
+  const Tensor dyl = align(dy, ym, c, p_.name(p_.ins(op)[0]));
   attend_grad_kernel(op.attrs.layout, op.attrs.causal, dyl, q.t, k.t, v.t, qpos, kpos, (wrts & 1u) ? &grads[0] : nullptr, (wrts & 2u) ? &grads[1] : nullptr,
-                     (wrts & 4u) ? &grads[2] : nullptr, real_global(oi, 1, 3), op.attrs.has_number ? op.attrs.number : 0);
+                     (wrts & 4u) ? &grads[2] : nullptr, real_d, op.attrs.has_number ? op.attrs.number : 0);
   o.t = std::move(grads[wrt]);
   if (const std::uint8_t others = static_cast<std::uint8_t>(wrts & ~(1u << wrt)); others) {
     AttnGradShare& sh = attn_share_[r];
-    sh = AttnGradShare{group, dy.t, q.t, k.t, v.t, qpos, kpos, {}, others};
+    sh = AttnGradShare{group, dy.t, q.t, k.t, v.t, qpos, kpos, ym, real_d, {}, others};
     for (int w = 0; w < 3; ++w)
       if (others >> w & 1u) sh.out[w] = std::move(grads[w]);
   } else {

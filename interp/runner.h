@@ -358,6 +358,8 @@ class Runner {
     int group = -1;
     Tensor dy, q, k, v;
     std::vector<std::int64_t> qpos, kpos;
+    std::vector<std::uint32_t> ym;  // the layout dy is aligned to (q's shards, v's head dim)
+    std::int64_t real_d = 0;        // the head dim the softmax scale reads
     Tensor out[3];
     std::uint8_t left = 0;  // the gradients (bit wrt) computed and not yet taken
   };

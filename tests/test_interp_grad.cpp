@@ -227,27 +227,22 @@ TEST_CASE("gradient kernels: AttentionGrad with respect to q, k and v against ce
 TEST_CASE("gradient kernels: AttentionGrad's siblings share one kernel pass only while their inputs hold the same values") {
   // The wrt-q op computes the group's k gradient too (Runner::AttnGradShare); k is then rewritten under its name, so
   // the wrt-k op must not take that gradient: it equals the one computed from the new k under another name
-  std::string head = R"(mesh: {dp: 1}
+  const std::string decls = R"(mesh: {dp: 1}
 tensors:
   q: {shape: [1, 2, 3, 2]}
   k: {shape: [1, 2, 3, 2]}
   v: {shape: [1, 2, 3, 2]}
   c: {shape: [1, 2, 3, 2]}
 ops:
-  - {op: AttentionGrad, in: [c, q, k, v], out: gq, wrt: q, layout: bhsd, causal: true}
 )";
-  Program same = load(head + "  - {op: Multiply, in: [k], out: k, scalar: 2}\n  - {op: AttentionGrad, in: [c, q, k, v], out: gk, wrt: k, layout: bhsd, causal: true}\n");
-  Program apart = load(head + "  - {op: Multiply, in: [k], out: k2, scalar: 2}\n  - {op: AttentionGrad, in: [c, q, k2, v], out: gk, wrt: k, layout: bhsd, causal: true}\n");
-  Program unchanged = load(head + "  - {op: AttentionGrad, in: [c, q, k, v], out: gk, wrt: k, layout: bhsd, causal: true}\n");
-  Program alone = load(std::string(R"(mesh: {dp: 1}
-tensors:
-  q: {shape: [1, 2, 3, 2]}
-  k: {shape: [1, 2, 3, 2]}
-  v: {shape: [1, 2, 3, 2]}
-  c: {shape: [1, 2, 3, 2]}
-ops:
-  - {op: AttentionGrad, in: [c, q, k, v], out: gk, wrt: k, layout: bhsd, causal: true}
-)"));
+  auto grad = [](const char* k, const char* wrt) {
+    return std::string("  - {op: AttentionGrad, in: [c, q, ") + k + ", v], out: g" + wrt + ", wrt: " + wrt + ", layout: bhsd, causal: true}\n";
+  };
+  const std::string head = decls + grad("k", "q");
+  Program same = load(head + "  - {op: Multiply, in: [k], out: k, scalar: 2}\n" + grad("k", "k"));
+  Program apart = load(head + "  - {op: Multiply, in: [k], out: k2, scalar: 2}\n" + grad("k2", "k"));
+  Program unchanged = load(head + grad("k", "k"));
+  Program alone = load(decls + grad("k", "k"));
   num::Lanes guard(num::LaneParams{5});
   Sim a(same, {1}), b(apart, {1}), u(unchanged, {1}), o(alone, {1});
   a.go(), b.go(), u.go(), o.go();
