@@ -33,9 +33,10 @@ BUG (one per run):
   sync_early   stage 0's gradient sync (REDUCE_GRAD in PyTorch's pipelining CSV) runs before the backward of its last
                microbatch (TrainVerify's "grad sync before the last microbatch"; pipelined plans): the schedule is
                written as a CSV beside the program, so give `-o FILE`
-  wrong_shard  one parameter's optimizer sharded ZeRO-1 style (states by rows over dp) while its gradient is
-               reduce-scattered by columns: each rank updates its states from another rank's gradient shard
-               (karpathy/llm.c#524's mistake; the 8B plan)
+  wrong_shard  one parameter's optimizer sharded ZeRO-1 style (states by one dim over dp, a dim tp leaves whole) while
+               its gradient is reduce-scattered by another: each rank updates its states from another rank's gradient
+               shard (karpathy/llm.c#524's mistake). A dense weight under tp has one such dim, so its gradient is
+               scattered along the tp-sharded dim, a layout the type checker refuses at the reduce-scatter
 """
 import os
 import sys
@@ -124,10 +125,24 @@ def generate(plan, bug=None, layers=None, csv_name=None):
     w("  w_lm: {shape: [H, V], %sparam: true}" % col)
     params += [("gf", "[H]", rep), ("w_lm", "[H, V]", col)]
     sync_bug = params[len(params) // 2][0]
-    shard_bug = bug == "wrong_shard" and pp == 1 and tp == 1
+    # wrong_shard: a parameter from the middle on whose optimizer states are partitioned ZeRO-1 style over dp along a
+    # dim tp leaves whole, while its gradient is reduce-scattered along another dim (one tp leaves whole if it has
+    # one, else the tp dim itself)
+    def dims_free_of_tp(shp, pl):
+        tp_dim = int(pl.split("S(")[1][0]) if "S(" in pl else None
+        return [k for k in range(shp.count(",") + 1) if k != tp_dim], tp_dim
+    shard_param = state_dim = grad_dim = None
+    if bug == "wrong_shard":
+        later = [q for q in params[len(params) // 2:] if not q[0].startswith("rt")]  # (the router's sync is over tp too)
+        pick = next((q for q in later if len(dims_free_of_tp(q[1], q[2])[0]) >= 2), None) or \
+            next(q for q in later if q[1].count(",") >= 1)
+        shard_param = pick[0]
+        free, tp_dim = dims_free_of_tp(pick[1], pick[2])
+        state_dim, grad_dim = free[0], free[1] if len(free) >= 2 else tp_dim
     for name, shp, pl in params:  # AdamW's fp32 states, placed as their parameter
-        if shard_bug and name == sync_bug:
-            pl = "placement: {dp: S(0)}, "  # ZeRO-1: the states partitioned by rows over dp
+        if name == shard_param:
+            tp_part = pl[len("placement: {"):-len("}, ")] if pl else ""  # (the parameter's own tp placement, kept)
+            pl = "placement: {dp: S(%d)%s}, " % (state_dim, ", " + tp_part if tp_part else "")  # ZeRO-1 over dp
         w("  %s_m: {shape: %s%s}" % (name, shp, (", " + pl.rstrip(", ")) if pl else ""))
         w("  %s_v: {shape: %s%s}" % (name, shp, (", " + pl.rstrip(", ")) if pl else ""))
 
@@ -293,19 +308,19 @@ def generate(plan, bug=None, layers=None, csv_name=None):
     w("grad_sync:")
     for name, _, _ in params:
         avg = ", reduce: avg" if bug == "sync_avg" and name == sync_bug else ""
-        if shard_bug and name == sync_bug:  # BUG: reduce-scattered by columns, the states hold rows
-            w("  - {op: ReduceScatter, in: [%s.grad], out: %s.grad, axis: dp, dim: 1}" % (name, name))
+        if name == shard_param:  # BUG: reduce-scattered along another dim than the states are partitioned along
+            w("  - {op: ReduceScatter, in: [%s.grad], out: %s.grad, axis: dp, dim: %d}" % (name, name, grad_dim))
             continue
         ax = "[dp, tp]" if name.startswith("rt") and tp > 1 else "dp"  # the router: every tp rank's tokens too
         w("  - {op: AllReduce, in: [%s.grad], out: %s.grad, axis: %s%s}" % (name, name, ax, avg))
 
     def adamw(ind, plan_side):
         for name, _, _ in params:
-            if plan_side and shard_bug and name == sync_bug:  # each rank updates its rows, then gathers the parameter
-                w("%s- {op: Convert, in: [%s], out: %s_shard, axis: dp, to: \"S(0)\"}" % (ind, name, name))
+            if plan_side and name == shard_param:  # each rank updates its part, then gathers the parameter
+                w("%s- {op: Convert, in: [%s], out: %s_shard, axis: dp, to: \"S(%d)\"}" % (ind, name, name, state_dim))
                 w("%s- {op: AdamWUpdate, in: [%s_shard, %s.grad, %s_m, %s_v], out: [%s_shard, %s_m, %s_v], lr: 0.0003, weight_decay: 0.1}"
                   % (ind, name, name, name, name, name, name, name))
-                w("%s- {op: AllGather, in: [%s_shard], out: %s, axis: dp, dim: 0}" % (ind, name, name))
+                w("%s- {op: AllGather, in: [%s_shard], out: %s, axis: dp, dim: %d}" % (ind, name, name, state_dim))
                 continue
             lr = 0.0006 if plan_side and bug == "adamw_lr" and name == sync_bug else 0.0003
             w("%s- {op: AdamWUpdate, in: [%s, %s.grad, %s_m, %s_v], out: [%s, %s_m, %s_v], lr: %s, weight_decay: 0.1}"

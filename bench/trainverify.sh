@@ -56,9 +56,16 @@ run llama3_70b dropped_mb equiv 1 "batch:. reads part 30 more than once and part
 # (stage 0's REDUCE_GRAD before its last backward, in a CSV schedule: no stage cut differs, the writers of the output
 # that differs are searched)
 run llama3_70b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad"
+run llama3_70b adamw_lr equiv 1 "first plan op that goes wrong is AdamWUpdate writing wq41"
+# (ZeRO-1 states partitioned by rows over dp, the gradient reduce-scattered by columns: with tp sharding the columns
+# too, the type checker refuses the reduce-scatter itself)
+run llama3_70b wrong_shard check 1 "error\[illegal-collective\]: ReduceScatter over dp would shard dim 1 of wq41.grad"
 run llama3_405b "" equiv 0 "equivalent: .*dp 64 -> 2 ranks, tp 8 -> 2 ranks" --max-memory 1600
+run llama3_405b constant equiv 1 "first plan op that goes wrong is FlashAttention writing c63@mb0" --max-memory 1600
 run llama3_405b dropped_mb equiv 1 "batch:. reads part 14 more than once and part 15 never" --max-memory 1600
 run llama3_405b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad" --max-memory 1600
+run llama3_405b adamw_lr equiv 1 "first plan op that goes wrong is AdamWUpdate writing wq64" --max-memory 1600
+run llama3_405b wrong_shard check 1 "error\[illegal-collective\]: ReduceScatter over dp would shard dim 1 of wq64.grad"
 # DeepSeek-V3 (MoE: experts split over tp, EP = TP, a dropless dispatch, which treats ranks alike: tp runs at 2 ranks;
 # a dense spec). The whole-batch dense spec holds B x S x E x FE values per layer: 3000 MiB per run, and a larger
 # work budget.
@@ -66,12 +73,18 @@ work=40000000000 run deepseek_v3_16b "" equiv 0 "equivalent for the drawn routin
 work=40000000000 run deepseek_v3_16b constant equiv 1 "first plan op that goes wrong is FlashAttention writing c13@mb0" --max-memory 3000
 work=40000000000 run deepseek_v3_16b dropped_mb equiv 1 "batch:. reads part 14 more than once and part 15 never" --max-memory 3000
 work=40000000000 run deepseek_v3_16b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad" --max-memory 3000
+work=40000000000 run deepseek_v3_16b adamw_lr equiv 1 "first plan op that goes wrong is AdamWUpdate writing ed14" --max-memory 3000
+run deepseek_v3_16b wrong_shard check 1 "error\[placement-mismatch\]: AdamWUpdate: the gradient ed14.grad is S(2) over dp"
 work=40000000000 run deepseek_v3_236b "" equiv 0 "equivalent for the drawn routings: .*dp 16 -> 2 ranks, tp 8 -> 2 ranks" --max-memory 3000
 work=40000000000 run deepseek_v3_236b constant equiv 1 "first plan op that goes wrong is FlashAttention writing c30@mb0" --max-memory 3000
 work=40000000000 run deepseek_v3_236b dropped_mb equiv 1 "batch:. reads part 14 more than once and part 15 never" --max-memory 3000
 work=40000000000 run deepseek_v3_236b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad" --max-memory 3000
+work=40000000000 run deepseek_v3_236b adamw_lr equiv 1 "first plan op that goes wrong is AdamWUpdate writing wv31" --max-memory 3000
+run deepseek_v3_236b wrong_shard check 1 "error\[placement-mismatch\]: AdamWUpdate: the gradient eg31.grad is S(2) over dp"
 work=40000000000 run deepseek_v3_671b "" equiv 0 "equivalent for the drawn routings: .*dp 32 -> 2 ranks, tp 8 -> 2 ranks" --max-memory 3000
 work=40000000000 run deepseek_v3_671b constant equiv 1 "first plan op that goes wrong is FlashAttention writing c30@mb0" --max-memory 3000
 work=40000000000 run deepseek_v3_671b dropped_mb equiv 1 "batch:. reads part 14 more than once and part 15 never" --max-memory 3000
 work=40000000000 run deepseek_v3_671b sync_early equiv 1 "first plan op that goes wrong is AllReduce writing ga1.grad" --max-memory 3000
+work=40000000000 run deepseek_v3_671b adamw_lr equiv 1 "first plan op that goes wrong is AdamWUpdate writing ga32" --max-memory 3000
+run deepseek_v3_671b wrong_shard check 1 "error\[placement-mismatch\]: AdamWUpdate: the gradient eg32.grad is S(2) over dp"
 exit $status

@@ -331,6 +331,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   struct Outcome {
     std::uint64_t ts = 0;
     std::optional<std::pair<std::string, Loc>> budget;  // a BudgetError: too large to run
+    bool budget_split = false;  // that error was the bytes held at once, by a run whose spec ran beside its plan
     std::exception_ptr error;                           // any other exception, rethrown when the trial is taken
     Run failed;                                         // a failed run's failure, failed_op and plan_failed
     bool field_failed = false, sets_full = false;
@@ -376,6 +377,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     Outcome o;
     o.ts = ts;
     const std::int64_t w0 = w;
+    ss.split_ran = false;
     try {
       num::Lanes guard({ts, sets});
       reset_peak_bytes();
@@ -467,6 +469,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
       o.peak = peak_bytes();
     } catch (const BudgetError& e) {
       o.budget.emplace(e.what(), e.loc);
+      o.budget_split = e.bytes && ss.split_ran;
     } catch (...) {
       o.error = std::current_exception();
     }
@@ -474,11 +477,12 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     return o;
   };
   // A trial alone runs its spec beside its plan (on the second core); their values together may pass the byte
-  // budget where one after the other they would not: such a trial is made again one run at a time.
+  // budget where one after the other they would not: such a trial is made again one run at a time (only then: the
+  // work limit, a tensor's elements, or the bytes of a run that never split are the same either way).
   auto trial = [&](Setup& ss, std::uint64_t ts, bool sets, std::int64_t& w, bool alone) {
     const std::int64_t w0 = w;
     Outcome o = trial_with(ss, ts, sets, w, alone, alone && opt.parallel);
-    if (o.budget && alone && opt.parallel) w = w0, o = trial_with(ss, ts, sets, w, alone, false);
+    if (o.budget_split && alone && opt.parallel) w = w0, o = trial_with(ss, ts, sets, w, alone, false);
     return o;
   };
   // The trials; `sets`: max and min reductions as functions of sets (interp/num.h, set_extreme), the pass that

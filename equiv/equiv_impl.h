@@ -111,8 +111,9 @@ struct Setup {
   std::vector<char> cut_mb;
   std::vector<char> cut_off;  // per cut point: not cut in this trial's runs (it did not hold in an earlier run)
   // A run with stage cuts runs the spec on a second thread beside the plan (run_once): set for a trial that runs
-  // alone, with the second core to itself.
+  // alone, with the second core to itself. `split_ran`: set by a run that did (a run in sets, or recording, does not).
   bool split = false;
+  bool split_ran = false;
   std::int64_t n_mb = 0;  // a pipeline's microbatches (steps x microbatches)
   std::vector<std::int64_t> model_elems;  // a pipeline's: per NameId, the elements of the spec's value (-1: unknown)
   // Shape reduction (equiv/reduce.h): the real global shapes of each op's inputs, for the plan and the model.

@@ -80,9 +80,12 @@ std::int64_t slot_bytes(std::int64_t n) { return n * static_cast<std::int64_t>(s
 // Charges n slots to the run's byte budget with the live values, before they are made; over it, `what` is too large.
 void charge_slots(Run& run, std::int64_t n, const char* what) {
   run.record_bytes += slot_bytes(n);
-  if (live_bytes() + run.record_bytes > alloc_limits().max_bytes)
-    throw BudgetError(std::string("the run is too large for the interpreter: ") + what + " would hold more than " +
-                      std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
+  if (live_bytes() + run.record_bytes > alloc_limits().max_bytes) {
+    BudgetError e(std::string("the run is too large for the interpreter: ") + what + " would hold more than " +
+                  std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
+    e.bytes = true;
+    throw e;
+  }
 }
 
 struct WindowDone {};  // thrown by a run recording some ops once it has them all
@@ -360,6 +363,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
     const std::int64_t work0 = work;
     std::thread th;
     try {
+      s.split_ran = true;  // (before the thread: a budget error on either side may follow at once)
       th = std::thread([&] {
         share_byte_count(bytes, limits);
         {
@@ -377,6 +381,7 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
         share_byte_count(nullptr, AllocLimits{});
       });
     } catch (const std::system_error&) {  // no second thread: the spec on this one first, as without split
+      s.split_ran = false;
       try {
         one.run(seed);
       } catch (const BudgetError&) {

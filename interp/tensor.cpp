@@ -114,8 +114,11 @@ void NumBuffer::allocate(std::size_t n) {
                       std::to_string(limits.max_elements) + " elements)");
   auto bytes = static_cast<std::int64_t>(sizeof(Header) + n * sizeof(Num));
   ByteCount& c = counted();
-  if (c.live.load(std::memory_order_relaxed) + bytes > limits.max_bytes)
-    throw BudgetError("the run is too large for the interpreter: it would hold more than " + bytes_text(limits.max_bytes) + " of tensor values at once");
+  if (c.live.load(std::memory_order_relaxed) + bytes > limits.max_bytes) {
+    BudgetError e("the run is too large for the interpreter: it would hold more than " + bytes_text(limits.max_bytes) + " of tensor values at once");
+    e.bytes = true;
+    throw e;
+  }
   h_ = ::new (buffer_alloc(static_cast<std::size_t>(bytes))) Header{{1}, n};
   const std::int64_t now = c.live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   for (std::int64_t p = c.peak.load(std::memory_order_relaxed); now > p && !c.peak.compare_exchange_weak(p, now, std::memory_order_relaxed);) {

@@ -28,6 +28,7 @@ struct InterpError : std::runtime_error {
 struct BudgetError : std::runtime_error {
   using std::runtime_error::runtime_error;
   Loc loc;  // the op (or the declaration) that hit the limit, when known (the Runner fills it in)
+  bool bytes = false;  // over the bytes of values held at once (not the work or a tensor's elements)
 };
 
 // ---- the thread's allocation limits (docs/performance.md, "Bounded memory") ------------------------------------

@@ -370,6 +370,26 @@ TEST_CASE("equiv: two trials at once give the verdict, bound and messages of one
   }
 }
 
+TEST_CASE("equiv: a trial whose spec beside its plan passes the byte budget is made again one run at a time") {
+  // this pipelined MoE step holds about 3.4 MiB of values one run after the other and about 4 MiB with the spec's run
+  // beside the plan's (both count against one budget): at 3.65 MiB the split run is over it, and the trial made again
+  // one run at a time gives the sequential verdict (without the retry: not checked)
+  Program p = load_program_file((std::filesystem::path(SPMD_SOURCE_DIR) / "tests/programs/moe/pipeline_moe_drawn_routings_unproved.yaml").string());
+  EquivOptions one, two;
+  one.parallel = false;
+  one.max_bytes = two.max_bytes = 3650 << 10;
+  EquivResult a = check_equivalence(p, one), b = check_equivalence(p, two);
+  CHECK(a.verdict == EquivVerdict::Equivalent);
+  CHECK(b.verdict == a.verdict);
+  CHECK(b.message == a.message);
+  // far below both: not checked either way, said at the op
+  one.max_bytes = two.max_bytes = 2000 << 10;
+  a = check_equivalence(p, one), b = check_equivalence(p, two);
+  CHECK(a.verdict == EquivVerdict::Skipped);
+  CHECK(b.message == a.message);
+  CHECK(b.message.find("of tensor values at once") != std::string::npos);
+}
+
 TEST_CASE("equiv: mesh reduction runs a data-parallel axis at 2 ranks and keeps an axis a root tells apart") {
   // dp = 512 used through its partition and an average: run at 2 ranks, the average dividing by 512 and each
   // rank's Mean by its 8 rows
