@@ -102,11 +102,11 @@ inline Fp freduce(unsigned __int128 x, int l) {
   return r;
 }
 inline Fp fmul(Fp a, Fp b, int l) { return freduce(static_cast<unsigned __int128>(a) * b, l); }
-// x mod p for any 128-bit x (a sum of up to 15 products and a residue): hi 2^64 + lo with each part reduced.
+// x mod p for any 128-bit x (a sum of up to 15 products and a residue): x = hi 2^64 + lo is (hi mod p) (2^64 mod p)
+// + lo, below (p - 1)^2 + 2^64 <= 2^124 - 2^64 + 3 (p < 2^62), so one more Barrett reduction finishes.
 inline Fp fwide(unsigned __int128 x, int l) {
-  Fp hi = freduce(static_cast<std::uint64_t>(x >> 64), l), lo = freduce(static_cast<std::uint64_t>(x), l);
-  Fp s = freduce(static_cast<unsigned __int128>(hi) * ctx.r64[l], l) + lo;
-  return s >= ctx.p[l] ? s - ctx.p[l] : s;
+  Fp hi = freduce(static_cast<std::uint64_t>(x >> 64), l);
+  return freduce(static_cast<unsigned __int128>(hi) * ctx.r64[l] + static_cast<std::uint64_t>(x), l);
 }
 Fp powmod(Fp a, std::uint64_t e, Fp p);
 // The inverse of `a` in lane l; a zero sets the trial-failed flag and gives 0.

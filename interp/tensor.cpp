@@ -327,62 +327,84 @@ void group_layout(const Shape& s, const std::vector<int>& dims, std::vector<std:
 
 namespace {
 
-// po[m, n] += pa[m, k] x pb[k, n] in doubles, in the order the oracle always used (i, p, j).
+// po[m, n] += pa[m, k] x pb[k, n] in doubles, in the order the oracle always used (i, p, j): each output element
+// adds its products in the order of p. b's doubles are packed once and a row of the output accumulates apart (a Num
+// is 64 bytes: the doubles alone are read 8 to a cache line).
 void real_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::int64_t k, std::int64_t n) {
-  for (std::int64_t i = 0; i < m; ++i)
+  const auto nu = static_cast<std::size_t>(n);
+  thread_local std::vector<double> bd, accd;
+  bd.resize(static_cast<std::size_t>(k) * nu), accd.resize(nu);
+  for (std::size_t q = 0; q < bd.size(); ++q) bd[q] = pb[q].d;
+  for (std::int64_t i = 0; i < m; ++i) {
+    Num* out = po + i * n;
+    for (std::size_t j = 0; j < nu; ++j) accd[j] = out[j].d;
     for (std::int64_t p = 0; p < k; ++p) {
-      double x = pa[i * k + p].d;
-      for (std::int64_t j = 0; j < n; ++j) po[i * n + j].d += x * pb[p * n + j].d;
+      const double x = pa[i * k + p].d;
+      const double* rd = bd.data() + static_cast<std::size_t>(p) * nu;
+      for (std::size_t j = 0; j < nu; ++j) accd[j] += x * rd[j];
     }
+    for (std::size_t j = 0; j < nu; ++j) out[j].d = accd[j];
+  }
 }
 
 // The same product when no operand has a log part (po starts as zeros): the doubles as real_product with its zero
 // rows skipped (the same order, so the same roundings), and the field lanes as the element loop `po += x * y` gives
 // them (field sums of products, the degree max_p(deg a + deg b), the largest tag), without forming a Num per
-// product: each sum of products is kept unreduced in 128 bits and folded every 15 products (fwide). One pass over
-// b for both (a Num is 64 bytes: a second pass for the doubles read every line of b again).
+// product. b is packed once: its doubles by rows (the doubles accumulate along a row of the output, as in
+// real_product) and each lane by columns, so an output element's lane sum runs in registers over a row of a and a
+// column of b, kept unreduced in 128 bits and folded every 15 products (fwide: a product of residues is below 2^124,
+// so 15 of them and a residue stay below 2^128; the fold counts products, a zero element of a included).
 void lane_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::int64_t k, std::int64_t n) {
   if (k == 0) return;
   const auto nu = static_cast<std::size_t>(n);
   const auto ku = static_cast<std::size_t>(k);
-  // b packed once: its doubles and lanes contiguous (24 of each element's 64 bytes), read m times
-  std::vector<std::uint32_t> col_tag(nu, 0), col_deg(nu, 0);
-  std::vector<double> bd(ku * nu);
-  std::vector<Fp> bf(ku * nu * kLanes);
+  // scratch kept per thread (a run makes many small products): b's doubles [k][n], b's lanes [lane][n][k], a row
+  thread_local std::vector<double> bd, ad, accd;
+  thread_local std::vector<Fp> bf, af;
+  thread_local std::vector<std::uint32_t> col_tag, col_deg;
+  col_tag.assign(nu, 0), col_deg.assign(nu, 0);
+  bd.resize(ku * nu), bf.resize(kLanes * nu * ku), ad.resize(ku), af.resize(kLanes * ku), accd.resize(nu);
   for (std::size_t p = 0; p < ku; ++p)
     for (std::size_t j = 0; j < nu; ++j) {
       const Num& y = pb[p * nu + j];
       col_tag[j] = std::max(col_tag[j], y.tag), col_deg[j] = std::max(col_deg[j], y.deg);
       bd[p * nu + j] = y.d;
-      for (int l = 0; l < kLanes; ++l) bf[(p * nu + j) * kLanes + static_cast<std::size_t>(l)] = y.f[l];
+      for (std::size_t l = 0; l < kLanes; ++l) bf[(l * nu + j) * ku + p] = y.f[l];
     }
-  std::vector<unsigned __int128> acc(nu * kLanes);
-  std::vector<double> accd(nu);
   for (std::int64_t i = 0; i < m; ++i) {
     const Num* row_a = pa + i * k;
     std::uint32_t row_tag = 0;
-    bool uniform = true;
-    for (std::int64_t p = 0; p < k; ++p) row_tag = std::max(row_tag, row_a[p].tag), uniform &= row_a[p].deg == row_a[0].deg;
-    std::fill(acc.begin(), acc.end(), 0);
-    Num* out = po + i * n;
-    for (std::size_t j = 0; j < nu; ++j) accd[j] = out[j].d;
+    bool uniform = true, lanes_zero = true;
     for (std::size_t p = 0; p < ku; ++p) {
       const Num& x = row_a[p];
-      if (const double xd = x.d; xd != 0.0) {
+      row_tag = std::max(row_tag, x.tag), uniform &= x.deg == row_a[0].deg;
+      ad[p] = x.d;
+      for (std::size_t l = 0; l < kLanes; ++l) af[l * ku + p] = x.f[l], lanes_zero &= x.f[l] == 0;
+    }
+    Num* out = po + i * n;
+    for (std::size_t j = 0; j < nu; ++j) accd[j] = out[j].d;
+    for (std::size_t p = 0; p < ku; ++p)
+      if (const double xd = ad[p]; xd != 0.0) {
         const double* rd = bd.data() + p * nu;
         for (std::size_t j = 0; j < nu; ++j) accd[j] += xd * rd[j];
       }
-      if (std::all_of(x.f, x.f + kLanes, [](auto f) { return f == 0; })) continue;  // (an empty slot of a dispatch buffer)
-      const Fp* rf = bf.data() + p * nu * kLanes;
-      for (std::size_t j = 0; j < nu * kLanes; j += kLanes)
-        for (int l = 0; l < kLanes; ++l) acc[j + static_cast<std::size_t>(l)] += static_cast<unsigned __int128>(x.f[l]) * rf[j + static_cast<std::size_t>(l)];
-      if (p % 15 == 14)
-        for (std::size_t j = 0; j < nu; ++j)
-          for (int l = 0; l < kLanes; ++l) acc[j * kLanes + static_cast<std::size_t>(l)] = num::fwide(acc[j * kLanes + static_cast<std::size_t>(l)], l);
-    }
     for (std::size_t j = 0; j < nu; ++j) {
       out[j].d = accd[j];
-      for (int l = 0; l < kLanes; ++l) out[j].f[l] = num::fwide(acc[j * kLanes + static_cast<std::size_t>(l)], l);
+      for (std::size_t l = 0; l < kLanes; ++l) {
+        if (lanes_zero) {  // (an empty slot of a dispatch buffer)
+          out[j].f[l] = 0;
+          continue;
+        }
+        const Fp* xa = af.data() + l * ku;
+        const Fp* yb = bf.data() + (l * nu + j) * ku;
+        unsigned __int128 acc = 0;
+        for (std::size_t p0 = 0; p0 < ku; p0 += 15) {
+          const std::size_t p1 = std::min(ku, p0 + 15);
+          for (std::size_t p = p0; p < p1; ++p) acc += static_cast<unsigned __int128>(xa[p]) * yb[p];
+          acc = num::fwide(acc, static_cast<int>(l));
+        }
+        out[j].f[l] = static_cast<Fp>(acc);
+      }
       out[j].tag = std::max(row_tag, col_tag[j]);
       if (uniform) {
         out[j].deg = num::deg_mul(row_a[0].deg, col_deg[j]);
