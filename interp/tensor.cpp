@@ -327,6 +327,13 @@ void group_layout(const Shape& s, const std::vector<int>& dims, std::vector<std:
 
 namespace {
 
+// The products' scratch is kept per thread between calls (a run makes many small products); a large one is given
+// back after its call (it is not charged to the byte budget: packed b is at most 24 of each element's 64 bytes).
+template <class... V>
+void release_if_large(V&... v) {
+  if ((... + (v.capacity() * sizeof(typename V::value_type))) > (std::size_t{1} << 20)) (..., std::vector<typename V::value_type>().swap(v));
+}
+
 // po[m, n] += pa[m, k] x pb[k, n] in doubles, in the order the oracle always used (i, p, j): each output element
 // adds its products in the order of p. b's doubles are packed once and a row of the output accumulates apart (a Num
 // is 64 bytes: the doubles alone are read 8 to a cache line).
@@ -345,6 +352,7 @@ void real_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::in
     }
     for (std::size_t j = 0; j < nu; ++j) out[j].d = accd[j];
   }
+  release_if_large(bd, accd);
 }
 
 // The same product when no operand has a log part (po starts as zeros): the doubles as real_product with its zero
@@ -358,7 +366,7 @@ void lane_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::in
   if (k == 0) return;
   const auto nu = static_cast<std::size_t>(n);
   const auto ku = static_cast<std::size_t>(k);
-  // scratch kept per thread (a run makes many small products): b's doubles [k][n], b's lanes [lane][n][k], a row
+  // scratch (release_if_large): b's doubles [k][n], b's lanes [lane][n][k], a row of a
   thread_local std::vector<double> bd, ad, accd;
   thread_local std::vector<Fp> bf, af;
   thread_local std::vector<std::uint32_t> col_tag, col_deg;
@@ -415,6 +423,7 @@ void lane_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::in
       }
     }
   }
+  release_if_large(bd, ad, accd, bf, af, col_tag, col_deg);
 }
 
 }  // namespace
