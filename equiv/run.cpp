@@ -80,12 +80,9 @@ std::int64_t slot_bytes(std::int64_t n) { return n * static_cast<std::int64_t>(s
 // Charges n slots to the run's byte budget with the live values, before they are made; over it, `what` is too large.
 void charge_slots(Run& run, std::int64_t n, const char* what) {
   run.record_bytes += slot_bytes(n);
-  if (live_bytes() + run.record_bytes > alloc_limits().max_bytes) {
-    BudgetError e(std::string("the run is too large for the interpreter: ") + what + " would hold more than " +
-                  std::to_string(alloc_limits().max_bytes >> 20) + " MiB");
-    e.bytes = true;
-    throw e;
-  }
+  if (live_bytes() + run.record_bytes > alloc_limits().max_bytes)
+    throw BudgetError(std::string("the run is too large for the interpreter: ") + what + " would hold more than " +
+                      std::to_string(alloc_limits().max_bytes >> 20) + " MiB", true);
 }
 
 struct WindowDone {};  // thrown by a run recording some ops once it has them all

@@ -114,11 +114,8 @@ void NumBuffer::allocate(std::size_t n) {
                       std::to_string(limits.max_elements) + " elements)");
   auto bytes = static_cast<std::int64_t>(sizeof(Header) + n * sizeof(Num));
   ByteCount& c = counted();
-  if (c.live.load(std::memory_order_relaxed) + bytes > limits.max_bytes) {
-    BudgetError e("the run is too large for the interpreter: it would hold more than " + bytes_text(limits.max_bytes) + " of tensor values at once");
-    e.bytes = true;
-    throw e;
-  }
+  if (c.live.load(std::memory_order_relaxed) + bytes > limits.max_bytes)
+    throw BudgetError("the run is too large for the interpreter: it would hold more than " + bytes_text(limits.max_bytes) + " of tensor values at once", true);
   h_ = ::new (buffer_alloc(static_cast<std::size_t>(bytes))) Header{{1}, n};
   const std::int64_t now = c.live.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   for (std::int64_t p = c.peak.load(std::memory_order_relaxed); now > p && !c.peak.compare_exchange_weak(p, now, std::memory_order_relaxed);) {
@@ -399,14 +396,10 @@ void lane_product(const Num* pa, const Num* pb, Num* po, std::int64_t m, std::in
     for (std::size_t j = 0; j < nu; ++j) {
       out[j].d = accd[j];
       for (std::size_t l = 0; l < kLanes; ++l) {
-        if (lanes_zero) {  // (an empty slot of a dispatch buffer)
-          out[j].f[l] = 0;
-          continue;
-        }
         const Fp* xa = af.data() + l * ku;
         const Fp* yb = bf.data() + (l * nu + j) * ku;
         unsigned __int128 acc = 0;
-        for (std::size_t p0 = 0; p0 < ku; p0 += 15) {
+        for (std::size_t p0 = 0; p0 < ku && !lanes_zero; p0 += 15) {  // (lanes_zero: an empty slot of a dispatch buffer)
           const std::size_t p1 = std::min(ku, p0 + 15);
           for (std::size_t p = p0; p < p1; ++p) acc += static_cast<unsigned __int128>(xa[p]) * yb[p];
           acc = num::fwide(acc, static_cast<int>(l));

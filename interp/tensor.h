@@ -27,6 +27,7 @@ struct InterpError : std::runtime_error {
 // caller reports the program as not checked, with the reason (never a verdict from a partial run).
 struct BudgetError : std::runtime_error {
   using std::runtime_error::runtime_error;
+  BudgetError(const std::string& what, bool over_bytes) : std::runtime_error(what), bytes(over_bytes) {}
   Loc loc;  // the op (or the declaration) that hit the limit, when known (the Runner fills it in)
   bool bytes = false;  // over the bytes of values held at once (not the work or a tensor's elements)
 };
