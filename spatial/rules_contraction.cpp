@@ -102,8 +102,11 @@ void Checker::matmul() {
 // Query heads sharded over axis `a` with k and v whole there: exact when each rank holds one kv head (the kv
 // heads cut by axes outer to `a` only, down to one per rank) that every query head of the rank groups with.
 // The ranks along `a` then hold consecutive query heads of one kv group (GQA with fewer kv heads than tp:
-// tp factored into an outer axis over the kv heads and an inner one that replicates each).
+// tp factored into an outer axis over the kv heads and an inner one that replicates each). Also exact when `a` has
+// one rank (tp 1, or the plan's own forward on a mesh of ones): q's cut there is no cut, so each rank's query heads
+// and kv heads are the same blocks of their groups as the outer axes leave them.
 bool Checker::kv_heads_held_whole(int a, int h, int ki) {
+  if (obl_.decide(OblKind::Equal, axis_size(a), pool_.constant(1)) == Decision::Holds) return true;
   ExprId n = pool_.constant(1);
   for (int c = 0; c < axes(); ++c) {
     Placement k = pin(ki, c), v = pin(ki + 1, c);
@@ -113,6 +116,29 @@ bool Checker::kv_heads_held_whole(int a, int h, int ki) {
     n = pool_.mul(n, axis_size(c));
   }
   return obl_.decide(OblKind::Equal, in(ki).shape[static_cast<std::size_t>(h)], n) == Decision::Holds;
+}
+
+// Grouped-query attention (fewer kv heads than query heads) with q at input `qi` and k, v at `ki`, `ki` + 1: each
+// rank's kernel groups its local query heads over its local kv heads, which matches the whole attention's groups only
+// when every cut of the heads is even (torch.chunk's padded last shard breaks the grouping: 6 query heads over 8 ranks
+// leave the query heads of one kv group on ranks that hold another). False after a report.
+bool Checker::gqa_heads_cut_evenly(int h, int qi, int ki) {
+  const std::size_t hu = static_cast<std::size_t>(h);
+  if (in(qi).shape[hu] == in(ki).shape[hu]) return true;
+  for (int i : {qi, ki, ki + 1}) {
+    if (!uneven_dim(in(i), h)) continue;
+    int a = axes() - 1;  // the innermost axis that cuts them (where the ranks' shares stop being equal)
+    while (a > 0 && !pin(i, a).is_s(h)) --a;
+    return layout_conflict(fmt::format("{} groups the query heads of {} ({}) over the kv heads of {} ({}), but {} cuts its heads (dim {}) unevenly "
+                                       "(`uneven`): each rank's kernel groups its own heads, which are then not the whole attention's groups",
+                                       opname(), iname(qi), dstr(in(qi).shape[hu]), iname(ki), dstr(in(ki).shape[hu]), iname(i), h),
+                           iname(i), i, a,
+                           fmt::format("cut the heads of q, k and v into equal shards (their counts divisible by the ranks that cut them), or "
+                                       "gather {} along dim {}",
+                                       iname(i), h)),
+           false;
+  }
+  return true;
 }
 
 // The shapes of q, k, v (inputs 0-2) of an attention op and its dims by `layout`; false after a report.
@@ -143,7 +169,7 @@ bool Checker::attention_shapes(int& b, int& h, int& s, int& dd) {
     if (dec == Decision::Deferred && obl_.first_time(OblKind::Divisible, dim(0, h), dim(1, h)))
       obl_.push({OblKind::Divisible, dim(0, h), dim(1, h), CheckId::ShapeMismatch, here(), op_idx_, iname(1), what, {}});
   }
-  return invariant_ok({0, 1, 2});
+  return gqa_heads_cut_evenly(h, 0, 1) && invariant_ok({0, 1, 2});
 }
 
 void Checker::attention() {

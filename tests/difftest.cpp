@@ -55,7 +55,8 @@ class Gen {
 
   std::string run() {
     static const std::vector<std::vector<std::pair<std::string, int>>> meshes = {
-        {{"tp", 2}}, {{"tp", 4}}, {{"tp", 3}}, {{"dp", 2}, {"tp", 2}}, {{"dp", 2}, {"tp", 3}}, {{"dp", 2}, {"tp", 4}}, {{"dp", 2}, {"cp", 2}, {"tp", 2}}};
+        {{"tp", 2}}, {{"tp", 4}}, {{"tp", 3}}, {{"dp", 2}, {"tp", 2}}, {{"dp", 2}, {"tp", 3}}, {{"dp", 2}, {"tp", 4}}, {{"dp", 2}, {"cp", 2}, {"tp", 2}},
+        {{"dp", 2}, {"tp", 1}}};  // an axis of one rank (tp 1): a cut there is no cut
     mesh_ = rng_.pick(meshes);
     int n_inputs = 1 + rng_.below(2);
     for (int i = 0; i < n_inputs; ++i) new_input(random_shape(2 + rng_.below(2)), false);
@@ -925,17 +926,20 @@ class Gen {
     std::int64_t b = rng_.pick(std::vector<std::int64_t>{2, 4}), h = rng_.pick(std::vector<std::int64_t>{2, 4, 6}), s = rng_.pick(std::vector<std::int64_t>{4, 6, 8}),
                  d = rng_.pick(std::vector<std::int64_t>{2, 4});
     Dims shape = {b, h, s, d};
+    Dims kv = shape;  // grouped-query attention now and then: fewer kv heads, each shared by h / kv[1] query heads
+    if (rng_.chance(0.35)) kv[1] = h == 2 ? 1 : rng_.pick(h == 4 ? std::vector<std::int64_t>{1, 2} : std::vector<std::int64_t>{1, 2, 3});
     std::array<Placements, 3> p{};
     for (std::size_t a = 0; a < mesh_.size(); ++a) {
-      int pat = rng_.below(6);
+      int pat = rng_.below(7);  // 5: q's heads cut, k and v whole (GQA's kv heads replicated over tp)
       for (int i = 0; i < 3; ++i) {
         Placement x = pat == 0 ? Placement::r() : pat == 1 ? Placement::s(1) : pat == 2 ? Placement::s(0) : pat == 3 ? (i == 0 ? Placement::s(2) : Placement::r())
                     : pat == 4 ? (i == 2 ? Placement::s(3) : Placement::r())
+                    : pat == 5 ? (i == 0 ? Placement::s(1) : Placement::r())
                                : random_placement(4);
         p[static_cast<std::size_t>(i)][a] = x;
       }
     }
-    std::string q = new_input(shape, false, nullptr, p[0]), k = new_input(shape, false, nullptr, p[1]), v = new_input(shape, false, nullptr, p[2]);
+    std::string q = new_input(shape, false, nullptr, p[0]), k = new_input(kv, false, nullptr, p[1]), v = new_input(kv, false, nullptr, p[2]);
     std::string attrs = rng_.chance(0.3) ? "causal: true" : "";
     if (rng_.chance(0.25)) attrs += std::string(attrs.empty() ? "" : ", ") + rng_.pick(std::vector<std::string>{"scale: 0.3", "scale: 1.5", "scale: 1/sqrt(8)"});
     emit("FlashAttention", {q, k, v}, {GVal{fresh("att"), shape}}, attrs);
@@ -962,27 +966,36 @@ class Gen {
     int kind = rng_.chance(0.5) ? 2 : rng_.below(2);
     bool zz = rng_.chance(0.4), causal = rng_.chance(0.7);
     std::string attn = std::string(causal ? ", causal: true" : "") + (rng_.chance(zz ? 0.85 : 0.15) ? ", order: zigzag" : "");
+    Dims kv = shape;  // grouped-query attention now and then: fewer kv heads
+    if (rng_.chance(0.35)) kv[1] = h == 2 ? 1 : rng_.pick(std::vector<std::int64_t>{1, 2});
     Placements other{};
-    for (std::size_t c = 0; c < mesh_.size(); ++c) other[c] = rng_.chance(0.7) ? Placement::r() : rng_.chance(0.8) ? Placement::s(1) : random_placement(4);
+    std::uint32_t q_only = 0;  // other axes that cut q's heads only (GQA's kv heads replicated there)
+    for (std::size_t c = 0; c < mesh_.size(); ++c) {
+      other[c] = rng_.chance(0.7) ? Placement::r() : rng_.chance(0.8) ? Placement::s(1) : random_placement(4);
+      if (kv[1] != h && other[c].is_s(1) && rng_.chance(0.4)) q_only |= 1u << c;
+    }
     // q, k, v: sharded on the sequence over the axis (k, v whole for the all-gather-KV kind), the same on the others
-    auto input = [&](bool seq_sharded) {
+    auto input = [&](bool seq_sharded, bool is_q = false) {
       Placements p = other;
+      for (std::size_t c = 0; c < mesh_.size(); ++c)
+        if (!is_q && (q_only >> c & 1u)) p[c] = Placement::r();
       p[static_cast<std::size_t>(a)] = rng_.chance(0.9) ? Placement::r() : random_placement(4);
       bool reorder = zz && p[static_cast<std::size_t>(a)].is_r();
-      std::string x = new_input(shape, false, nullptr, p);
+      const Dims& xs = is_q ? shape : kv;
+      std::string x = new_input(xs, false, nullptr, p);
       if (reorder) {
         std::string y = fresh("zz");
-        emit("LoadBalance", {x}, {GVal{y, shape}}, fmt::format("axis: {}, dim: 2", ax));
+        emit("LoadBalance", {x}, {GVal{y, xs}}, fmt::format("axis: {}, dim: 2", ax));
         x = y;
       }
       if (seq_sharded && p[static_cast<std::size_t>(a)].is_r()) {
         std::string y = fresh("cs");
-        emit("Convert", {x}, {GVal{y, shape}}, fmt::format("axis: {}, from: R, to: S(2)", ax));
+        emit("Convert", {x}, {GVal{y, xs}}, fmt::format("axis: {}, from: R, to: S(2)", ax));
         x = y;
       }
       return x;
     };
-    std::string q = input(true);
+    std::string q = input(true, true);
     if (kind == 0) {
       std::string k = input(false), v = input(false);
       std::string at = (rng_.chance(0.85) ? ", cp: " + ax : std::string()) + attn;
@@ -1000,8 +1013,8 @@ class Gen {
       if (st > 0) {
         std::string k2 = fresh("rk"), v2 = fresh("rv");
         std::string dir = rng_.chance(0.05) ? ", direction: prev" : "";
-        emit("RingRotate", {k}, {GVal{k2, shape}}, "axis: " + ax + dir);
-        if (!rng_.chance(0.05)) emit("RingRotate", {v}, {GVal{v2, shape}}, "axis: " + ax + dir), v = v2;
+        emit("RingRotate", {k}, {GVal{k2, kv}}, "axis: " + ax + dir);
+        if (!rng_.chance(0.05)) emit("RingRotate", {v}, {GVal{v2, kv}}, "axis: " + ax + dir), v = v2;
         k = k2;
       }
       int step_attr = rng_.chance(0.05) ? st + 1 : st;
