@@ -51,6 +51,7 @@ struct TrainingCheck {
   std::vector<std::int32_t> forward_op;  // a derived backward: per op in [first_backward, first_relabel), the forward op it is a VJP of
   std::size_t first_optim = 0;     // the ops of `optimizer:` start here (after grad_sync's)
   std::vector<Diagnostic> diags;   // findings in the backward and grad_sync, gradient-duality, unsynced-gradient
+                                   // (not built: the forward's errors, when this call checked the forward)
 };
 
 // Throws LoadError when the backward cannot be derived (an op without a VJP).

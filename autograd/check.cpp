@@ -54,8 +54,9 @@ class TrainingChecker {
     so.z3_timeout_ms = o_.z3_timeout_ms;
     if (!o_.forward_types) {
       so.types = &own;
-      for (const auto& d : check_spatial(p_, so))
-        if (d.severity == Severity::Error) return r;
+      for (auto& d : check_spatial(p_, so))
+        if (d.severity == Severity::Error) r.diags.push_back(std::move(d));
+      if (!r.diags.empty()) return r;  // not built: the forward's errors
     } else if (!o_.forward_ok) {
       return r;
     }

@@ -167,7 +167,10 @@ std::string spec_pair(const Program& p, const Program& t, std::vector<Op> plan_o
   } catch (const LoadError& e) {
     return fmt::format("{} backward cannot be derived (line {}: {})", p.has_spec ? "the spec's" : "the single-device step's", e.loc.line, e.what());
   }
-  if (!sc.built) return fmt::format("{} forward does not check as a single-device program", p.has_spec ? "the spec's" : "the plan's");
+  if (!sc.built) {
+    std::string e = first_error(sc.diags);
+    return fmt::format("{} forward does not check as a single-device program{}", p.has_spec ? "the spec's" : "the plan's", e.empty() ? "" : " (" + e + ")");
+  }
   s.mesh = t.mesh;
   r.spec_typed = s.ops;
   // The spec's seed is the plan's input, times N: the plan's backward computes the gradients of N copies of the
@@ -243,7 +246,10 @@ TrainingPair training_pair(const Program& p) {
   } catch (const LoadError& e) {
     return r.why = fmt::format("the plan's backward cannot be derived (line {}: {})", e.loc.line, e.what()), r;
   }
-  if (!tc.built) return r.why = "the plan's forward has errors", r;
+  if (!tc.built) {
+    std::string e = first_error(tc.diags);
+    return r.why = "the plan's forward has errors" + (e.empty() ? "" : " (" + e + ")"), r;
+  }
   r.plan_types = st;
   if (std::string e = first_error(tc.diags); !e.empty()) return r.why = "the plan's training step has errors (" + e + ")", r;
   Program& t = tc.program;

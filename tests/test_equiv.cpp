@@ -115,6 +115,33 @@ TEST_CASE("equiv: without a spec a LossScale over axes is the normalization it s
   CHECK(b.diags[0].message.find("w.grad") != std::string::npos);
 }
 
+TEST_CASE("equiv: a training spec whose forward has a type error says which line and why its gradients are not compared") {
+  // the spec all-reduces over tp, which one device does not have: its backward is not derived, and the verdict says
+  // so with the spec's first error (before, only "does not check as a single-device program")
+  Program p = load_program_string(R"(mesh: {tp: 2}
+tensors:
+  x: {shape: [4, 8], placement: {tp: S(1)}}
+  w: {shape: [8, 8], placement: {tp: S(0)}, param: true}
+ops:
+  - {op: MatMul, in: [x, w], out: h}
+  - {op: Mean, in: [h], out: loss, dims: [0, 1]}
+outputs:
+  loss: {placement: {tp: P}}
+loss: loss
+train: true
+spec:
+  ops:
+    - {op: MatMul, in: [x, w], out: h}
+    - {op: AllReduce, in: [h], out: hr, axis: tp}
+    - {op: Mean, in: [hr], out: loss, dims: [0, 1]}
+  outputs: [loss]
+)",
+                                  "spec_error.yaml");
+  EquivResult r = check_equivalence(p);
+  CHECK(r.verdict == EquivVerdict::Unknown);
+  CHECK(r.message.find("the spec's forward does not check as a single-device program (line 15: AllReduce of h") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace spmd
 
@@ -356,7 +383,7 @@ TEST_CASE("equiv: two trials at once give the verdict, bound and messages of one
   // budget included (the spec's thread stops the plan's)
   for (const char* f : {"examples/pipeline/pp_1f1b_adamw.yaml", "examples/pipeline/shuffled_microbatches_fixed.yaml",
                         "examples/pipeline/shuffled_microbatches_bug.yaml", "examples/pipeline/pp_adamw_step_counts_accumulation_bug.yaml",
-                        "tests/programs/moe/pipeline_moe_drawn_routings_unproved.yaml", "examples/autograd/megatron_mlp_handwritten.yaml"}) {
+                        "tests/programs/moe/pipeline_moe_drawn_routings_unproved.yaml", "tests/data/equiv/megatron_mlp_handwritten_literal_sizes.yaml"}) {
     CAPTURE(f);
     Program p = load_program_file((std::filesystem::path(SPMD_SOURCE_DIR) / f).string());
     EquivOptions one, two;
