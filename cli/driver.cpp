@@ -76,15 +76,36 @@ std::string colorize(const std::string& text) {
 
 // `spmdcheck backward FILE`: the program with its derived backward, as YAML.
 int cmd_backward(const std::string& path, const Options& opt, std::ostream& out) {
-  Program p;
   try {
-    p = load_input(path, opt);
+    Program p = load_input(path, opt);
     if (p.loss < 0) throw LoadError({}, "deriving the backward needs a `loss:` in the program (the tensor the backward starts from)");
+    if (p.schedule.present && !p.schedule.stages.empty())
+      throw LoadError(p.schedule.stages_loc, "a pipelined schedule's backward is derived per stage (its B, I and W steps) when the program is checked: "
+                                             "`backward` prints one program's, so run `spmdcheck check` or `spmdcheck equiv` on this file");
+    auto check = [&](const Program& q, SpatialTypes& types) {
+      SpatialOptions so;
+      so.z3_timeout_ms = opt.z3_timeout_ms;
+      so.types = &types;
+      return check_spatial(q, so);
+    };
+    // The named sizes stay names in the printed backward, so that a hand-written copy of it keeps them and `equiv`
+    // checks it at reduced sizes. A concrete size is then a variable with one value, which a few rules do not
+    // decide (GQA's kv heads replicated over an inner axis): such a forward is derived as written, with numbers.
+    if (path != "-" && !opt.imported.count(path)) {
+      std::optional<Program> g;
+      try {
+        LoadOptions lo;
+        lo.generalize_sizes = true;
+        g = load_program_file(path, lo);
+      } catch (const LoadError&) {}
+      SpatialTypes types;
+      if (g && !has_errors(check(*g, types))) {
+        out << print_program(derive_backward(*g, types).program);
+        return kClean;
+      }
+    }
     SpatialTypes types;
-    SpatialOptions so;
-    so.z3_timeout_ms = opt.z3_timeout_ms;
-    so.types = &types;
-    auto diags = check_spatial(p, so);
+    auto diags = check(p, types);
     if (has_errors(diags)) {
       out << render_text(path, diags) << path << ": error: the forward has errors, so its backward is not derived\n";
       return kFindings;

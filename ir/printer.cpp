@@ -193,6 +193,10 @@ std::string print_program(const Program& p) {
   if (!p.vars.empty()) {
     o << "sizes:\n";
     for (const auto& v : p.vars) {
+      if (v.general && v.in.size() == 1) {  // a concrete size loaded as a variable (shape reduction): as it was written
+        o << "  " << v.name << ": " << v.in.front() << "\n";
+        continue;
+      }
       o << "  " << v.name << ": {min: " << v.min << ", max: " << v.max;
       if (v.multiple_of > 1) o << ", multiple_of: " << v.multiple_of;
       if (!v.in.empty()) {

@@ -757,6 +757,24 @@ TEST_CASE("a dropped or shuffled microbatch: the op that reads it points at the 
                    "microbatches' (shuffled microbatches)") != std::string::npos);
 }
 
+TEST_CASE("backward keeps the named sizes, so a hand-written copy of its output is checked at reduced sizes") {
+  Run back = run({"backward", src("examples/autograd/megatron_mlp.yaml")});
+  REQUIRE(back.code == 0);
+  CHECK(back.out.find("sizes:\n  B: 8\n  S: 128\n  H: 256\n  F: 1024\n") != std::string::npos);
+  CHECK(back.out.find("{op: Expand, in: [y.grad.c.kd], out: y.grad.c, shape: [B, S, H], scale: 7.62939453125e-06}") != std::string::npos);
+  Run eq = run({"equiv", write_tmp("megatron_mlp_backward.yaml", back.out)});
+  CHECK(eq.code == 0);  // with numbers for shapes it ran at 8 x 128 x 256 and passed the work budget ("not checked")
+  CHECK(eq.out.find("run at reduced sizes that keep every partition: B 8 -> 4") != std::string::npos);
+  // a forward whose rule a one-valued size variable does not decide (GQA's kv heads replicated over tpi) is derived as written
+  Run gqa = run({"backward", src("examples/llama/gqa_rope_tp_train.yaml")});
+  CHECK(gqa.code == 0);
+  CHECK(gqa.out.find("{op: Reshape, in: [q2], out: q, shape: [2, 4, 4, 4]}") != std::string::npos);
+  // a pipelined schedule derives its stages' backwards when checked: a located error, not a program that does not load
+  Run pp = run({"backward", src("examples/pipeline/pp_1f1b_adamw.yaml")});
+  CHECK(pp.code == 2);
+  CHECK(pp.out.find("pp_1f1b_adamw.yaml:35:3: error: a pipelined schedule's backward is derived per stage") != std::string::npos);
+}
+
 TEST_CASE("a local-view training step: check compares the hand-written backward's gradients; backward and report do not derive one") {
   const std::string fixed = src("examples/local/megatron_mlp_custom_backward_fixed.yaml");
   Run eq = run({"equiv", fixed});
