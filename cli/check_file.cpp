@@ -94,10 +94,10 @@ std::string input_text(const std::string& path, const Options& opt) {
   return opt.stdin_text.value_or("");
 }
 
-Program load_input(const std::string& path, const Options& opt) {
-  if (path == "-") return load_program_string(input_text(path, opt), display_name(path));
-  if (auto it = opt.imported.find(path); it != opt.imported.end()) return load_program_string(it->second, path);
-  return load_program_file(path);
+Program load_input(const std::string& path, const Options& opt, const LoadOptions& lo) {
+  if (path == "-") return load_program_string(input_text(path, opt), display_name(path), lo);
+  if (auto it = opt.imported.find(path); it != opt.imported.end()) return load_program_string(it->second, path, lo);
+  return load_program_file(path, lo);
 }
 
 bool is_csv(const std::string& path) { return fs::path(path).extension() == ".csv"; }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ir/diagnostic.h"
+#include "ir/loader.h"
 #include "ir/program.h"
 #include "schedules/schedule.h"
 #include "spatial/spatial.h"
@@ -56,7 +57,7 @@ std::string display_name(const std::string& path);
 // 1 GiB, a CSV of at most 64 MiB); throws LoadError otherwise.
 std::string input_text(const std::string& path, const Options& opt);
 // Loads a program from a file or, for "-", from standard input (throws LoadError).
-Program load_input(const std::string& path, const Options& opt);
+Program load_input(const std::string& path, const Options& opt, const LoadOptions& lo = {});
 bool is_csv(const std::string& path);
 bool has_errors(const std::vector<Diagnostic>& d);
 

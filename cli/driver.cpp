@@ -91,12 +91,12 @@ int cmd_backward(const std::string& path, const Options& opt, std::ostream& out)
     // The named sizes stay names in the printed backward, so that a hand-written copy of it keeps them and `equiv`
     // checks it at reduced sizes. A concrete size is then a variable with one value, which a few rules do not
     // decide (GQA's kv heads replicated over an inner axis): such a forward is derived as written, with numbers.
-    if (path != "-" && !opt.imported.count(path)) {
+    {
       std::optional<Program> g;
       try {
         LoadOptions lo;
         lo.generalize_sizes = true;
-        g = load_program_file(path, lo);
+        g = load_input(path, opt, lo);
       } catch (const LoadError&) {}
       SpatialTypes types;
       if (g && !has_errors(check(*g, types))) {

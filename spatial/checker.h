@@ -198,7 +198,7 @@ class Checker {
   void attention();
   bool attention_shapes(int& b, int& h, int& s, int& dd);
   bool kv_heads_held_whole(int a, int h, int ki = 1);  // ki: the input index of k (v follows)
-  bool gqa_heads_cut_evenly(int h, int qi, int ki);
+  bool heads_cut_evenly(int h, int qi, int ki);
   void embedding();
   void cross_entropy();
   void topk();

@@ -115,22 +115,33 @@ bool Checker::kv_heads_held_whole(int a, int h, int ki) {
     if (c >= a) return false;  // the kv heads must be cut by axes outer to a
     n = pool_.mul(n, axis_size(c));
   }
-  return obl_.decide(OblKind::Equal, in(ki).shape[static_cast<std::size_t>(h)], n) == Decision::Holds;
+  ExprId kv = in(ki).shape[static_cast<std::size_t>(h)];
+  Decision d = obl_.decide(OblKind::Equal, kv, n);
+  if (d == Decision::Deferred && obl_.first_time(OblKind::Equal, kv, n))  // symbolic: one kv head per rank for every allowed size
+    obl_.push({OblKind::Equal, kv, n, CheckId::LayoutConflict, here(), op_idx_, iname(ki),
+               fmt::format("{} shards the query heads of {} over {} with {} whole there, which needs exactly one kv head per rank: the kv heads "
+                           "of {} ({}) must equal the ranks that cut them ({})",
+                           opname(), iname(ki - 1), axn(a), iname(ki), iname(ki), dstr(kv), dstr(n)),
+               {}});
+  return d != Decision::Fails;
 }
 
-// Grouped-query attention (fewer kv heads than query heads) with q at input `qi` and k, v at `ki`, `ki` + 1: each
-// rank's kernel groups its local query heads over its local kv heads, which matches the whole attention's groups only
-// when every cut of the heads is even (torch.chunk's padded last shard breaks the grouping: 6 query heads over 8 ranks
-// leave the query heads of one kv group on ranks that hold another). False after a report.
-bool Checker::gqa_heads_cut_evenly(int h, int qi, int ki) {
+// q at input `qi`, k and v at `ki`, `ki` + 1: each rank's kernel pairs its local query heads with its local kv heads
+// (grouped over them when fewer), which are the whole attention's pairs only when every cut of the heads is even, or
+// q, k and v have as many heads cut alike (the same chunks). torch.chunk's short last shard breaks the pairing: 6
+// query heads over 8 ranks leave the query heads of one kv group on ranks that hold another. False after a report.
+bool Checker::heads_cut_evenly(int h, int qi, int ki) {
   const std::size_t hu = static_cast<std::size_t>(h);
-  if (in(qi).shape[hu] == in(ki).shape[hu]) return true;
+  const std::uint32_t m = shard_mask(in(qi), h);
+  if (in(qi).shape[hu] == in(ki).shape[hu] && shard_mask(in(ki), h) == m && shard_mask(in(ki + 1), h) == m) return true;
   for (int i : {qi, ki, ki + 1}) {
     if (!uneven_dim(in(i), h)) continue;
-    int a = axes() - 1;  // the innermost axis that cuts them (where the ranks' shares stop being equal)
-    while (a > 0 && !pin(i, a).is_s(h)) --a;
-    return layout_conflict(fmt::format("{} groups the query heads of {} ({}) over the kv heads of {} ({}), but {} cuts its heads (dim {}) unevenly "
-                                       "(`uneven`): each rank's kernel groups its own heads, which are then not the whole attention's groups",
+    int a = -1;  // the innermost axis of more than one rank that cuts them (where the ranks' shares stop being equal)
+    for (int c = 0; c < axes(); ++c)
+      if (pin(i, c).is_s(h) && (a < 0 || obl_.decide(OblKind::Equal, axis_size(c), pool_.constant(1)) != Decision::Holds)) a = c;
+    return layout_conflict(fmt::format("{} cuts the heads of {} ({}) and of {} ({}) differently, and {}'s heads (dim {}) are cut unevenly "
+                                       "(`uneven`): each rank's kernel pairs its own query heads with its own kv heads, which are then not "
+                                       "the whole attention's pairs",
                                        opname(), iname(qi), dstr(in(qi).shape[hu]), iname(ki), dstr(in(ki).shape[hu]), iname(i), h),
                            iname(i), i, a,
                            fmt::format("cut the heads of q, k and v into equal shards (their counts divisible by the ranks that cut them), or "
@@ -169,7 +180,7 @@ bool Checker::attention_shapes(int& b, int& h, int& s, int& dd) {
     if (dec == Decision::Deferred && obl_.first_time(OblKind::Divisible, dim(0, h), dim(1, h)))
       obl_.push({OblKind::Divisible, dim(0, h), dim(1, h), CheckId::ShapeMismatch, here(), op_idx_, iname(1), what, {}});
   }
-  return gqa_heads_cut_evenly(h, 0, 1) && invariant_ok({0, 1, 2});
+  return heads_cut_evenly(h, 0, 1) && invariant_ok({0, 1, 2});
 }
 
 void Checker::attention() {

@@ -82,7 +82,7 @@ void Checker::attention_grad() {
   int wrt = at().choice < 3 ? at().choice : 0;  // q, k, v
   for (int i = 0; i < 4; ++i)
     if (in(i).rank != 4) return report(CheckId::ShapeMismatch, fmt::format("AttentionGrad {} must have rank 4, got shape {}", iname(i), sstr(in(i).dims())), iname(i));
-  if (!gqa_heads_cut_evenly(h, 1, 2)) return;
+  if (!heads_cut_evenly(h, 1, 2)) return;
   Value& o = out() = in(1 + wrt);
   o.dtype = in(0).dtype;
   for (int a = 0; a < axes(); ++a) {

@@ -972,7 +972,7 @@ class Gen {
     std::uint32_t q_only = 0;  // other axes that cut q's heads only (GQA's kv heads replicated there)
     for (std::size_t c = 0; c < mesh_.size(); ++c) {
       other[c] = rng_.chance(0.7) ? Placement::r() : rng_.chance(0.8) ? Placement::s(1) : random_placement(4);
-      if (kv[1] != h && other[c].is_s(1) && rng_.chance(0.4)) q_only |= 1u << c;
+      if (other[c].is_s(1) && rng_.chance(0.4)) q_only |= 1u << c;
     }
     // q, k, v: sharded on the sequence over the axis (k, v whole for the all-gather-KV kind), the same on the others
     auto input = [&](bool seq_sharded, bool is_q = false) {
