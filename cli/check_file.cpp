@@ -24,6 +24,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The value check's budgets: --max-work and --max-memory when given, else equiv's defaults.
+EquivOptions value_check_options(const Options& opt) {
+  EquivOptions eo;
+  if (opt.max_work > 0) eo.max_work = opt.max_work;
+  if (opt.max_mib > 0) eo.max_bytes = opt.max_mib << 20;
+  return eo;
+}
+
 // --p2p-model, when given (it overrides the file's `p2p_model`).
 std::optional<P2PModel> model_option(const Options& opt) {
   if (opt.p2p_model.empty()) return std::nullopt;
@@ -73,7 +81,7 @@ void check_stages(FileResult& r, const Options& opt, const std::string& path) {
   TemporalOptions to;
   to.p2p_model = model_option(opt).value_or(r.program.has_p2p_model ? r.program.p2p_model : P2PModel::Eager);
   add(check_temporal(pl.program, to));
-  if (r.program.has_spec && !has_errors(r.diags)) add(check_equivalence(r.program).diags);
+  if (r.program.has_spec && !has_errors(r.diags)) add(check_equivalence(r.program, value_check_options(opt)).diags);
 }
 
 }  // namespace
@@ -180,7 +188,7 @@ FileResult check_file(const std::string& path, const Options& opt, std::ostream*
   }
   // The value-level check runs on a plan the type checks accept: a type error is the better diagnostic.
   if ((r.program.has_spec || r.program.local_view) && !has_errors(r.diags))
-    for (auto& d : check_equivalence(r.program).diags) r.diags.push_back(std::move(d));
+    for (auto& d : check_equivalence(r.program, value_check_options(opt)).diags) r.diags.push_back(std::move(d));
   r.dropped = sort_and_cap(r.diags, opt.max_diagnostics);
   annotate_instances(r.program, r.diags);
   annotate_origins(r.program, display_name(path), r.diags);

@@ -26,6 +26,8 @@ struct Options {
   std::string p2p_model;  // --p2p-model eager|rendezvous (overrides the file's `p2p_model`)
   std::string trace;      // --trace FILE: a Chrome trace of the (first) schedule checked
   bool backward = false;  // --backward: derive and check the backward even without `train: true`
+  std::int64_t max_work = 0;   // --max-work: the value check's element operations (0: equiv's default)
+  std::int64_t max_mib = 0;    // --max-memory: MiB of tensor values one value-check trial may hold (0: the default)
   std::optional<std::string> stdin_text;  // the text of standard input, read once when a file argument is `-`
   std::map<std::string, std::string> imported;  // programs imported in memory (`check SEQ_DIR RANKS_DIR`), by the name shown
   std::optional<LoadError> stdin_error;   // why it could not be read (a device, more than the size limit)

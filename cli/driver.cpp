@@ -473,6 +473,10 @@ int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                       "waits for its receive); overrides the file's `p2p_model`, default rendezvous")
         ->check(CLI::IsMember({"eager", "rendezvous"}));
     check->add_flag("--backward", opt.backward, "derive the backward from `loss:` and check it too (as `train: true`)");
+    check->add_option("--max-work", opt.max_work, "the value check of a file with a `spec:` (or `view: local`): element operations in all of its runs (as equiv's)")
+        ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 50));
+    check->add_option("--max-memory", opt.max_mib, "the value check's MiB of tensor values one trial may hold at once (as equiv's)")
+        ->check(CLI::Range(std::int64_t{16}, std::int64_t{1} << 20));
     frontends::ImportOptions io;  // `check SEQ_DIR RANKS_DIR` and `import`
     check->add_option("--relation", io.relation, "with SEQ_DIR RANKS_DIR: the relation file (docs/import.md)");
     check->add_option("--ops", io.ops_files, "with SEQ_DIR RANKS_DIR: more custom-op mapping files");

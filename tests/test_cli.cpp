@@ -757,6 +757,30 @@ TEST_CASE("a dropped or shuffled microbatch: the op that reads it points at the 
                    "microbatches' (shuffled microbatches)") != std::string::npos);
 }
 
+TEST_CASE("check takes equiv's budgets for the value check of a file with a spec") {
+  const std::string big = write_tmp("check_budget.yaml", R"(mesh: {tp: 2}
+tensors:
+  x: {shape: [512, 1024]}
+  w: {shape: [1024, 1024], placement: {tp: S(1)}}
+ops:
+  - {op: MatMul, in: [x, w], out: y}
+outputs:
+  y: {placement: {tp: S(1)}}
+spec:
+  ops:
+    - {op: MatMul, in: [x, w], out: y}
+  outputs: [y]
+)");
+  Run by_default = run({"check", big});  // 2 x 512 x 1024 x 1024 multiply-adds: past the default 250,000,000
+  CHECK(by_default.out.find("warning[value-unproved]: equivalence not checked: the run exceeds the interpreter's work limit") != std::string::npos);
+  Run more = run({"check", "--max-work", "3000000000", big});
+  CHECK(more.code == 0);
+  CHECK(more.out.empty());
+  Run small = run({"check", "--max-work", "3000000000", "--max-memory", "16", big});
+  CHECK(small.out.find("it would hold more than 16 MiB of tensor values at once") != std::string::npos);
+  CHECK(run({"check", "--max-memory", "8", big}).code == 2);  // below the smallest budget equiv takes
+}
+
 TEST_CASE("backward keeps the named sizes, so a hand-written copy of its output is checked at reduced sizes") {
   Run back = run({"backward", src("examples/autograd/megatron_mlp.yaml")});
   REQUIRE(back.code == 0);
