@@ -267,18 +267,29 @@ Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& siz
     for (int i = 0; i < k; ++i) n *= sizes[static_cast<std::size_t>(mesh[i])];
     const Tensor& g = cur[0];
     std::int64_t len = g.shape[static_cast<std::size_t>(d)];
-    if (len % n) return res.problem = "an uneven dim cut in a shard order other than mesh order is not modelled by the oracle", res;
-    std::int64_t b = len / n;
-    std::vector<Tensor> blocks(static_cast<std::size_t>(n));
+    // Each piece's block: the dim cut by the axes in its order, each axis cutting the block the ones before it left
+    // (torch.chunk's blocks when uneven: Runner::block); the pieces lie in mesh order in g, one after another.
+    std::vector<std::pair<std::int64_t, Tensor>> blocks;  // (where the block starts, the piece)
     std::vector<std::int64_t> c(axes, 0);
+    std::int64_t at = 0;
     for (std::int64_t km = 0; km < n; ++km) {
       std::int64_t r = km;
       for (int i = k - 1; i >= 0; --i) c[static_cast<std::size_t>(mesh[i])] = r % sizes[static_cast<std::size_t>(mesh[i])], r /= sizes[static_cast<std::size_t>(mesh[i])];
-      std::int64_t ko = 0;
-      for (int i = 0; i < k; ++i) ko = ko * sizes[static_cast<std::size_t>(ord[i])] + c[static_cast<std::size_t>(ord[i])];
-      blocks[static_cast<std::size_t>(ko)] = slice(g, d, km * b, (km + 1) * b);
+      std::int64_t lo = 0, hi = len;
+      for (int i = 0; i < k; ++i) {
+        std::int64_t l, h;
+        chunk_range(hi - lo, sizes[static_cast<std::size_t>(ord[i])], c[static_cast<std::size_t>(ord[i])], l, h);
+        hi = lo + h, lo += l;
+      }
+      if (at + (hi - lo) > len) return res.problem = "the ranks' pieces of an uneven dim cut in a shard order do not add up to it", res;
+      blocks.emplace_back(lo, slice(g, d, at, at + (hi - lo)));
+      at += hi - lo;
     }
-    cur[0] = concat(blocks, d);
+    if (at != len) return res.problem = "the ranks' pieces of an uneven dim cut in a shard order do not add up to it", res;
+    std::stable_sort(blocks.begin(), blocks.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+    std::vector<Tensor> pieces;
+    for (auto& [lo, t] : blocks) pieces.push_back(std::move(t));
+    cur[0] = concat(pieces, d);
   }
   res.ok = true;
   res.t = std::move(cur[0]);

@@ -85,8 +85,10 @@ void Runner::convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c,
       part(axes, c, n, idx);
       // the whole dim: the global size when these axes are all that cut it (an uneven shard's pieces differ in size)
       std::int64_t piece = v.t.shape[static_cast<std::size_t>(d)];
-      std::int64_t full = v.mask[static_cast<std::size_t>(d)] == axes ? v.gshape[static_cast<std::size_t>(d)] : piece * n;
-      chunk_range(full, n, idx, lo, hi);
+      const bool whole = v.mask[static_cast<std::size_t>(d)] == axes;
+      std::int64_t full = whole ? v.gshape[static_cast<std::size_t>(d)] : piece * n;
+      if (whole) block(full, axes, c, lo, hi, ord_of(v, static_cast<std::size_t>(d)));  // (torch.chunk's nested blocks when uneven)
+      else chunk_range(full, n, idx, lo, hi);
       Shape zs = v.t.shape;
       zs[static_cast<std::size_t>(d)] = full;
       Tensor z(zs, 0.0);

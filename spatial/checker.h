@@ -267,15 +267,31 @@ class Checker {
     return !(pool_.is_const(n) && pool_.is_const(k) && pool_.value(k) != 0 && pool_.value(n) % pool_.value(k) == 0);
   }
 
-  // Some rank holds no element of dim d of v (a torch.chunk shard of a short dim: 3 over 4 ranks gives 1, 1, 1, 0);
-  // true also when the sizes are symbolic and the dim is uneven, as that cannot be ruled out.
+  // Some rank holds no element of dim d of v (a torch.chunk shard of a short dim: 3 over 4 ranks gives 1, 1, 1, 0;
+  // several axes cut it one after another, each the pieces the previous left: 5 over 2 x 2 gives 2, 1, 1, 1); true
+  // also when the sizes are symbolic and the dim is uneven, as that cannot be ruled out.
   bool empty_shard(const Value& v, int d) {
     std::uint32_t m = shard_mask(v, d);
     if (!v.uneven || !m) return false;
-    ExprId n = v.shape[static_cast<std::size_t>(d)], k = mask_size(m);
-    if (!pool_.is_const(n) || !pool_.is_const(k)) return true;
-    std::int64_t nv = pool_.value(n), kv = pool_.value(k);
-    return kv > 1 && (kv - 1) * ((nv + kv - 1) / kv) >= nv;
+    ExprId n = v.shape[static_cast<std::size_t>(d)];
+    if (!pool_.is_const(n) || !pool_.is_const(mask_size(m))) return true;
+    int order[kMaxAxes];
+    int cut = shard_order(v.pl.data(), axes(), d, order);
+    std::vector<std::int64_t> pieces{pool_.value(n)};  // the distinct piece sizes so far (torch.chunk makes at most 3)
+    for (int i = 0; i < cut; ++i) {
+      if (!pool_.is_const(axis_size(order[i]))) return true;
+      std::int64_t k = std::max<std::int64_t>(pool_.value(axis_size(order[i])), 1);
+      std::vector<std::int64_t> next;
+      for (std::int64_t p : pieces) {
+        std::int64_t c = (p + k - 1) / k;  // the first chunks' size; then the partial one, then empty ones
+        for (std::int64_t j : {std::int64_t{0}, std::min(c ? p / c : 0, k - 1), k - 1}) {
+          std::int64_t size = std::clamp<std::int64_t>(p - j * c, 0, c);
+          if (std::find(next.begin(), next.end(), size) == next.end()) next.push_back(size);
+        }
+      }
+      pieces = std::move(next);
+    }
+    return std::find(pieces.begin(), pieces.end(), 0) != pieces.end();
   }
 
   // Dim d of v is cut unevenly (torch.chunk): v carries `uneven` and d's size is not provably divisible by the

@@ -126,28 +126,79 @@ bool Checker::kv_heads_held_whole(int a, int h, int ki) {
   return d != Decision::Fails;
 }
 
-// q at input `qi`, k and v at `ki`, `ki` + 1: each rank's kernel pairs its local query heads with its local kv heads
-// (grouped over them when fewer), which are the whole attention's pairs only when every cut of the heads is even, or
-// q, k and v have as many heads cut alike (the same chunks). torch.chunk's short last shard breaks the pairing: 6
-// query heads over 8 ranks leave the query heads of one kv group on ranks that hold another. False after a report.
+// q at input `qi`, k and v at `ki`, `ki` + 1, their heads on dim `h`: each rank's kernel groups its local query
+// heads over its local kv heads (query head i with kv head i / (its query heads / its kv heads)). With even cuts the
+// placement rules above make that the whole attention's grouping (query head g with kv head g / (NH / NKV)). An uneven
+// cut (`uneven`: torch.chunk's blocks, several axes cutting in turn as DTensor's nested shards do) is checked rank
+// by rank at the declared sizes: every rank's pairs must be the whole attention's (6 query heads over tpo 2 x tpi 4,
+// 2 kv heads over tpo: 3, 3 and then 1, 1, 1, 0, each rank's heads in its tpo block's kv group, are right; 6 query
+// heads and 2 kv heads both over tp 4, 2, 2, 2, 0 and 1, 1, 0, 0, pair query head 2 with kv head 1 on rank 1). False
+// after a report.
 bool Checker::heads_cut_evenly(int h, int qi, int ki) {
   const std::size_t hu = static_cast<std::size_t>(h);
-  const std::uint32_t m = shard_mask(in(qi), h);
-  if (in(qi).shape[hu] == in(ki).shape[hu] && shard_mask(in(ki), h) == m && shard_mask(in(ki + 1), h) == m) return true;
-  for (int i : {qi, ki, ki + 1}) {
-    if (!uneven_dim(in(i), h)) continue;
-    int a = -1;  // the innermost axis of more than one rank that cuts them (where the ranks' shares stop being equal)
-    for (int c = 0; c < axes(); ++c)
-      if (pin(i, c).is_s(h) && (a < 0 || obl_.decide(OblKind::Equal, axis_size(c), pool_.constant(1)) != Decision::Holds)) a = c;
-    return layout_conflict(fmt::format("{} cuts the heads of {} ({}) and of {} ({}) differently, and {}'s heads (dim {}) are cut unevenly "
-                                       "(`uneven`): each rank's kernel pairs its own query heads with its own kv heads, which are then not "
-                                       "the whole attention's pairs",
-                                       opname(), iname(qi), dstr(in(qi).shape[hu]), iname(ki), dstr(in(ki).shape[hu]), iname(i), h),
-                           iname(i), i, a,
+  if (!uneven_dim(in(qi), h) && !uneven_dim(in(ki), h) && !uneven_dim(in(ki + 1), h)) return true;
+  const int inputs[2] = {qi, ki};
+  int order[2][kMaxAxes], cuts[2];
+  std::int64_t heads[2] = {0, 0};
+  std::uint32_t used = 0;
+  bool known = true;
+  for (int s = 0; s < 2; ++s) {
+    const Value& x = in(inputs[s]);
+    cuts[s] = shard_order(x.pl.data(), axes(), h, order[s]);
+    known &= pool_.is_const(x.shape[hu]);
+    if (known) heads[s] = pool_.value(x.shape[hu]);
+    for (int i = 0; i < cuts[s]; ++i) used |= 1u << order[s][i], known &= pool_.is_const(axis_size(order[s][i]));
+  }
+  int note_axis = -1;  // the innermost axis of more than one rank that cuts the heads
+  for (int a = 0; a < axes(); ++a)
+    if ((used >> a & 1u) && (note_axis < 0 || !(known && pool_.value(axis_size(a)) == 1))) note_axis = a;
+  const int note_in = pin(qi, note_axis).is_s(h) ? qi : ki;
+  auto conflict = [&](const std::string& why) {
+    return layout_conflict(fmt::format("{} groups the query heads of {} ({}) over the kv heads of {} ({}) on each rank, and they are cut unevenly "
+                                       "(`uneven`): {}",
+                                       opname(), iname(qi), dstr(in(qi).shape[hu]), iname(ki), dstr(in(ki).shape[hu]), why),
+                           iname(note_in), note_in, note_axis,
                            fmt::format("cut the heads of q, k and v into equal shards (their counts divisible by the ranks that cut them), or "
                                        "gather {} along dim {}",
-                                       iname(i), h)),
+                                       iname(note_in), h)),
            false;
+  };
+  if (!known) return conflict("with symbolic sizes the ranks' blocks are not known, so their pairs cannot be checked");
+  std::int64_t ranks = 1;
+  for (int a = 0; a < axes(); ++a)
+    if (used >> a & 1u) ranks *= pool_.value(axis_size(a));
+  if (ranks > (std::int64_t{1} << 16)) return conflict(fmt::format("{} ranks cut them, more than are checked one by one", ranks));
+  if (heads[1] <= 0 || heads[0] % heads[1] != 0) return true;  // (attention_shapes reports the head counts)
+  const std::int64_t group = heads[0] / heads[1];
+  std::vector<std::int64_t> c(static_cast<std::size_t>(axes()), 0);
+  for (std::int64_t r = 0; r < ranks; ++r) {
+    std::int64_t rest = r;
+    for (int a = axes() - 1; a >= 0; --a)
+      if (used >> a & 1u) {
+        std::int64_t n = pool_.value(axis_size(a));
+        c[static_cast<std::size_t>(a)] = rest % n, rest /= n;
+      }
+    std::int64_t lo[2], len[2];
+    for (int s = 0; s < 2; ++s) {  // torch.chunk's block of this rank, axis by axis in shard order
+      lo[s] = 0, len[s] = heads[s];
+      for (int i = 0; i < cuts[s]; ++i) {
+        std::int64_t n = pool_.value(axis_size(order[s][i])), chunk = (len[s] + n - 1) / n;
+        std::int64_t l = std::min(len[s], c[static_cast<std::size_t>(order[s][i])] * chunk), e = std::min(len[s], l + chunk);
+        lo[s] += l, len[s] = e - l;
+      }
+    }
+    if (len[0] == 0) continue;
+    std::string rank = "{";
+    for (int a = 0; a < axes(); ++a)
+      if (used >> a & 1u) rank += fmt::format("{}{}: {}", rank.size() > 1 ? ", " : "", axn(a), c[static_cast<std::size_t>(a)]);
+    rank += "}";
+    if (len[1] == 0 || len[0] % len[1] != 0)
+      return conflict(fmt::format("rank {} holds {} query head{} and {} kv head{}, which its kernel cannot group", rank, len[0], len[0] == 1 ? "" : "s",
+                                  len[1], len[1] == 1 ? "" : "s"));
+    for (std::int64_t i = 0; i < len[0]; ++i)
+      if ((lo[0] + i) / group != lo[1] + i / (len[0] / len[1]))
+        return conflict(fmt::format("rank {} pairs query head {} with kv head {}, where the whole attention pairs it with kv head {}", rank, lo[0] + i,
+                                    lo[1] + i / (len[0] / len[1]), (lo[0] + i) / group));
   }
   return true;
 }

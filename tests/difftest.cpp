@@ -212,16 +212,16 @@ class Gen {
       set_shard_order(p.data(), static_cast<int>(mesh_.size()), dd, axes, n);
     }
     if (forced) p = *forced;
-    // An input cut unevenly along a dim by one axis declares the torch.chunk layout half of the time (else the
-    // declaration is the shape-mismatch): a short dim leaves a rank an empty slice (3 over 4), which reductions
-    // and broadcasts must handle (issue 23)
+    // An input cut unevenly along a dim declares the torch.chunk layout half of the time (else the declaration is
+    // the shape-mismatch): a short dim leaves a rank an empty slice (3 over 4), which reductions and broadcasts
+    // must handle (issue 23); a dim cut by several axes is cut by each in turn (DTensor's nested shards)
     if (!integer && !uneven && rng_.chance(0.5))
       for (int dd = 0; dd < static_cast<int>(shape.size()); ++dd) {
         int cut = 0;
         std::int64_t k = 1;
         for (std::size_t a = 0; a < mesh_.size(); ++a)
           if (p[a].is_s(dd)) ++cut, k *= mesh_[a].second;
-        if (cut == 1 && shape[static_cast<std::size_t>(dd)] % k) uneven = true;
+        if (cut >= 1 && shape[static_cast<std::size_t>(dd)] % k) uneven = true;
       }
     std::string d = name + ": {shape: " + dims_text(shape) + ", placement: " + pl_text(p, shape.size());
     if (integer) d += ", dtype: i64";

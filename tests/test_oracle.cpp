@@ -288,6 +288,36 @@ TEST_CASE("differential: the generator covers the context-parallel ops") {
   });
 }
 
+TEST_CASE("differential: the generator covers grouped-query attention, a tp of 1 and dims cut unevenly by several axes") {
+  // (the rules these reach: GQA's kv heads per rank and uneven head cuts checked rank by rank, an axis of one rank,
+  // DTensor's nested torch.chunk blocks)
+  std::map<std::string, std::string> heads;  // a declared 4-d value's dim 1 (names repeat across programs: decls come first)
+  check_coverage("attention and uneven layouts", 0, {"tp: 1}", "grouped-query attention", "uneven over several axes"},
+                 [&](const std::string& line, std::set<std::string>& here) {
+                   auto shape = line.find(": {shape: [");
+                   if (shape != std::string::npos) {
+                     std::string name = line.substr(2, line.find(':') - 2);
+                     std::string dims = line.substr(shape + 11, line.find(']', shape) - shape - 11);
+                     auto c1 = dims.find(','), c2 = dims.find(',', c1 + 1);
+                     if (std::count(dims.begin(), dims.end(), ',') == 3) heads[name] = dims.substr(c1 + 2, c2 - c1 - 2);
+                     if (line.find("uneven: true") != std::string::npos)
+                       for (char d = '0'; d <= '3'; ++d) {
+                         std::string sd = std::string("S(") + d + ")";
+                         auto first = line.find(sd);
+                         if (first != std::string::npos && line.find(sd, first + 1) != std::string::npos) here.insert("uneven over several axes");
+                       }
+                   }
+                   for (std::string op : {"op: FlashAttention, in: [", "op: RingAttention, in: [", "op: RingAttentionStep, in: ["}) {
+                     auto at = line.find(op);
+                     if (at == std::string::npos) continue;
+                     std::string ins = line.substr(at + op.size(), line.find(']', at) - at - op.size());
+                     auto c1 = ins.find(','), c2 = ins.find(',', c1 + 1);
+                     std::string q = ins.substr(0, c1), k = ins.substr(c1 + 2, c2 - c1 - 2);
+                     if (heads.count(q) && heads.count(k) && heads[q] != heads[k]) here.insert("grouped-query attention");
+                   }
+                 });
+}
+
 TEST_CASE("differential: the generator covers the FP8 ops (scales, histories, FP8 collectives)") {
   int history = 0, scale_op = 0, exchanged = 0;
   for (std::uint64_t s = 0; s < 3000; ++s) {
