@@ -300,31 +300,31 @@ Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& siz
 std::string holders(const Program& p, const std::vector<std::int64_t>& sizes, const Shape& gshape, std::int64_t flat, const Placements& pl) {
   Shape st = strides_of(gshape), idx(gshape.size());
   for (std::size_t d = 0; d < gshape.size(); ++d) idx[d] = st[d] ? (flat / st[d]) % std::max<std::int64_t>(gshape[d], 1) : 0;
-  std::string s = "{";
-  // Dims sharded by several axes: outer major. Walk axes in mesh order, narrowing each dim's range.
-  std::vector<std::int64_t> lo(gshape.size(), 0), hi(gshape.begin(), gshape.end());
-  for (std::size_t a = 0; a < sizes.size(); ++a) {
-    std::string v;
-    Placement pa = pl[a];
-    if (pa.is_s()) {
-      auto d = static_cast<std::size_t>(pa.dim < 0 ? pa.dim + static_cast<int>(gshape.size()) : pa.dim);
-      if (d < gshape.size()) {
-        std::int64_t n = hi[d] - lo[d];
-        for (std::int64_t k = 0; k < sizes[a]; ++k) {
-          std::int64_t l, h;
-          chunk_range(n, sizes[a], k, l, h);
-          if (idx[d] >= lo[d] + l && idx[d] < lo[d] + h) {
-            v = std::to_string(k);
-            hi[d] = lo[d] + h, lo[d] += l;
-            break;
-          }
+  // Each sharded dim's axes in its shard order (mesh order by default), each narrowing the block the ones before
+  // it left (torch.chunk's blocks when uneven): the coordinate of each axis that holds the element.
+  std::vector<std::string> coord(sizes.size());
+  const int n_axes = static_cast<int>(sizes.size());
+  for (std::size_t d = 0; d < gshape.size(); ++d) {
+    int order[kMaxAxes];
+    int k = shard_order(pl.data(), n_axes, static_cast<int>(d), order);
+    std::int64_t lo = 0, hi = gshape[d];
+    for (int i = 0; i < k; ++i) {
+      auto a = static_cast<std::size_t>(order[i]);
+      for (std::int64_t c = 0; c < sizes[a]; ++c) {
+        std::int64_t l, h;
+        chunk_range(hi - lo, sizes[a], c, l, h);
+        if (idx[d] >= lo + l && idx[d] < lo + h) {
+          coord[a] = std::to_string(c);
+          hi = lo + h, lo += l;
+          break;
         }
       }
-    } else if (pa.is_p()) {
-      v = "all (" + to_string(pa) + ")";
-    } else {
-      v = "any";
     }
+  }
+  std::string s = "{";
+  for (std::size_t a = 0; a < sizes.size(); ++a) {
+    Placement pa = pl[a];
+    std::string v = pa.is_s() ? coord[a] : pa.is_p() ? "all (" + to_string(pa) + ")" : "any";
     s += (a ? ", " : "") + p.mesh[a].name + ": " + v;
   }
   return s + "}";

@@ -757,6 +757,23 @@ TEST_CASE("a dropped or shuffled microbatch: the op that reads it points at the 
                    "microbatches' (shuffled microbatches)") != std::string::npos);
 }
 
+TEST_CASE("run: an uneven dim cut in a shard order is assembled in that order, and its holders named in it") {
+  // 6 elements, tp first then dp (nested torch.chunk blocks: 3, 3 over tp, then 2, 1 over dp): element 2 is on rank
+  // {dp: 1, tp: 0}. The plan's value is cut in mesh order, so the assembly by the declared order differs there.
+  const std::string f = write_tmp("strided_uneven.yaml", R"(mesh: {dp: 2, tp: 2}
+tensors:
+  x: {shape: [6], placement: {dp: S(0), tp: S(0)}, uneven: true}
+ops:
+  - {op: Multiply, in: [x], out: y, scalar: 2}
+outputs:
+  y: {placement: {dp: S(0), tp: S(0), order: [tp, dp]}}
+)");
+  Run r = run({"run", f});
+  CHECK(r.code == 1);
+  CHECK(r.out.find("output y differs at [2]") != std::string::npos);
+  CHECK(r.out.find("(held by ranks {dp: 1, tp: 0})") != std::string::npos);  // (before: not assembled, "not modelled by the oracle")
+}
+
 TEST_CASE("check takes equiv's budgets for the value check of a file with a spec") {
   const std::string big = write_tmp("check_budget.yaml", R"(mesh: {tp: 2}
 tensors:
