@@ -85,10 +85,15 @@ void Runner::convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c,
       part(axes, c, n, idx);
       // the whole dim: the global size when these axes are all that cut it (an uneven shard's pieces differ in size)
       std::int64_t piece = v.t.shape[static_cast<std::size_t>(d)];
-      const bool whole = v.mask[static_cast<std::size_t>(d)] == axes;
-      std::int64_t full = whole ? v.gshape[static_cast<std::size_t>(d)] : piece * n;
-      if (whole) block(full, axes, c, lo, hi, ord_of(v, static_cast<std::size_t>(d)));  // (torch.chunk's nested blocks when uneven)
-      else chunk_range(full, n, idx, lo, hi);
+      // The block the other axes leave (all of the dim when these are all that cut it) and this rank's piece in it:
+      // torch.chunk's nested blocks, even or uneven. (A piece that is not where those blocks put it: cut evenly.)
+      const auto du = static_cast<std::size_t>(d);
+      std::int64_t olo, ohi, plo, phi;
+      block(v.gshape[du], v.mask[du] & ~axes, c, olo, ohi, ord_of(v, du));
+      block(v.gshape[du], v.mask[du], c, plo, phi, ord_of(v, du));
+      std::int64_t full = ohi - olo;
+      if (phi - plo == piece && plo >= olo && phi <= ohi) lo = plo - olo, hi = phi - olo;
+      else full = piece * n, chunk_range(full, n, idx, lo, hi);
       Shape zs = v.t.shape;
       zs[static_cast<std::size_t>(d)] = full;
       Tensor z(zs, 0.0);

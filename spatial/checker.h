@@ -196,7 +196,8 @@ class Checker {
   void softmax();
   void reduce_dims();
   void attention();
-  bool attention_shapes(int& b, int& h, int& s, int& dd);
+  bool attention_shapes(int& b, int& h, int& s, int& dd, int q0 = 0);
+  bool cp_sequence_even(int qi, int s, int a);
   bool kv_heads_held_whole(int a, int h, int ki = 1);  // ki: the input index of k (v follows)
   bool heads_cut_evenly(int h, int qi, int ki);
   void embedding();
@@ -260,13 +261,6 @@ class Checker {
   Mono mono(ExprId e) const;
   static bool divides(const Mono& x, const Mono& y);
   bool is_one(ExprId e) const { return pool_.is_const(e) && pool_.value(e) == 1; }
-  // An uneven (torch.chunk) value whose dim d over axis a is not provably an even split: ranks' slices differ in size.
-  bool uneven_on(const Value& v, int d, int a) const {
-    if (!v.uneven) return false;
-    ExprId n = v.shape[static_cast<std::size_t>(d)], k = axis_size(a);
-    return !(pool_.is_const(n) && pool_.is_const(k) && pool_.value(k) != 0 && pool_.value(n) % pool_.value(k) == 0);
-  }
-
   // Some rank holds no element of dim d of v (a torch.chunk shard of a short dim: 3 over 4 ranks gives 1, 1, 1, 0;
   // several axes cut it one after another, each the pieces the previous left: 5 over 2 x 2 gives 2, 1, 1, 1); true
   // also when the sizes are symbolic and the dim is uneven, as that cannot be ruled out.

@@ -139,6 +139,10 @@ bool Checker::heads_cut_evenly(int h, int qi, int ki) {
   if (!uneven_dim(in(qi), h) && !uneven_dim(in(ki), h) && !uneven_dim(in(ki + 1), h)) return true;
   const int inputs[2] = {qi, ki};
   int order[2][kMaxAxes], cuts[2];
+  cuts[0] = shard_order(in(qi).pl.data(), axes(), h, order[0]);
+  cuts[1] = shard_order(in(ki).pl.data(), axes(), h, order[1]);
+  if (in(qi).shape[hu] == in(ki).shape[hu] && cuts[0] == cuts[1] && std::equal(order[0], order[0] + cuts[0], order[1]))
+    return true;  // as many heads, cut alike: the same torch.chunk blocks on every rank, whatever the sizes
   std::int64_t heads[2] = {0, 0};
   std::uint32_t used = 0;
   bool known = true;
@@ -167,7 +171,8 @@ bool Checker::heads_cut_evenly(int h, int qi, int ki) {
   std::int64_t ranks = 1;
   for (int a = 0; a < axes(); ++a)
     if (used >> a & 1u) ranks *= pool_.value(axis_size(a));
-  if (ranks > (std::int64_t{1} << 16)) return conflict(fmt::format("{} ranks cut them, more than are checked one by one", ranks));
+  if (heads[0] > (std::int64_t{1} << 22) / ranks)  // (ranks x query heads pairs to check)
+    return conflict(fmt::format("{} ranks cut {} query heads, more than are checked one by one", ranks, heads[0]));
   if (heads[1] <= 0 || heads[0] % heads[1] != 0) return true;  // (attention_shapes reports the head counts)
   const std::int64_t group = heads[0] / heads[1];
   std::vector<std::int64_t> c(static_cast<std::size_t>(axes()), 0);
@@ -203,21 +208,36 @@ bool Checker::heads_cut_evenly(int h, int qi, int ki) {
   return true;
 }
 
-// The shapes of q, k, v (inputs 0-2) of an attention op and its dims by `layout`; false after a report.
-bool Checker::attention_shapes(int& b, int& h, int& s, int& dd) {
+// Context parallelism over axis `a` (`cp`, a ring): a rank's global positions are its index along the axis times its
+// local sequence length (as a kernel given position offsets computes them, and a ring's blocks), which is its block's
+// start only when the sequence (dim `s` of input `qi`) is cut evenly. False after a report.
+bool Checker::cp_sequence_even(int qi, int s, int a) {
+  if (!uneven_dim(in(qi), s)) return true;
+  return report(CheckId::ShapeMismatch,
+                fmt::format("{} over {} takes each rank's global positions as its index times its local sequence length, but the sequence "
+                            "of {} (dim {}, {}) is cut unevenly (`uneven`: torch.chunk's blocks), so some rank's positions are off",
+                            opname(), axn(a), iname(qi), s, dstr(in(qi).shape[static_cast<std::size_t>(s)])),
+                iname(qi), {fix("make the sequence divisible by the ranks that cut it (pad it), as context parallelism requires")}),
+         false;
+}
+
+// The shapes of q, k, v (inputs q0 to q0 + 2: AttentionGrad's follow dy) of an attention op and its dims by
+// `layout`; false after a report.
+bool Checker::attention_shapes(int& b, int& h, int& s, int& dd, int q0) {
   b = 0, h = 1, s = 2, dd = 3;
   if (at().layout == AttnLayout::BSHD) s = 1, h = 2;
   if (at().layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
   const char* names[] = {"q", "k", "v"};
   for (int i = 0; i < 3; ++i)
-    if (in(i).rank != 4)
-      return report(CheckId::ShapeMismatch, fmt::format("{} {} ({}) must have rank 4 ({}), got shape {}", opname(), names[i], iname(i),
+    if (in(q0 + i).rank != 4)
+      return report(CheckId::ShapeMismatch, fmt::format("{} {} ({}) must have rank 4 ({}), got shape {}", opname(), names[i], iname(q0 + i),
                                                         at().layout == AttnLayout::BHSD ? "batch, heads, seq, head_dim" : "see `layout`",
-                                                        sstr(in(i).dims())),
-                    iname(i)), false;
-  auto dim = [&](int i, int d) { return in(i).shape[static_cast<std::size_t>(d)]; };
+                                                        sstr(in(q0 + i).dims())),
+                    iname(q0 + i)), false;
+  auto dim = [&](int i, int d) { return in(q0 + i).shape[static_cast<std::size_t>(d)]; };
   auto same = [&](int i, int di, int j, int dj, const char* what) {
-    return same_dim(dim(i, di), dim(j, dj), [&] { return fmt::format("{} {} of {} and {}", opname(), what, iname(i), iname(j)); }, iname(j));
+    return same_dim(dim(i, di), dim(j, dj), [&] { return fmt::format("{} {} of {} and {}", opname(), what, iname(q0 + i), iname(q0 + j)); },
+                    iname(q0 + j));
   };
   if (!same(0, b, 1, b, "batch") || !same(1, b, 2, b, "batch") || !same(0, dd, 1, dd, "head_dim") || !same(1, s, 2, s, "key sequence") ||
       !same(1, h, 2, h, "heads"))
@@ -225,13 +245,13 @@ bool Checker::attention_shapes(int& b, int& h, int& s, int& dd) {
   // Grouped-query attention: q's heads a multiple of k's, for every allowed size (an obligation when symbolic).
   if (dim(0, h) != dim(1, h)) {
     std::string what = fmt::format("{} groups the query heads of {} ({}) over the kv heads of {} ({}), so {} must be a multiple of {}",
-                                   opname(), iname(0), dstr(dim(0, h)), iname(1), dstr(dim(1, h)), dstr(dim(0, h)), dstr(dim(1, h)));
+                                   opname(), iname(q0), dstr(dim(0, h)), iname(q0 + 1), dstr(dim(1, h)), dstr(dim(0, h)), dstr(dim(1, h)));
     Decision dec = obl_.decide(OblKind::Divisible, dim(0, h), dim(1, h));
-    if (dec == Decision::Fails) return report(CheckId::ShapeMismatch, what + ", but it is not", iname(1)), false;
+    if (dec == Decision::Fails) return report(CheckId::ShapeMismatch, what + ", but it is not", iname(q0 + 1)), false;
     if (dec == Decision::Deferred && obl_.first_time(OblKind::Divisible, dim(0, h), dim(1, h)))
-      obl_.push({OblKind::Divisible, dim(0, h), dim(1, h), CheckId::ShapeMismatch, here(), op_idx_, iname(1), what, {}});
+      obl_.push({OblKind::Divisible, dim(0, h), dim(1, h), CheckId::ShapeMismatch, here(), op_idx_, iname(q0 + 1), what, {}});
   }
-  return heads_cut_evenly(h, 0, 1) && invariant_ok({0, 1, 2});
+  return heads_cut_evenly(h, q0, q0 + 1) && (q0 > 0 || invariant_ok({0, 1, 2}));
 }
 
 void Checker::attention() {
@@ -254,6 +274,7 @@ void Checker::attention() {
                                          "there, not sharded on the sequence (S({})): the offsets would shift a whole sequence",
                                          axn(a), axn(a), ps(q), s),
                              iname(0), 0, a, fmt::format("drop `cp: {}`, or shard q on dim {} over {}", axn(a), s, axn(a)));
+    if ((at().axes >> a & 1u) && q.is_s(s) && !cp_sequence_even(0, s, a)) return;
     if (q.is_i() && k.is_i() && v.is_i()) continue;
     if (q.is_s(dd) || k.is_s(dd)) return sharded_dim(q.is_s(dd) ? 0 : 1, a, dd, "the q.k scores contract head_dim, so each rank would softmax partial scores");
     if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) {

@@ -241,6 +241,8 @@ void Checker::ring_attention_step() {
   int b, h, s, dd;
   int a = cp_axis();
   if (a < 0 || !attention_shapes(b, h, s, dd)) return;
+  for (int i = 0; i < 3; ++i)  // (the ring's blocks and positions are rank index times block length)
+    if (!cp_sequence_even(i, s, a)) return;
   auto n = ring_size(a);
   if (!n) return;
   const Value& Q = in(0);
@@ -339,6 +341,8 @@ void Checker::ring_attention() {
   int b, h, s, dd;
   int a = cp_axis();
   if (a < 0 || !attention_shapes(b, h, s, dd)) return;
+  for (int i = 0; i < 3; ++i)
+    if (!cp_sequence_even(i, s, a)) return;
   for (int i = 0; i < 3; ++i)
     if (!pin(i, a).is_s(s)) {
       if (pin(i, a).is_p()) return partial_misuse(i, a, "attention is nonlinear in q, k and v");

@@ -190,7 +190,7 @@ void Checker::cross_entropy() {
                                   axn(a), iname(0), vd, ps(pl), axsize(a)),
                       iname(0), std::move(notes));
       }
-      if (uneven_on(lg, vd, a))
+      if (uneven_dim(lg, vd))  // (by all the axes that cut it: 6 is even over 2 and over 2, not over 2 x 2)
         return report(CheckId::ShapeMismatch,
                       fmt::format("vocab-parallel CrossEntropyLoss over {} needs the vocab dim of {} split evenly, but it is an uneven (torch.chunk) "
                                   "shard: each rank's label range is its index times the local vocab size, as in Megatron's vocab_range_from_per_"

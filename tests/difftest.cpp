@@ -961,7 +961,7 @@ class Gen {
       return;
     }
     std::int64_t b = 2, h = rng_.pick(std::vector<std::int64_t>{2, 4}), d = rng_.pick(std::vector<std::int64_t>{2, 4});
-    std::int64_t s = n * rng_.pick(std::vector<std::int64_t>{2, 2, 4, 3});
+    std::int64_t s = n * rng_.pick(std::vector<std::int64_t>{2, 2, 4, 3}) + (rng_.chance(0.1) ? 1 : 0);  // now and then uneven
     Dims shape = {b, h, s, d}, lshape = {b, h, s, 1};
     int kind = rng_.chance(0.5) ? 2 : rng_.below(2);
     bool zz = rng_.chance(0.4), causal = rng_.chance(0.7);

@@ -316,3 +316,23 @@ TEST_CASE("per-rank programs: each program sees its own names and the tensors it
 TEST_CASE("no cascades: a value with an error is not reported again") {
   CHECK(ids(row_linear("  - {op: GELU, in: [y_partial], out: g}\n  - {op: GELU, in: [g], out: y}")) == one("partial-misuse"));
 }
+
+namespace spmd {
+
+TEST_CASE("attention with an uneven head cut: checked rank by rank, within a bound on the pairs it checks") {
+  auto gqa = [](const std::string& nh, const std::string& nkv) {
+    return "mesh: {tp: 3}\ntensors:\n  q: {shape: [1, " + nh + ", 1, 1], placement: {tp: S(1)}, uneven: true}\n  k: {shape: [1, " + nkv +
+           ", 1, 1], placement: {tp: S(1)}, uneven: true}\n  v: {shape: [1, " + nkv +
+           ", 1, 1], placement: {tp: S(1)}, uneven: true}\nops:\n  - {op: FlashAttention, in: [q, k, v], out: o}\n";
+  };
+  // 8 query heads over 4 kv heads, tp 3: 3, 3, 2 and 2, 2, 0: rank 0 pairs query head 2 with kv head 1 (whole: 1) but
+  // its 3 query heads over 2 kv heads cannot be grouped
+  CHECK(ids(gqa("8", "4")) == one("layout-conflict"));
+  // 4 million query heads: past the pairs checked one by one, so not proved right (before, check took minutes)
+  CHECK(ids(gqa("4000000", "2000000")) == one("layout-conflict"));
+  // as many heads cut alike: the same blocks, accepted whatever the count
+  CHECK(ids(gqa("40000000001", "40000000001")) == none());
+}
+
+}  // namespace spmd
+
