@@ -86,14 +86,17 @@ void Runner::convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c,
       // the whole dim: the global size when these axes are all that cut it (an uneven shard's pieces differ in size)
       std::int64_t piece = v.t.shape[static_cast<std::size_t>(d)];
       // The block the other axes leave (all of the dim when these are all that cut it) and this rank's piece in it:
-      // torch.chunk's nested blocks, even or uneven. (A piece that is not where those blocks put it: cut evenly.)
+      // torch.chunk's nested blocks, even or uneven. A piece outside that block (axes not innermost in the dim's
+      // order, which the checker rejects) has no slot.
       const auto du = static_cast<std::size_t>(d);
       std::int64_t olo, ohi, plo, phi;
       block(v.gshape[du], v.mask[du] & ~axes, c, olo, ohi, ord_of(v, du));
       block(v.gshape[du], v.mask[du], c, plo, phi, ord_of(v, du));
       std::int64_t full = ohi - olo;
-      if (phi - plo == piece && plo >= olo && phi <= ohi) lo = plo - olo, hi = phi - olo;
-      else full = piece * n, chunk_range(full, n, idx, lo, hi);
+      if (!(phi - plo == piece && plo >= olo && phi <= ohi))
+        throw InterpError("Convert to P over " + std::to_string(n) + " ranks: rank " + coord_text(p_, c) + "'s piece of dim " + std::to_string(d) +
+                          " is not inside the block the other axes leave it");
+      lo = plo - olo, hi = phi - olo;
       Shape zs = v.t.shape;
       zs[static_cast<std::size_t>(d)] = full;
       Tensor z(zs, 0.0);

@@ -171,12 +171,13 @@ bool Checker::heads_cut_evenly(int h, int qi, int ki) {
   std::int64_t ranks = 1;
   for (int a = 0; a < axes(); ++a)
     if (used >> a & 1u) ranks *= pool_.value(axis_size(a));
-  if (heads[0] > (std::int64_t{1} << 22) / ranks)  // (ranks x query heads pairs to check)
-    return conflict(fmt::format("{} ranks cut {} query heads, more than are checked one by one", ranks, heads[0]));
   if (heads[1] <= 0 || heads[0] % heads[1] != 0) return true;  // (attention_shapes reports the head counts)
   const std::int64_t group = heads[0] / heads[1];
   std::vector<std::int64_t> c(static_cast<std::size_t>(axes()), 0);
+  std::int64_t work = 0;  // ranks and pairs checked so far: past a bound, not proved (a size cap would reject what is cheap)
+  auto too_many = [&] { return conflict(fmt::format("{} ranks cut {} query heads, more pairs than are checked one by one", ranks, heads[0])); };
   for (std::int64_t r = 0; r < ranks; ++r) {
+    if (++work > (std::int64_t{1} << 24)) return too_many();
     std::int64_t rest = r;
     for (int a = axes() - 1; a >= 0; --a)
       if (used >> a & 1u) {
@@ -200,6 +201,7 @@ bool Checker::heads_cut_evenly(int h, int qi, int ki) {
     if (len[1] == 0 || len[0] % len[1] != 0)
       return conflict(fmt::format("rank {} holds {} query head{} and {} kv head{}, which its kernel cannot group", rank, len[0], len[0] == 1 ? "" : "s",
                                   len[1], len[1] == 1 ? "" : "s"));
+    if ((work += len[0]) > (std::int64_t{1} << 24)) return too_many();
     for (std::int64_t i = 0; i < len[0]; ++i)
       if ((lo[0] + i) / group != lo[1] + i / (len[0] / len[1]))
         return conflict(fmt::format("rank {} pairs query head {} with kv head {}, where the whole attention pairs it with kv head {}", rank, lo[0] + i,
@@ -208,17 +210,40 @@ bool Checker::heads_cut_evenly(int h, int qi, int ki) {
   return true;
 }
 
-// Context parallelism over axis `a` (`cp`, a ring): a rank's global positions are its index along the axis times its
-// local sequence length (as a kernel given position offsets computes them, and a ring's blocks), which is its block's
-// start only when the sequence (dim `s` of input `qi`) is cut evenly. False after a report.
+// Context parallelism over axis `a` (`cp`, a ring): the causal mask takes a rank's global positions as its index
+// along the axis times its local sequence length (as a kernel given position offsets computes them, and a ring's
+// blocks), which is its block's start only when the sequence (dim `s` of input `qi`) is cut evenly. Without `causal`
+// no position is used. False after a report.
 bool Checker::cp_sequence_even(int qi, int s, int a) {
-  if (!uneven_dim(in(qi), s)) return true;
+  if (!at().causal || !uneven_dim(in(qi), s)) return true;
   return report(CheckId::ShapeMismatch,
-                fmt::format("{} over {} takes each rank's global positions as its index times its local sequence length, but the sequence "
-                            "of {} (dim {}, {}) is cut unevenly (`uneven`: torch.chunk's blocks), so some rank's positions are off",
+                fmt::format("causal {} over {} takes each rank's global positions as its index times its local sequence length, but the "
+                            "sequence of {} (dim {}, {}) is cut unevenly (`uneven`: torch.chunk's blocks), so some rank's mask is off",
                             opname(), axn(a), iname(qi), s, dstr(in(qi).shape[static_cast<std::size_t>(s)])),
                 iname(qi), {fix("make the sequence divisible by the ranks that cut it (pad it), as context parallelism requires")}),
          false;
+}
+
+// `cp` on an attention op with q at input `qi` (FlashAttention, AttentionGrad): one axis, over which a causal op's q
+// is sharded on the sequence, evenly (the mask is offset by each rank's global positions there). False after a report.
+bool Checker::cp_ok(int qi, int s) {
+  if (std::popcount(at().axes) > 1)
+    return illegal(fmt::format("{}'s `cp` names {} axes; the causal mask's positions come from one sequence-sharding axis", opname(),
+                               std::popcount(at().axes)),
+                   -1, "name the context-parallel axis alone"),
+           false;
+  for (int a = 0; a < axes(); ++a) {
+    if (!(at().causal && (at().axes >> a & 1u))) continue;
+    Placement q = pin(qi, a);
+    if (!q.is_s(s))
+      return layout_conflict(fmt::format("{} offsets the causal mask by each rank's global positions over {} (`cp: {}`), but q is {} there, not "
+                                         "sharded on the sequence (S({})): the offsets would shift a whole sequence",
+                                         opname(), axn(a), axn(a), ps(q), s),
+                             iname(qi), qi, a, fmt::format("drop `cp: {}`, or shard q on dim {} over {}", axn(a), s, axn(a))),
+             false;
+    if (!cp_sequence_even(qi, s, a)) return false;
+  }
+  return true;
 }
 
 // The shapes of q, k, v (inputs q0 to q0 + 2: AttentionGrad's follow dy) of an attention op and its dims by
@@ -256,11 +281,7 @@ bool Checker::attention_shapes(int& b, int& h, int& s, int& dd, int q0) {
 
 void Checker::attention() {
   int b, h, s, dd;
-  if (std::popcount(at().axes) > 1)
-    return illegal(fmt::format("FlashAttention's `cp` names {} axes; the causal mask's positions come from one sequence-sharding axis",
-                               std::popcount(at().axes)),
-                   -1, "name the context-parallel axis alone");
-  if (!attention_shapes(b, h, s, dd)) return;
+  if (!attention_shapes(b, h, s, dd) || !cp_ok(0, s)) return;
   if (!same_order(1, s, 2, s)) return;  // key j's value is v's row j
   auto dim = [&](int i, int d) { return in(i).shape[static_cast<std::size_t>(d)]; };
   Value& o = out() = in(0);
@@ -269,12 +290,6 @@ void Checker::attention() {
     Placement q = pin(0, a), k = pin(1, a), v = pin(2, a);
     for (int i = 0; i < 3; ++i)
       if (pin(i, a).is_p()) return partial_misuse(i, a, "attention is nonlinear in q, k and v");
-    if (at().causal && (at().axes >> a & 1u) && !q.is_s(s))
-      return layout_conflict(fmt::format("FlashAttention offsets the causal mask by each rank's global positions over {} (`cp: {}`), but q is {} "
-                                         "there, not sharded on the sequence (S({})): the offsets would shift a whole sequence",
-                                         axn(a), axn(a), ps(q), s),
-                             iname(0), 0, a, fmt::format("drop `cp: {}`, or shard q on dim {} over {}", axn(a), s, axn(a)));
-    if ((at().axes >> a & 1u) && q.is_s(s) && !cp_sequence_even(0, s, a)) return;
     if (q.is_i() && k.is_i() && v.is_i()) continue;
     if (q.is_s(dd) || k.is_s(dd)) return sharded_dim(q.is_s(dd) ? 0 : 1, a, dd, "the q.k scores contract head_dim, so each rank would softmax partial scores");
     if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) {

@@ -218,6 +218,13 @@ void Checker::ring_rotate() {
   Placement p = pin(0, a);
   if (p.is_s()) {
     if (*n == 1) return;
+    if (uneven_dim(x, p.dim))  // (the oracle, like a ring of fixed-size sends, moves equal blocks only)
+      return report(CheckId::ShapeMismatch,
+                    fmt::format("RingRotate over {} moves each rank's block of dim {} of {} to the {} rank, but the dim ({}) is cut unevenly "
+                                "(`uneven`: torch.chunk's blocks): the blocks differ in size, so a rank would receive a block of another size "
+                                "than its own",
+                                axn(a), p.dim, iname(0), dir == 1 ? "next" : "previous", dstr(x.shape[static_cast<std::size_t>(p.dim)])),
+                    iname(0), {fix("make the sequence divisible by the ranks that cut it (pad it), as context parallelism requires")});
     o.ring_axis = static_cast<std::int8_t>(a);
     o.ring_dim = p.dim;
     o.ring_shift = static_cast<std::int32_t>(dir % *n);
@@ -241,7 +248,7 @@ void Checker::ring_attention_step() {
   int b, h, s, dd;
   int a = cp_axis();
   if (a < 0 || !attention_shapes(b, h, s, dd)) return;
-  for (int i = 0; i < 3; ++i)  // (the ring's blocks and positions are rank index times block length)
+  for (int i = 0; i < 3; ++i)  // (causal: q's and each rotated k block's positions are a rank index times a block length)
     if (!cp_sequence_even(i, s, a)) return;
   auto n = ring_size(a);
   if (!n) return;
@@ -340,9 +347,8 @@ void Checker::ring_attention_step() {
 void Checker::ring_attention() {
   int b, h, s, dd;
   int a = cp_axis();
-  if (a < 0 || !attention_shapes(b, h, s, dd)) return;
-  for (int i = 0; i < 3; ++i)
-    if (!cp_sequence_even(i, s, a)) return;
+  // (q's positions are its index times its block: k and v are gathered whole, so only q's cut must be even)
+  if (a < 0 || !attention_shapes(b, h, s, dd) || !cp_sequence_even(0, s, a)) return;
   for (int i = 0; i < 3; ++i)
     if (!pin(i, a).is_s(s)) {
       if (pin(i, a).is_p()) return partial_misuse(i, a, "attention is nonlinear in q, k and v");

@@ -82,14 +82,14 @@ void Checker::attention_grad() {
   int wrt = at().choice < 3 ? at().choice : 0;  // q, k, v
   for (int i = 0; i < 4; ++i)
     if (in(i).rank != 4) return report(CheckId::ShapeMismatch, fmt::format("AttentionGrad {} must have rank 4, got shape {}", iname(i), sstr(in(i).dims())), iname(i));
-  if (!attention_shapes(b, h, s, dd, 1)) return;  // (q, k, v alike as the forward's: batch, head_dim, heads, uneven head cuts)
+  // q, k, v alike as the forward's (batch, head_dim, heads, uneven head cuts), and `cp` as the forward's
+  if (!attention_shapes(b, h, s, dd, 1) || !cp_ok(1, s)) return;
   Value& o = out() = in(1 + wrt);
   o.dtype = in(0).dtype;
   for (int a = 0; a < axes(); ++a) {
     Placement dy = pin(0, a), q = pin(1, a), k = pin(2, a), v = pin(3, a);
     for (int i = 1; i < 4; ++i)
       if (pin(i, a).is_p()) return partial_misuse(i, a, "attention is nonlinear in q, k and v");
-    if ((at().axes >> a & 1u) && q.is_s(s) && !cp_sequence_even(1, s, a)) return;
     Placement f, res[3] = {q, k, v};
     if (q.is_i() && k.is_i() && v.is_i()) f = q;
     else if (q == k && k == v && (q.is_r() || q.is_s(h) || q.is_s(b))) f = q;
@@ -167,13 +167,7 @@ void Checker::cross_entropy_grad() {
       if (!at().vocab_parallel) return sharded_dim(1, a, vd, "the softmax needs the whole vocabulary (set vocab_parallel: true)");
       if (dl.is_p()) return partial_misuse(0, a, "the vocab-sharded logits gradient scales each rank's slice by the whole loss gradient",
                                            fix_allreduce(iname(0), a, dl));
-      if (uneven_dim(lg, vd))
-        return report(CheckId::ShapeMismatch,
-                      fmt::format("vocab-parallel CrossEntropyGrad over {} needs the vocab dim of {} split evenly, but it is an uneven (torch.chunk) "
-                                  "shard: each rank's label range is its index times the local vocab size, as in Megatron's vocab_range_from_per_"
-                                  "partition_vocab_size",
-                                  axn(a), iname(1)),
-                      iname(1), {fix("pad the vocabulary to a multiple of the axis size (Megatron's make_vocab_size_divisible_by)")});
+      if (!vocab_cut_evenly(1, vd, a)) return;
       set_from(o, a, pl, 1);
     } else if (dl.is_p()) {
       if (!dl.linear_partial()) return partial_misuse(0, a, "a pending max or min is not a loss gradient");

@@ -140,6 +140,19 @@ void Checker::reduce_dims() {
   }
 }
 
+// Vocab-parallel cross-entropy (CrossEntropyLoss, CrossEntropyGrad) with the logits at input `li`: each rank's label
+// range is its index times its local vocab (Megatron's vocab_range_from_per_partition_vocab_size), so the vocab dim
+// `vd` must be cut evenly by all the axes that cut it (6 is even over 2 and over 2, not over 2 x 2). False after a report.
+bool Checker::vocab_cut_evenly(int li, int vd, int a) {
+  if (!uneven_dim(in(li), vd)) return true;
+  return report(CheckId::ShapeMismatch,
+                fmt::format("vocab-parallel {} over {} needs the vocab dim of {} split evenly, but it is an uneven (torch.chunk) shard: each "
+                            "rank's label range is its index times the local vocab size, as in Megatron's vocab_range_from_per_partition_vocab_size",
+                            opname(), axn(a), iname(li)),
+                iname(li), {fix("pad the vocabulary to a multiple of the axis size (Megatron's make_vocab_size_divisible_by)")}),
+         false;
+}
+
 void Checker::cross_entropy() {
   const Value& lg = in(0);
   const Value& lb = in(1);
@@ -190,13 +203,7 @@ void Checker::cross_entropy() {
                                   axn(a), iname(0), vd, ps(pl), axsize(a)),
                       iname(0), std::move(notes));
       }
-      if (uneven_dim(lg, vd))  // (by all the axes that cut it: 6 is even over 2 and over 2, not over 2 x 2)
-        return report(CheckId::ShapeMismatch,
-                      fmt::format("vocab-parallel CrossEntropyLoss over {} needs the vocab dim of {} split evenly, but it is an uneven (torch.chunk) "
-                                  "shard: each rank's label range is its index times the local vocab size, as in Megatron's vocab_range_from_per_"
-                                  "partition_vocab_size",
-                                  axn(a), iname(0)),
-                      iname(0), {fix("pad the vocabulary to a multiple of the axis size (Megatron's make_vocab_size_divisible_by)")});
+      if (!vocab_cut_evenly(0, vd, a)) return;
       if (!(pb.is_r() || pb.is_i()))
         return layout_conflict(fmt::format("vocab-parallel CrossEntropyLoss over {} needs the labels {} whole over that axis, but they are {}", axn(a),
                                            iname(1), ps(pb)),
