@@ -153,10 +153,12 @@ bool Checker::heads_cut_evenly(int h, int qi, int ki) {
     if (known) heads[s] = pool_.value(x.shape[hu]);
     for (int i = 0; i < cuts[s]; ++i) used |= 1u << order[s][i], known &= pool_.is_const(axis_size(order[s][i]));
   }
+  const std::uint32_t cut = used | shard_mask(in(ki + 1), h);  // (v's cut shows in the note; it pairs as k's)
   int note_axis = -1;  // the innermost axis of more than one rank that cuts the heads
   for (int a = 0; a < axes(); ++a)
-    if ((used >> a & 1u) && (note_axis < 0 || !(known && pool_.value(axis_size(a)) == 1))) note_axis = a;
-  const int note_in = pin(qi, note_axis).is_s(h) ? qi : ki;
+    if ((cut >> a & 1u) && (note_axis < 0 || !(pool_.is_const(axis_size(a)) && pool_.value(axis_size(a)) == 1))) note_axis = a;
+  if (note_axis < 0) return true;  // (no cut: nothing uneven)
+  const int note_in = pin(qi, note_axis).is_s(h) ? qi : pin(ki, note_axis).is_s(h) ? ki : ki + 1;
   auto conflict = [&](const std::string& why) {
     return layout_conflict(fmt::format("{} groups the query heads of {} ({}) over the kv heads of {} ({}) on each rank, and they are cut unevenly "
                                        "(`uneven`): {}",
