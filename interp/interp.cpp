@@ -275,12 +275,8 @@ Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& siz
     for (std::int64_t km = 0; km < n; ++km) {
       std::int64_t r = km;
       for (int i = k - 1; i >= 0; --i) c[static_cast<std::size_t>(mesh[i])] = r % sizes[static_cast<std::size_t>(mesh[i])], r /= sizes[static_cast<std::size_t>(mesh[i])];
-      std::int64_t lo = 0, hi = len;
-      for (int i = 0; i < k; ++i) {
-        std::int64_t l, h;
-        chunk_range(hi - lo, sizes[static_cast<std::size_t>(ord[i])], c[static_cast<std::size_t>(ord[i])], l, h);
-        hi = lo + h, lo += l;
-      }
+      std::int64_t lo, hi;
+      nested_chunk(len, ord, k, sizes.data(), c.data(), lo, hi);
       if (at + (hi - lo) > len) return res.problem = "the ranks' pieces of an uneven dim cut in a shard order do not add up to it", res;
       blocks.emplace_back(lo, slice(g, d, at, at + (hi - lo)));
       at += hi - lo;

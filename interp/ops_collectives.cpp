@@ -81,9 +81,6 @@ void Runner::convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c,
     for (int d = 0; d < v.t.rank(); ++d) {
       std::uint32_t axes = op.attrs.axes & v.mask[static_cast<std::size_t>(d)];
       if (!axes) continue;
-      std::int64_t n, idx, lo, hi;
-      part(axes, c, n, idx);
-      // the whole dim: the global size when these axes are all that cut it (an uneven shard's pieces differ in size)
       std::int64_t piece = v.t.shape[static_cast<std::size_t>(d)];
       // The block the other axes leave (all of the dim when these are all that cut it) and this rank's piece in it:
       // torch.chunk's nested blocks, even or uneven. A piece outside that block (axes not innermost in the dim's
@@ -93,10 +90,13 @@ void Runner::convert(int oi, std::int64_t r, const std::vector<std::int64_t>& c,
       block(v.gshape[du], v.mask[du] & ~axes, c, olo, ohi, ord_of(v, du));
       block(v.gshape[du], v.mask[du], c, plo, phi, ord_of(v, du));
       std::int64_t full = ohi - olo;
-      if (!(phi - plo == piece && plo >= olo && phi <= ohi))
+      if (!(phi - plo == piece && plo >= olo && phi <= ohi)) {
+        std::int64_t n, idx;
+        part(axes, c, n, idx);
         throw InterpError("Convert to P over " + std::to_string(n) + " ranks: rank " + coord_text(p_, c) + "'s piece of dim " + std::to_string(d) +
                           " is not inside the block the other axes leave it");
-      lo = plo - olo, hi = phi - olo;
+      }
+      const std::int64_t lo = plo - olo;
       Shape zs = v.t.shape;
       zs[static_cast<std::size_t>(d)] = full;
       Tensor z(zs, 0.0);

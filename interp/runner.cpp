@@ -85,19 +85,15 @@ void Runner::part(std::uint32_t axes, const std::vector<std::int64_t>& c, std::i
 // left as torch.chunk does: DTensor's nested Shard placements (6 over dp 2 x tp 4: 3, 3, then 1, 1, 1, 0 each).
 // An even cut gives part()'s flat block.
 void Runner::block(std::int64_t gsize, std::uint32_t axes, const std::vector<std::int64_t>& c, std::int64_t& lo, std::int64_t& hi, std::uint32_t ord) const {
-  lo = 0, hi = gsize;
+  int order[kMaxAxes], k = 0;
   std::uint32_t done = 0;
-  auto cut = [&](std::size_t a) {
-    std::int64_t l, h;
-    chunk_range(hi - lo, sizes_[a], c[a], l, h);
-    hi = lo + h, lo += l, done |= 1u << a;
-  };
   for (; ord; ord >>= 4) {
     auto a = static_cast<std::size_t>((ord & 15u) - 1);
-    if (a < sizes_.size() && (axes & (1u << a))) cut(a);
+    if (a < sizes_.size() && (axes & (1u << a)) && !(done & (1u << a))) order[k++] = static_cast<int>(a), done |= 1u << a;
   }
   for (std::size_t a = 0; a < sizes_.size(); ++a)
-    if ((axes & (1u << a)) && !(done & (1u << a))) cut(a);
+    if ((axes & (1u << a)) && !(done & (1u << a))) order[k++] = static_cast<int>(a);
+  nested_chunk(gsize, order, k, sizes_.data(), c.data(), lo, hi);
 }
 
 Shape Runner::local_shape(const Val& v, const std::vector<std::int64_t>& c) const {

@@ -459,10 +459,4 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-void chunk_range(std::int64_t n, std::int64_t parts, std::int64_t idx, std::int64_t& lo, std::int64_t& hi) {
-  std::int64_t c = (n + parts - 1) / parts;
-  lo = std::min(n, idx * c);
-  hi = std::min(n, lo + c);
-}
-
 }  // namespace spmd::interp

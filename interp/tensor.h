@@ -279,8 +279,5 @@ void for_each_group(Tensor& t, const std::vector<int>& dims, F&& fn) {
 // Batched matrix product A[..., m, k] x B[..., k, n] with broadcast batch dims.
 Tensor matmul(const Tensor& a, const Tensor& b);
 
-// The range [lo, hi) of a dim of size n held by part `idx` of `parts` (torch.chunk: ceil(n/parts) each until
-// the dim runs out).
-void chunk_range(std::int64_t n, std::int64_t parts, std::int64_t idx, std::int64_t& lo, std::int64_t& hi);
 
 }  // namespace spmd::interp

@@ -1,6 +1,7 @@
-// ir/placement.cpp - parsing and printing placements.
+// ir/placement.cpp - parsing and printing placements, shard orders, torch.chunk blocks.
 #include "ir/placement.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <utility>
@@ -109,6 +110,22 @@ std::optional<Placement> parse_placement(std::string_view text, std::string* err
     return Placement::s(d);
   }
   return fail("bad placement '" + std::string(text) + "'; expected R, I, V, P, P(sum|avg|max|min) or S(d)");
+}
+
+void chunk_range(std::int64_t n, std::int64_t parts, std::int64_t idx, std::int64_t& lo, std::int64_t& hi) {
+  std::int64_t c = (n + parts - 1) / parts;
+  lo = std::min(n, idx * c);
+  hi = std::min(n, lo + c);
+}
+
+void nested_chunk(std::int64_t n, const int* order, int k, const std::int64_t* size, const std::int64_t* coord, std::int64_t& lo,
+                  std::int64_t& hi) {
+  lo = 0, hi = n;
+  for (int i = 0; i < k; ++i) {
+    std::int64_t l, h;
+    chunk_range(hi - lo, size[order[i]], coord[order[i]], l, h);
+    hi = lo + h, lo += l;
+  }
 }
 
 int shard_order(const Placement* pl, int n_axes, int d, int* out) {

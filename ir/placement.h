@@ -59,6 +59,17 @@ void set_shard_order(Placement* pl, int n_axes, int d, const int* axes, int n);
 // Whether some dim of `pl` has a shard order other than mesh order.
 bool has_strided(const Placement* pl, int n_axes);
 
+// ---- torch.chunk blocks --------------------------------------------------------------------------------
+// The range [lo, hi) of a dim of size n held by part `idx` of `parts` (torch.chunk: ceil(n/parts) each until
+// the dim runs out).
+void chunk_range(std::int64_t n, std::int64_t parts, std::int64_t idx, std::int64_t& lo, std::int64_t& hi);
+// The block [lo, hi) of a dim of size n that the rank with coordinates `coord` holds when the axes `order[0..k)`
+// cut it one after another, each cutting the block the ones before it left as torch.chunk does (DTensor's nested
+// Shard placements: 6 over dp 2 x tp 4 is 3, 3 and then 1, 1, 1, 0 each); `size` and `coord` are indexed by axis.
+// An even cut gives the flat block.
+void nested_chunk(std::int64_t n, const int* order, int k, const std::int64_t* size, const std::int64_t* coord, std::int64_t& lo,
+                  std::int64_t& hi);
+
 // ---- what commutes with a pending reduction (the one place this is decided) ------------------------
 // A pointwise map f applied to a value pending under op (every rank applies it to its own summand) keeps
 // the value when f(op_r x_r) = op'_r f(x_r): then the result is pending under op'.

@@ -148,7 +148,6 @@ bool Checker::heads_cut_evenly(int h, int qi, int ki) {
   bool known = true;
   for (int s = 0; s < 2; ++s) {
     const Value& x = in(inputs[s]);
-    cuts[s] = shard_order(x.pl.data(), axes(), h, order[s]);
     known &= pool_.is_const(x.shape[hu]);
     if (known) heads[s] = pool_.value(x.shape[hu]);
     for (int i = 0; i < cuts[s]; ++i) used |= 1u << order[s][i], known &= pool_.is_const(axis_size(order[s][i]));
@@ -170,9 +169,9 @@ bool Checker::heads_cut_evenly(int h, int qi, int ki) {
            false;
   };
   if (!known) return conflict("with symbolic sizes the ranks' blocks are not known, so their pairs cannot be checked");
-  std::int64_t ranks = 1;
+  std::int64_t ranks = 1, size[kMaxAxes] = {};
   for (int a = 0; a < axes(); ++a)
-    if (used >> a & 1u) ranks *= pool_.value(axis_size(a));
+    if (used >> a & 1u) size[a] = pool_.value(axis_size(a)), ranks *= size[a];
   if (heads[1] <= 0 || heads[0] % heads[1] != 0) return true;  // (attention_shapes reports the head counts)
   const std::int64_t group = heads[0] / heads[1];
   std::vector<std::int64_t> c(static_cast<std::size_t>(axes()), 0);
@@ -182,31 +181,26 @@ bool Checker::heads_cut_evenly(int h, int qi, int ki) {
     if (++work > (std::int64_t{1} << 24)) return too_many();
     std::int64_t rest = r;
     for (int a = axes() - 1; a >= 0; --a)
-      if (used >> a & 1u) {
-        std::int64_t n = pool_.value(axis_size(a));
-        c[static_cast<std::size_t>(a)] = rest % n, rest /= n;
-      }
+      if (used >> a & 1u) c[static_cast<std::size_t>(a)] = rest % size[a], rest /= size[a];
     std::int64_t lo[2], len[2];
     for (int s = 0; s < 2; ++s) {  // torch.chunk's block of this rank, axis by axis in shard order
-      lo[s] = 0, len[s] = heads[s];
-      for (int i = 0; i < cuts[s]; ++i) {
-        std::int64_t n = pool_.value(axis_size(order[s][i])), chunk = (len[s] + n - 1) / n;
-        std::int64_t l = std::min(len[s], c[static_cast<std::size_t>(order[s][i])] * chunk), e = std::min(len[s], l + chunk);
-        lo[s] += l, len[s] = e - l;
-      }
+      nested_chunk(heads[s], order[s], cuts[s], size, c.data(), lo[s], len[s]);
+      len[s] -= lo[s];
     }
     if (len[0] == 0) continue;
-    std::string rank = "{";
-    for (int a = 0; a < axes(); ++a)
-      if (used >> a & 1u) rank += fmt::format("{}{}: {}", rank.size() > 1 ? ", " : "", axn(a), c[static_cast<std::size_t>(a)]);
-    rank += "}";
+    auto rank = [&] {  // (for a report only)
+      std::string t = "{";
+      for (int a = 0; a < axes(); ++a)
+        if (used >> a & 1u) t += fmt::format("{}{}: {}", t.size() > 1 ? ", " : "", axn(a), c[static_cast<std::size_t>(a)]);
+      return t + "}";
+    };
     if (len[1] == 0 || len[0] % len[1] != 0)
-      return conflict(fmt::format("rank {} holds {} query head{} and {} kv head{}, which its kernel cannot group", rank, len[0], len[0] == 1 ? "" : "s",
+      return conflict(fmt::format("rank {} holds {} query head{} and {} kv head{}, which its kernel cannot group", rank(), len[0], len[0] == 1 ? "" : "s",
                                   len[1], len[1] == 1 ? "" : "s"));
     if ((work += len[0]) > (std::int64_t{1} << 24)) return too_many();
     for (std::int64_t i = 0; i < len[0]; ++i)
       if ((lo[0] + i) / group != lo[1] + i / (len[0] / len[1]))
-        return conflict(fmt::format("rank {} pairs query head {} with kv head {}, where the whole attention pairs it with kv head {}", rank, lo[0] + i,
+        return conflict(fmt::format("rank {} pairs query head {} with kv head {}, where the whole attention pairs it with kv head {}", rank(), lo[0] + i,
                                     lo[1] + i / (len[0] / len[1]), (lo[0] + i) / group));
   }
   return true;

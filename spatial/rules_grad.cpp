@@ -76,9 +76,7 @@ void Checker::norm_grad() {
 }
 
 void Checker::attention_grad() {
-  int b = 0, h = 1, s = 2, dd = 3;
-  if (at().layout == AttnLayout::BSHD) s = 1, h = 2;
-  if (at().layout == AttnLayout::SBHD) s = 0, b = 1, h = 2;
+  int b, h, s, dd;  // (attention_shapes, below)
   int wrt = at().choice < 3 ? at().choice : 0;  // q, k, v
   for (int i = 0; i < 4; ++i)
     if (in(i).rank != 4) return report(CheckId::ShapeMismatch, fmt::format("AttentionGrad {} must have rank 4, got shape {}", iname(i), sstr(in(i).dims())), iname(i));
