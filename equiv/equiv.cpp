@@ -164,23 +164,39 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   for (std::size_t k = 0; k < p.vars.size(); ++k) s.sizes += (k ? ", " : "") + p.vars[k].name + " = " + std::to_string(s.inst.vars[k]);
   res.sizes = s.sizes;
   res.reduction = red ? red->r.text : "";
-  // A shape-only pre-run of the model (integer inputs 0) learns the ranges integer inputs must take.
+  // A shape-only pre-run of the model (integer inputs 0) learns the ranges integer inputs must take: the kernels
+  // that read one as an index note it, so the run ends after the last op reading a declared integer input (none:
+  // no run). A pipeline's stage cuts keep the spec's values, chosen by size: the sizes the types give at the reduced
+  // sizes (prepare_pipeline_reduction), else the pre-run records them and runs to the end.
   s.ranges.assign(p.names.size(), -1);
   {
+    const bool pipelined = pending && !pending->family.empty();
+    const bool typed_elems = pipelined && red && red->model_elems.size() == p.names.size();
+    std::vector<char> int_input(p.names.size(), 0);
+    for (const auto& t : s.model.tensors) int_input[static_cast<std::size_t>(t.name)] = is_int(t.dtype);
+    int last_int = -1;
+    for (std::size_t oi = 0; oi < s.model.ops.size(); ++oi)
+      for (NameId n : s.model.ins(s.model.ops[oi]))
+        if (int_input[static_cast<std::size_t>(n)]) last_int = static_cast<int>(oi);
+    s.model_elems.assign(p.names.size(), -1);
+    if (typed_elems) s.model_elems = red->model_elems;
+    struct PreDone {};
     std::int64_t w0 = 0;
     Runner pre(s.model, s.inst.vars, std::vector<std::int64_t>(s.inst.mesh.size(), 1), true, s.oo, w0, s.inst.mesh);
     pre.int_range = &s.ranges;
     pre.free_dead({});
-    s.model_elems.assign(p.names.size(), -1);  // (a pipeline's stage cuts keep the spec's values: chosen by size)
-    if (pending && !pending->family.empty())
-      pre.after_op = [&](int oi, std::int64_t) {
+    pre.after_op = [&](int oi, std::int64_t) {
+      if (pipelined && !typed_elems)
         for (NameId n : s.model.outs(s.model.ops[static_cast<std::size_t>(oi)]))
           s.model_elems[static_cast<std::size_t>(n)] = static_cast<std::int64_t>(pre.at(0, n).t.data.size());
-      };
-    try {
-      for (const auto& t : s.model.tensors) pre.declare(t, 1, opt.seed);
-      pre.run(opt.seed);
-    } catch (const std::runtime_error&) {}
+      else if (oi >= last_int)
+        throw PreDone{};
+    };
+    if (last_int >= 0 || (pipelined && !typed_elems)) try {
+        for (const auto& t : s.model.tensors) pre.declare(t, 1, opt.seed);
+        pre.run(opt.seed);
+      } catch (const PreDone&) {
+      } catch (const std::runtime_error&) {}
     for (auto& r : s.ranges) r = r < 0 ? 4 : std::max<std::int64_t>(r, 1);
   }
   // What is compared: the spec's outputs with the plan's, each plan output read by its declared placement.

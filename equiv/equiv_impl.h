@@ -223,6 +223,9 @@ std::string op_text(const Setup& s, bool model, const Op& op);
 struct Reduced {
   Reduction r;
   std::vector<std::vector<Shape>> plan_real, model_real;
+  // A pipelined pair's spec: per name, the elements of its last write at the reduced sizes as typed (-1: not known);
+  // empty when not computed. The stage cuts are chosen by it (Setup::model_elems) without running the spec first.
+  std::vector<std::int64_t> model_elems;
   mutable bool run_failed = false;  // set by check_pair when a run fails at the reduced sizes (then: as declared)
 };
 

@@ -670,8 +670,9 @@ bool same_program(const Program& p, const Program& g, const std::vector<std::int
 }
 
 std::vector<std::vector<std::vector<std::int64_t>>> real_shapes(const Program& rp, const std::vector<Op>& run, const TypedOps& typed,
-                                                                const std::vector<std::int64_t>& real) {
+                                                                const std::vector<std::int64_t>& real, std::vector<std::int64_t>* written) {
   std::vector<std::vector<std::vector<std::int64_t>>> out(run.size());
+  if (written) written->assign(rp.names.size(), -1);
   if (!typed.types) return out;
   const SpatialTypes& st = *typed.types;
   auto eval_type = [&](const ValueType& t) {
@@ -699,10 +700,19 @@ std::vector<std::vector<std::vector<std::int64_t>>> real_shapes(const Program& r
     auto outs = rp.outs(op);
     auto it = where.find({op.first, static_cast<int>(op.kind)});
     for (std::size_t k = 0; k < outs.size(); ++k) {
+      auto& e = env[static_cast<std::size_t>(outs[k])];
       if (it != where.end())
-        env[static_cast<std::size_t>(outs[k])] = eval_type(st.out(it->second, static_cast<int>(k)));
+        e = eval_type(st.out(it->second, static_cast<int>(k)));
       else
-        env[static_cast<std::size_t>(outs[k])] = out[oi].empty() ? std::vector<std::int64_t>{} : out[oi][0];
+        e = out[oi].empty() ? std::vector<std::int64_t>{} : out[oi][0];
+      if (!written) continue;
+      std::int64_t n = -1;  // (an evaluated type has one extent per dim)
+      if (it != where.end())
+        if (const ValueType& t = st.out(it->second, static_cast<int>(k)); t.ok && e.size() == t.rank) {
+          n = 1;
+          for (auto x : e) n *= x;
+        }
+      (*written)[static_cast<std::size_t>(outs[k])] = n;
     }
   }
   return out;

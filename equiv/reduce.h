@@ -81,7 +81,9 @@ bool same_program(const Program& p, const Program& g, const std::vector<std::int
 
 // Per op of `run` (a list of `rp`), per input: its real global shape, evaluated at `real` from the types of `typed`
 // (the list the checker typed; ops are matched by their operands, ops it lacks take their first input's shape).
+// `written`, when given: per name of `rp`, the elements of its last write by `run` as typed (-1: not written, or by
+// an op the list lacks, or untyped).
 std::vector<std::vector<std::vector<std::int64_t>>> real_shapes(const Program& rp, const std::vector<Op>& run, const TypedOps& typed,
-                                                                const std::vector<std::int64_t>& real);
+                                                                const std::vector<std::int64_t>& real, std::vector<std::int64_t>* written = nullptr);
 
 }  // namespace spmd::equiv_detail

@@ -239,16 +239,24 @@ Tensor transpose(const Tensor& t, int d0, int d1) {
   Shape s = t.shape;
   std::swap(s[static_cast<std::size_t>(d0)], s[static_cast<std::size_t>(d1)]);
   Tensor out = Tensor::uninit(s);
+  if (out.data.size() == 0) return out;
   Shape in_st = strides_of(t.shape);
   std::swap(in_st[static_cast<std::size_t>(d0)], in_st[static_cast<std::size_t>(d1)]);
+  // The output in order, a row (its last dim) at a time; the input offset follows the index.
+  const std::size_t last = s.size() - 1;
+  const std::int64_t row = s[last], step = in_st[last];
   Shape idx(s.size(), 0);
-  for (std::size_t w = 0; w < out.data.size(); ++w) {
-    std::int64_t off = 0;
-    for (std::size_t k = 0; k < s.size(); ++k) off += idx[k] * in_st[k];
-    out.data[w] = t.data[static_cast<std::size_t>(off)];
-    for (int k = static_cast<int>(s.size()) - 1; k >= 0; --k) {
-      if (++idx[static_cast<std::size_t>(k)] < s[static_cast<std::size_t>(k)]) break;
-      idx[static_cast<std::size_t>(k)] = 0;
+  std::int64_t off = 0;
+  const Num* in = t.data.data();
+  Num* o = out.data.data();
+  for (std::size_t w = 0; w < out.data.size(); w += static_cast<std::size_t>(row)) {
+    for (std::int64_t j = 0; j < row; ++j) o[w + static_cast<std::size_t>(j)] = in[off + j * step];
+    for (int k = static_cast<int>(last) - 1; k >= 0; --k) {
+      auto uk = static_cast<std::size_t>(k);
+      off += in_st[uk];
+      if (++idx[uk] < s[uk]) break;
+      off -= in_st[uk] * s[uk];
+      idx[uk] = 0;
     }
   }
   return out;
@@ -432,6 +440,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   os.push_back(n);
   Tensor out(os);
   Shape sa = broadcast_strides(ab, batch), sb = broadcast_strides(bb, batch);
+  // Trailing batch dims over which b is broadcast and a is whole are rows of one product (x [B, S, H] @ w [H, F] is
+  // one [B*S, H] @ [H, F]): each output row is computed as in its own product (the same order, so the same values),
+  // and b is packed once for all of them.
+  const Shape cs = strides_of(batch);
+  std::size_t outer = batch.size();
+  std::int64_t rows = m;
+  while (outer > 0 && (batch[outer - 1] == 1 || (sb[outer - 1] == 0 && sa[outer - 1] == cs[outer - 1]))) rows *= batch[--outer];
+  batch.resize(outer);
   std::int64_t nb = numel_of(batch);
   Shape idx(batch.size(), 0);
   for (std::int64_t bi = 0; bi < nb; ++bi) {
@@ -439,13 +455,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     for (std::size_t q = 0; q < batch.size(); ++q) oa += idx[q] * sa[q], ob += idx[q] * sb[q];
     const Num* pa = a.data.data() + oa * m * k;
     const Num* pb = b.data.data() + ob * k * n;
-    Num* po = out.data.data() + bi * m * n;
+    Num* po = out.data.data() + bi * rows * n;
     if (!num::on()) {  // the oracle's path: the real values only
-      real_product(pa, pb, po, m, k, n);
-    } else if (std::all_of(pa, pa + m * k, num::plain) && std::all_of(pb, pb + k * n, num::plain)) {
-      lane_product(pa, pb, po, m, k, n);
+      real_product(pa, pb, po, rows, k, n);
+    } else if (std::all_of(pa, pa + rows * k, num::plain) && std::all_of(pb, pb + k * n, num::plain)) {
+      lane_product(pa, pb, po, rows, k, n);
     } else {
-      for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t i = 0; i < rows; ++i)
         for (std::int64_t p = 0; p < k; ++p) {
           const Num& x = pa[i * k + p];
           for (std::int64_t j = 0; j < n; ++j) po[i * n + j] += x * pb[p * n + j];

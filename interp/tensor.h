@@ -242,12 +242,20 @@ Tensor reduce(const Tensor& t, const std::vector<int>& dims, bool keepdim, const
   Shape keep, st_out;
   reduce_layout(t, dims, keepdim, keep, st_out);
   Tensor out(keep, init);
+  if (t.data.size() == 0 || t.rank() == 0) {
+    if (t.data.size()) out.data[0] = f(out.data[0], t.data[0]);
+    return out;
+  }
   Num* od = out.data.data();
+  const Num* in = t.data.data();
+  // In input order (each output folds its elements in that order), a run of the last dim at a time.
+  const auto last = static_cast<std::size_t>(t.rank() - 1);
+  const std::int64_t row = t.shape[last], step = st_out[last];
   Shape idx(t.shape.size(), 0);
   std::int64_t o = 0;
-  for (std::size_t r = 0; r < t.data.size(); ++r) {
-    od[o] = f(od[o], t.data[r]);
-    for (int k = t.rank() - 1; k >= 0; --k) {
+  for (std::size_t r = 0; r < t.data.size(); r += static_cast<std::size_t>(row)) {
+    for (std::int64_t j = 0; j < row; ++j) od[o + j * step] = f(od[o + j * step], in[r + static_cast<std::size_t>(j)]);
+    for (int k = static_cast<int>(last) - 1; k >= 0; --k) {
       auto uk = static_cast<std::size_t>(k);
       o += st_out[uk];
       if (++idx[uk] < t.shape[uk]) break;
