@@ -329,3 +329,91 @@ TEST_CASE("num: matmul's lane products are the element loop's, with zero rows an
       }
   }
 }
+
+TEST_CASE("num: a batched matmul, a transpose and a sum are the element loops' (b broadcast over trailing batch dims)") {
+  // matmul folds the trailing batch dims over which b is broadcast into the rows of one product, transpose copies a
+  // row at a time and reduce folds a run of the last dim at a time: each element must be what the plain loops give
+  auto bits_equal = [](const Num& x, const Num& y) {
+    bool eq = x.d == y.d && x.deg == y.deg && x.tag == y.tag;
+    for (int l = 0; l < kLanes; ++l) eq = eq && x.f[l] == y.f[l] && x.y[l] == y.y[l] && x.k[l] == y.k[l];
+    return eq;
+  };
+  auto filled = [](Shape s, std::uint64_t from) {
+    Tensor t(std::move(s));
+    for (std::size_t i = 0; i < t.data.size(); ++i) t.data[i] = i % 5 == 3 ? Num(0.0) : draw(from + i);
+    return t;
+  };
+  for (std::uint64_t seed : {1, 2, 3}) {
+    CAPTURE(seed);
+    num::Lanes on({seed});
+    const std::int64_t m = 3, k = 4, n = 5;
+    // a [2, 3, m, k] with b [k, n] (both batch dims folded), [3, k, n] (none: b varies), [2, 1, k, n] (the last)
+    // and a [1, 3, m, k] broadcast over the first batch dim of b [2, 1, k, n]
+    struct Case {
+      Shape as, bs;
+    };
+    for (const Case& cs : {Case{{2, 3, m, k}, {k, n}}, Case{{2, 3, m, k}, {3, k, n}}, Case{{2, 3, m, k}, {2, 1, k, n}},
+                           Case{{1, 3, m, k}, {2, 1, k, n}}, Case{{2, 1, m, k}, {3, k, n}}}) {
+      Tensor a = filled(cs.as, 10 * seed), b = filled(cs.bs, 1000 + 10 * seed);
+      Tensor c = interp::matmul(a, b);
+      REQUIRE(c.shape == Shape{2, 3, m, n});
+      for (std::int64_t x = 0; x < 2; ++x)
+        for (std::int64_t y = 0; y < 3; ++y) {
+          auto at = [&](const Tensor& t, std::int64_t rows, std::int64_t cols) {  // the [rows, cols] block at (x, y)
+            std::int64_t bx = t.rank() == 4 && t.shape[0] > 1 ? x : 0;
+            std::int64_t by = t.rank() >= 3 && t.shape[static_cast<std::size_t>(t.rank() - 3)] > 1 ? y : 0;
+            std::int64_t ny = t.rank() >= 3 ? t.shape[static_cast<std::size_t>(t.rank() - 3)] : 1;
+            return t.data.data() + (bx * ny + by) * rows * cols;
+          };
+          const Num *pa = at(a, m, k), *pb = at(b, k, n), *pc = c.data.data() + (x * 3 + y) * m * n;
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              Num want;
+              for (std::int64_t p = 0; p < k; ++p) want += pa[i * k + p] * pb[p * n + j];
+              CHECK(same(pc[i * n + j], want));
+              CHECK(pc[i * n + j].d == want.d);
+              CHECK(pc[i * n + j].deg == want.deg);
+            }
+        }
+    }
+    Tensor t = filled({2, 3, 4, 5}, 77 * seed);
+    auto flat = [&](std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3) { return t.data[static_cast<std::size_t>(((i0 * 3 + i1) * 4 + i2) * 5 + i3)]; };
+    for (auto [d0, d1] : {std::pair{2, 3}, std::pair{0, 3}, std::pair{1, 2}, std::pair{0, 0}}) {
+      Tensor u = transpose(t, d0, d1);
+      std::int64_t idx[4];
+      for (idx[0] = 0; idx[0] < 2; ++idx[0])
+        for (idx[1] = 0; idx[1] < 3; ++idx[1])
+          for (idx[2] = 0; idx[2] < 4; ++idx[2])
+            for (idx[3] = 0; idx[3] < 5; ++idx[3]) {
+              std::int64_t o[4] = {idx[0], idx[1], idx[2], idx[3]};
+              std::swap(o[d0], o[d1]);
+              std::int64_t off = 0;
+              for (int q = 0; q < 4; ++q) off = off * u.shape[static_cast<std::size_t>(q)] + o[q];
+              CHECK(bits_equal(u.data[static_cast<std::size_t>(off)], flat(idx[0], idx[1], idx[2], idx[3])));
+            }
+    }
+    auto add = [](const Num& x, const Num& y) { return x + y; };
+    for (const std::vector<int>& dims : {std::vector<int>{0}, {0, 1}, {1}, {3}, {1, 3}, {0, 1, 2, 3}}) {
+      CAPTURE(dims.size());
+      for (bool keep : {false, true}) {
+        Tensor s = reduce(t, dims, keep, 0.0, add);
+        // each output folds its elements in input order, from 0
+        std::vector<Num> want(static_cast<std::size_t>(s.numel()), Num(0.0));
+        std::int64_t i[4];
+        for (i[0] = 0; i[0] < 2; ++i[0])
+          for (i[1] = 0; i[1] < 3; ++i[1])
+            for (i[2] = 0; i[2] < 4; ++i[2])
+              for (i[3] = 0; i[3] < 5; ++i[3]) {
+                std::int64_t off = 0;
+                const std::int64_t ext[4] = {2, 3, 4, 5};
+                for (int q = 0; q < 4; ++q)
+                  if (std::find(dims.begin(), dims.end(), q) == dims.end()) off = off * ext[q] + i[q];
+                auto& w = want[static_cast<std::size_t>(off)];
+                w = add(w, flat(i[0], i[1], i[2], i[3]));
+              }
+        REQUIRE(s.data.size() == want.size());
+        for (std::size_t q = 0; q < want.size(); ++q) CHECK(bits_equal(s.data[q], want[q]));
+      }
+    }
+  }
+}
