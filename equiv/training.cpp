@@ -25,7 +25,8 @@ std::vector<Op> without_relabels(const std::vector<Op>& ops, std::size_t from, s
 
 std::string first_error(const std::vector<Diagnostic>& diags) {
   for (const auto& d : diags)
-    if (d.severity == Severity::Error) return fmt::format("line {}: {}", d.loc.line, d.message);
+    if (d.severity == Severity::Error)  // (an imported op's error is at its model's source line, in that file)
+      return d.file.empty() ? fmt::format("line {}: {}", d.loc.line, d.message) : fmt::format("{}:{}: {}", d.file, d.loc.line, d.message);
   return "";
 }
 

@@ -198,6 +198,8 @@ class Checker {
   void attention();
   bool attention_shapes(int& b, int& h, int& s, int& dd, int q0 = 0);
   bool cp_sequence_even(int qi, int s, int a);
+  // The fix of a sequence a ring or context parallelism cuts unevenly (cp_sequence_even, RingRotate).
+  static constexpr const char* kPadSequenceFix = "make the sequence divisible by the ranks that cut it (pad it), as context parallelism requires";
   bool cp_ok(int qi, int s);
   bool vocab_cut_evenly(int li, int vd, int a);
   bool kv_heads_held_whole(int a, int h, int ki = 1);  // ki: the input index of k (v follows)

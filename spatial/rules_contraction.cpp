@@ -216,7 +216,7 @@ bool Checker::cp_sequence_even(int qi, int s, int a) {
                 fmt::format("causal {} over {} takes each rank's global positions as its index times its local sequence length, but the "
                             "sequence of {} (dim {}, {}) is cut unevenly (`uneven`: torch.chunk's blocks), so some rank's mask is off",
                             opname(), axn(a), iname(qi), s, dstr(in(qi).shape[static_cast<std::size_t>(s)])),
-                iname(qi), {fix("make the sequence divisible by the ranks that cut it (pad it), as context parallelism requires")}),
+                iname(qi), {fix(kPadSequenceFix)}),
          false;
 }
 

@@ -224,7 +224,7 @@ void Checker::ring_rotate() {
                                 "(`uneven`: torch.chunk's blocks): the blocks differ in size, so a rank would receive a block of another size "
                                 "than its own",
                                 axn(a), p.dim, iname(0), dir == 1 ? "next" : "previous", dstr(x.shape[static_cast<std::size_t>(p.dim)])),
-                    iname(0), {fix("make the sequence divisible by the ranks that cut it (pad it), as context parallelism requires")});
+                    iname(0), {fix(kPadSequenceFix)});
     o.ring_axis = static_cast<std::int8_t>(a);
     o.ring_dim = p.dim;
     o.ring_shift = static_cast<std::int32_t>(dir % *n);
