@@ -461,11 +461,22 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     } else if (std::all_of(pa, pa + rows * k, num::plain) && std::all_of(pb, pb + k * n, num::plain)) {
       lane_product(pa, pb, po, rows, k, n);
     } else {
-      for (std::int64_t i = 0; i < rows; ++i)
-        for (std::int64_t p = 0; p < k; ++p) {
-          const Num& x = pa[i * k + p];
-          for (std::int64_t j = 0; j < n; ++j) po[i * n + j] += x * pb[p * n + j];
+      // each folded product as its own: the plain ones by lane_product (which skips a's zeros in the doubles, as the
+      // element loop does not: 0 x inf), the others by the element loop
+      const bool b_plain = std::all_of(pb, pb + k * n, num::plain);
+      for (std::int64_t f = 0; f < rows; f += m) {
+        const Num* fa = pa + f * k;
+        Num* fo = po + f * n;
+        if (b_plain && std::all_of(fa, fa + m * k, num::plain)) {
+          lane_product(fa, pb, fo, m, k, n);
+          continue;
         }
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t p = 0; p < k; ++p) {
+            const Num& x = fa[i * k + p];
+            for (std::int64_t j = 0; j < n; ++j) fo[i * n + j] += x * pb[p * n + j];
+          }
+      }
     }
     for (int q = static_cast<int>(batch.size()) - 1; q >= 0; --q) {
       if (++idx[static_cast<std::size_t>(q)] < batch[static_cast<std::size_t>(q)]) break;
