@@ -456,14 +456,14 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     const Num* pa = a.data.data() + oa * m * k;
     const Num* pb = b.data.data() + ob * k * n;
     Num* po = out.data.data() + bi * rows * n;
+    const bool b_plain = num::on() && std::all_of(pb, pb + k * n, num::plain);
     if (!num::on()) {  // the oracle's path: the real values only
       real_product(pa, pb, po, rows, k, n);
-    } else if (std::all_of(pa, pa + rows * k, num::plain) && std::all_of(pb, pb + k * n, num::plain)) {
+    } else if (b_plain && std::all_of(pa, pa + rows * k, num::plain)) {
       lane_product(pa, pb, po, rows, k, n);
     } else {
       // each folded product as its own: the plain ones by lane_product (which skips a's zeros in the doubles, as the
       // element loop does not: 0 x inf), the others by the element loop
-      const bool b_plain = std::all_of(pb, pb + k * n, num::plain);
       for (std::int64_t f = 0; f < rows; f += m) {
         const Num* fa = pa + f * k;
         Num* fo = po + f * n;
