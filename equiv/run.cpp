@@ -3,7 +3,6 @@
 // each cut point's lanes replaced by a random function of them once plan and spec agree there, every op's value
 // recorded when localization asks (the spec on a second thread beside the plan when the trial has the machine to
 // itself: Setup::split); and the cut points of a pipelined plan.
-#include <malloc.h>
 
 #include <algorithm>
 #include <atomic>
@@ -398,10 +397,8 @@ std::unique_ptr<Run> run_once(Setup& s, std::uint64_t seed, bool small_ints, boo
     }
     if (th.joinable()) {  // (the spec's thread finishes its run; without it, the spec ran first on this one)
       th.join();
-      // What the spec's thread freed stays in its malloc arena, where this thread's allocations do not look: given
-      // back, so that the next run's values are not held twice (DeepSeek-V2's step with a wrong grad sync: 5.1 GB
-      // resident without, 3.5 GB with)
-      malloc_trim(0);
+      // (what the spec's thread freed is in the one malloc arena both threads share, interp/tensor.cpp tune_heap:
+      // the next run reuses it)
     }
     num::add_evaluations(spec_evals);
     if (spec_field_failed) num::mark_failed();
