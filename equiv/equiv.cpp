@@ -167,7 +167,10 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
   // A shape-only pre-run of the model (integer inputs 0) learns the ranges integer inputs must take: the kernels
   // that read one as an index note it, so the run ends after the last op reading a declared integer input (none:
   // no run). A pipeline's stage cuts keep the spec's values, chosen by size: the sizes the types give at the reduced
-  // sizes (prepare_pipeline_reduction), else the pre-run records them and runs to the end.
+  // sizes (prepare_pipeline_reduction), else the pre-run records them and runs to the end. A pipelined pair whose
+  // integer inputs are read only where index_extent gives the extent from the input shapes takes the ranges from the
+  // types at the reduced sizes instead (the same extents the kernels note: their global shapes are those types), and
+  // makes no pre-run (DeepSeek-V3-236B: the spec's forward up to the loss, 3 s before the first trial).
   s.ranges.assign(p.names.size(), -1);
   {
     const bool pipelined = pending && !pending->family.empty();
@@ -175,9 +178,22 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     std::vector<char> int_input(p.names.size(), 0);
     for (const auto& t : s.model.tensors) int_input[static_cast<std::size_t>(t.name)] = is_int(t.dtype);
     int last_int = -1;
-    for (std::size_t oi = 0; oi < s.model.ops.size(); ++oi)
-      for (NameId n : s.model.ins(s.model.ops[oi]))
-        if (int_input[static_cast<std::size_t>(n)]) last_int = static_cast<int>(oi);
+    bool typed_ranges = typed_elems && red->model_run.size() == s.model.ops.size();
+    for (std::size_t oi = 0; oi < s.model.ops.size(); ++oi) {
+      const Op& op = s.model.ops[oi];
+      auto ins = s.model.ins(op);
+      for (std::size_t k = 0; k < ins.size(); ++k) {
+        auto n = static_cast<std::size_t>(ins[k]);
+        if (!int_input[n]) continue;
+        last_int = static_cast<int>(oi);
+        if (!typed_ranges) continue;
+        const std::int64_t e = index_extent(op.kind, static_cast<int>(k), red->model_run[oi]);
+        if (e < 0) typed_ranges = false;  // (read as no index, or against no shape's extent: the pre-run decides)
+        else s.ranges[n] = s.ranges[n] < 0 ? e : std::min(s.ranges[n], e);
+      }
+    }
+    if (typed_ranges) last_int = -1;
+    else std::fill(s.ranges.begin(), s.ranges.end(), -1);
     s.model_elems.assign(p.names.size(), -1);
     if (typed_elems) s.model_elems = red->model_elems;
     struct PreDone {};

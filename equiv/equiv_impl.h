@@ -226,6 +226,9 @@ struct Reduced {
   // A pipelined pair's spec: per name, the elements of its last write at the reduced sizes as typed (-1: not known);
   // empty when not computed. The stage cuts are chosen by it (Setup::model_elems) without running the spec first.
   std::vector<std::int64_t> model_elems;
+  // And per op of its spec, per input, the global shape it reads at the reduced sizes as typed (empty: not known):
+  // the ranges its integer inputs take (interp index_extent) without a pre-run.
+  std::vector<std::vector<Shape>> model_run;
   mutable bool run_failed = false;  // set by check_pair when a run fails at the reduced sizes (then: as declared)
 };
 

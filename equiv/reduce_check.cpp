@@ -180,7 +180,7 @@ bool prepare_pipeline_reduction(const Program& g, const std::vector<std::int64_t
   for (std::size_t i = 0; i < c.ops.size(); ++i)
     if (int f = tp.family[i]; f >= 0 && static_cast<std::size_t>(f) < step_real.size()) red.plan_real[i] = step_real[static_cast<std::size_t>(f)];
   red.model_real = real_shapes(cm, cm.ops, {&c, &tp.spec_typed, &tp.spec_types, nullptr}, base);
-  real_shapes(cm, cm.ops, {&c, &tp.spec_typed, &tp.spec_types, nullptr}, red.r.vars, &red.model_elems);
+  red.model_run = real_shapes(cm, cm.ops, {&c, &tp.spec_typed, &tp.spec_types, nullptr}, red.r.vars, &red.model_elems);
   return true;
 }
 

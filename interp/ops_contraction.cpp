@@ -73,6 +73,28 @@ void Runner::note_range(NameId n, std::int64_t limit) {
   r = r < 0 ? limit : std::min(r, limit);
 }
 
+std::int64_t index_extent(OpKind kind, int k, const std::vector<Shape>& ins) {
+  auto dim = [&](std::size_t i, bool last) -> std::int64_t {
+    if (i >= ins.size() || ins[i].empty() || (!last && ins[i].size() != 2)) return -1;
+    return last ? ins[i].back() : ins[i][0];
+  };
+  if (kind == OpKind::Embedding && k == 0) return dim(1, false);
+  if (kind == OpKind::EmbeddingGrad && k == 1) return dim(2, false);
+  if (kind == OpKind::CrossEntropyLoss && k == 1) return dim(0, true);
+  if (kind == OpKind::CrossEntropyGrad && k == 2) return dim(1, true);
+  return -1;
+}
+
+void Runner::note_index_ranges(int oi, std::int64_t r) {
+  if (!int_range) return;
+  const int n = n_in(oi);
+  std::vector<Shape> shapes;
+  for (int k = 0; k < n; ++k) shapes.push_back(in(oi, r, k).gshape);
+  auto ins = p_.ins(p_.ops[static_cast<std::size_t>(oi)]);
+  for (int k = 0; k < n; ++k)
+    if (std::int64_t e = index_extent(p_.ops[static_cast<std::size_t>(oi)].kind, k, shapes); e >= 0) note_range(ins[static_cast<std::size_t>(k)], e);
+}
+
 std::int64_t Runner::as_index(const Num& xn, std::int64_t limit, const char* what) {
   double x = xn.d;  // indices are routing: decided by the real value
   if (!(x >= 0) || x != std::floor(x) || x >= static_cast<double>(limit))
@@ -84,7 +106,7 @@ void Runner::embedding(int oi, std::int64_t r, const std::vector<std::int64_t>& 
   const Val& ids = in(oi, r, 0);
   const Val& w = in(oi, r, 1);
   if (w.gshape.size() != 2) throw InterpError("Embedding weight must be [vocab, hidden]");
-  note_range(p_.ins(p_.ops[static_cast<std::size_t>(oi)])[0], w.gshape[0]);
+  note_index_ranges(oi, r);
   std::int64_t lo, hi;
   block(w.gshape[0], w.mask[0], c, lo, hi);
   std::int64_t hl = w.t.shape[1];

@@ -302,7 +302,7 @@ void Runner::embedding_grad(int oi, std::int64_t r, const std::vector<std::int64
   Shape want = ids.gshape;
   want.push_back(w.gshape[1]);
   if (dy.gshape != want) throw InterpError("EmbeddingGrad dy has shape " + shape_text(dy.gshape) + ", the lookup's output " + shape_text(want));
-  note_range(ins[1], w.gshape[0]);
+  note_index_ranges(oi, r);
   std::int64_t lo, hi, wlo, whi, clo, chi;
   block(w.gshape[0], w.mask[0], c, lo, hi);
   std::vector<std::uint32_t> tok(ids.gshape.size());
@@ -390,7 +390,7 @@ void Runner::cross_entropy_grad(int oi, const std::vector<std::int64_t>& members
     if (lg.gshape.empty() || lb.gshape.size() + 1 != lg.gshape.size()) throw InterpError("CrossEntropyGrad labels must have the logits' shape without the vocab dim");
     if (none ? dl.gshape != lb.gshape : numel_of(dl.gshape) != 1)
       throw InterpError("CrossEntropyGrad dloss has shape " + shape_text(dl.gshape) + (none ? ", the labels " + shape_text(lb.gshape) : ", not one value"));
-    note_range(ins[2], lg.gshape.back());
+    note_index_ranges(oi, r);
     Part& P = parts[k];
     std::vector<std::uint32_t> tok(lb.gshape.size());
     for (std::size_t d = 0; d < tok.size(); ++d) tok[d] = lb.mask[d] | (lg.gshape[d] == 1 ? 0 : lg.mask[d]) | (none ? dl.mask[d] : 0);

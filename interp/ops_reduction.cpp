@@ -162,7 +162,7 @@ void Runner::cross_entropy(int oi, const std::vector<std::int64_t>& members) {
     const Val& lg = in(oi, r, 0);
     const Val& lb = in(oi, r, 1);
     if (lg.gshape.empty() || lb.gshape.size() + 1 != lg.gshape.size()) throw InterpError("CrossEntropyLoss labels must have the logits' shape without the vocab dim");
-    note_range(p_.ins(op)[1], lg.gshape.back());
+    note_index_ranges(oi, r);
     Part& P = parts[k];
     P.tok.gshape = lb.gshape;
     P.tok.mask.assign(lb.gshape.size(), 0);

@@ -22,6 +22,13 @@ namespace spmd::interp {
 // the agreement of ranks on an R output is checked. Other taints (V) still get that check.
 constexpr char kExcluded = '!';
 
+// The extent an op's kernel reads its input k against as indices, from the global shapes of its inputs (`ins`): an
+// Embedding's or EmbeddingGrad's ids the table's rows, a CrossEntropyLoss's or CrossEntropyGrad's labels the logits'
+// last dim. -1 for any other input (one read as no index, or against an extent no shape gives: OneHot's classes, MoE
+// routing). The kernels note their ranges by it (Runner::int_range), and the value check learns an integer input's
+// range from the types with it instead of a pre-run (equiv/equiv.cpp).
+std::int64_t index_extent(OpKind kind, int k, const std::vector<Shape>& ins);
+
 // A value on one rank: its local data and the layout a runtime tracks for it.
 struct Val {
   Tensor t;
@@ -202,7 +209,7 @@ class Runner {
   // on): the exact lanes only follow such a choice (equiv/ never proves a program that makes one). -1: none.
   int inexact_choice = -1;
   // When set (a shape-only pre-run with all integer inputs 0), records the range integer inputs must take:
-  // Embedding ids index the table's rows, labels the logits' vocab.
+  // Embedding ids index the table's rows, labels the logits' vocab (index_extent), OneHot's ids its classes.
   std::vector<std::int64_t>* int_range = nullptr;
 
  private:
@@ -271,6 +278,8 @@ class Runner {
   void ring_step(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void load_balance(int oi, std::int64_t r, const std::string& taint);
   void note_range(NameId n, std::int64_t limit);
+  // note_range for every input of op oi that index_extent gives an extent for, from the inputs' global shapes on rank r.
+  void note_index_ranges(int oi, std::int64_t r);
   static std::int64_t as_index(const Num& x, std::int64_t limit, const char* what);
   void embedding(int oi, std::int64_t r, const std::vector<std::int64_t>& c, const std::string& taint);
   void topk(int oi, std::int64_t r, const std::string& taint);

@@ -715,3 +715,43 @@ ops:
     CHECK(s.t("coef", r).data[0].d == doctest::Approx(std::min(1.0, 0.5 / (std::sqrt(total) + 1e-6))));
   }
 }
+
+TEST_CASE("index_extent: the extent each index-reading kernel notes, from its inputs' global shapes") {
+  // (positive) the ids of Embedding and EmbeddingGrad index the table's rows, the labels of a cross-entropy the logits'
+  // last dim
+  CHECK(index_extent(OpKind::Embedding, 0, {{4, 3}, {11, 6}}) == 11);
+  CHECK(index_extent(OpKind::EmbeddingGrad, 1, {{4, 3, 6}, {4, 3}, {11, 6}}) == 11);
+  CHECK(index_extent(OpKind::CrossEntropyLoss, 1, {{4, 3, 9}, {4, 3}}) == 9);
+  CHECK(index_extent(OpKind::CrossEntropyGrad, 2, {{4, 3}, {4, 3, 9}, {4, 3}}) == 9);
+  // (negative) other inputs, ops that read no indices or whose extent no shape gives, and shapes not known
+  CHECK(index_extent(OpKind::Embedding, 1, {{4, 3}, {11, 6}}) == -1);
+  CHECK(index_extent(OpKind::CrossEntropyLoss, 0, {{4, 3, 9}, {4, 3}}) == -1);
+  CHECK(index_extent(OpKind::OneHot, 0, {{4, 3}}) == -1);
+  CHECK(index_extent(OpKind::Add, 0, {{4, 3}, {4, 3}}) == -1);
+  CHECK(index_extent(OpKind::Embedding, 0, {{4, 3}, {}}) == -1);
+  CHECK(index_extent(OpKind::CrossEntropyGrad, 2, {{4, 3}}) == -1);
+  // and a run notes the same ranges for the declared integer inputs that such kernels read
+  Program p = load(R"(
+mesh: {dp: 1}
+tensors:
+  ids: {shape: [2, 3], dtype: i64, placement: {dp: R}}
+  labels: {shape: [2, 3], dtype: i64, placement: {dp: R}}
+  emb: {shape: [7, 4], placement: {dp: R}}
+  w: {shape: [4, 5], placement: {dp: R}}
+  dl: {shape: [], placement: {dp: R}}
+ops:
+  - {op: Embedding, in: [ids, emb], out: x}
+  - {op: MatMul, in: [x, w], out: logits}
+  - {op: CrossEntropyLoss, in: [logits, labels], out: loss, reduction: sum}
+  - {op: CrossEntropyGrad, in: [dl, logits, labels], out: dlogits, reduction: sum}
+  - {op: EmbeddingGrad, in: [x, ids, emb], out: demb}
+outputs: {loss: {placement: {dp: R}}, dlogits: {placement: {dp: R}}, demb: {placement: {dp: R}}}
+)");
+  std::vector<std::int64_t> ranges(p.names.size(), -1);
+  Sim s(p, {1}, true, 1);
+  s.run->int_range = &ranges;
+  s.go();
+  CHECK(ranges[static_cast<std::size_t>(name_id(p, "ids"))] == 7);
+  CHECK(ranges[static_cast<std::size_t>(name_id(p, "labels"))] == 5);
+  CHECK(ranges[static_cast<std::size_t>(name_id(p, "emb"))] == -1);
+}
