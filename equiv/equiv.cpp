@@ -188,12 +188,12 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
         last_int = static_cast<int>(oi);
         if (!typed_ranges) continue;
         const std::int64_t e = index_extent(op.kind, static_cast<int>(k), red->model_run[oi]);
-        if (e < 0) typed_ranges = false;  // (read as no index, or against no shape's extent: the pre-run decides)
-        else s.ranges[n] = s.ranges[n] < 0 ? e : std::min(s.ranges[n], e);
+        typed_ranges = e >= 0;  // (else read as no index, or against no shape's extent: the pre-run decides)
+        if (typed_ranges) s.ranges[n] = s.ranges[n] < 0 ? e : std::min(s.ranges[n], e);
       }
     }
+    if (!typed_ranges) std::fill(s.ranges.begin(), s.ranges.end(), -1);
     if (typed_ranges) last_int = -1;
-    else std::fill(s.ranges.begin(), s.ranges.end(), -1);
     s.model_elems.assign(p.names.size(), -1);
     if (typed_elems) s.model_elems = red->model_elems;
     struct PreDone {};
