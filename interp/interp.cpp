@@ -260,9 +260,8 @@ Assembled assemble_pieces(const Program& p, const std::vector<std::int64_t>& siz
     int ord[kMaxAxes];
     int k = shard_order(pl.data(), n_axes, d, ord);
     if (k < 2 || !pl[static_cast<std::size_t>(ord[0])].ord) continue;
-    int mesh[kMaxAxes];
-    std::copy(ord, ord + k, mesh);
-    std::sort(mesh, mesh + k);
+    std::vector<int> mesh(ord, ord + k);  // (a vector: GCC 12 warns, wrongly, that sorting an array reads past it)
+    std::sort(mesh.begin(), mesh.end());
     std::int64_t n = 1;
     for (int i = 0; i < k; ++i) n *= sizes[static_cast<std::size_t>(mesh[i])];
     const Tensor& g = cur[0];
