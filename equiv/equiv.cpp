@@ -179,6 +179,7 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
     for (const auto& t : s.model.tensors) int_input[static_cast<std::size_t>(t.name)] = is_int(t.dtype);
     int last_int = -1;
     bool typed_ranges = typed_elems && red->model_run.size() == s.model.ops.size();
+    std::vector<std::int64_t> typed(typed_ranges ? p.names.size() : 0, -1);  // (taken only when every read gives one)
     for (std::size_t oi = 0; oi < s.model.ops.size(); ++oi) {
       const Op& op = s.model.ops[oi];
       auto ins = s.model.ins(op);
@@ -189,11 +190,10 @@ EquivResult check_pair(const Program& p, const EquivOptions& opt, const equiv_de
         if (!typed_ranges) continue;
         const std::int64_t e = index_extent(op.kind, static_cast<int>(k), red->model_run[oi]);
         typed_ranges = e >= 0;  // (else read as no index, or against no shape's extent: the pre-run decides)
-        if (typed_ranges) s.ranges[n] = s.ranges[n] < 0 ? e : std::min(s.ranges[n], e);
+        if (typed_ranges) narrow_range(typed, ins[k], e);
       }
     }
-    if (!typed_ranges) std::fill(s.ranges.begin(), s.ranges.end(), -1);
-    if (typed_ranges) last_int = -1;
+    if (typed_ranges) s.ranges = std::move(typed), last_int = -1;
     s.model_elems.assign(p.names.size(), -1);
     if (typed_elems) s.model_elems = red->model_elems;
     struct PreDone {};

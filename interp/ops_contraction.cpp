@@ -68,9 +68,7 @@ void Runner::attn_positions(const Op& op, const std::vector<std::int64_t>& c, st
 }
 
 void Runner::note_range(NameId n, std::int64_t limit) {
-  if (!int_range) return;
-  auto& r = (*int_range)[static_cast<std::size_t>(n)];
-  r = r < 0 ? limit : std::min(r, limit);
+  if (int_range) narrow_range(*int_range, n, limit);
 }
 
 std::int64_t index_extent(OpKind kind, int k, const std::vector<Shape>& ins) {
@@ -87,12 +85,12 @@ std::int64_t index_extent(OpKind kind, int k, const std::vector<Shape>& ins) {
 
 void Runner::note_index_ranges(int oi, std::int64_t r) {
   if (!int_range) return;
-  const int n = n_in(oi);
+  const Op& op = p_.ops[static_cast<std::size_t>(oi)];
+  auto ins = p_.ins(op);
   std::vector<Shape> shapes;
-  for (int k = 0; k < n; ++k) shapes.push_back(in(oi, r, k).gshape);
-  auto ins = p_.ins(p_.ops[static_cast<std::size_t>(oi)]);
-  for (int k = 0; k < n; ++k)
-    if (std::int64_t e = index_extent(p_.ops[static_cast<std::size_t>(oi)].kind, k, shapes); e >= 0) note_range(ins[static_cast<std::size_t>(k)], e);
+  for (int k = 0; k < op.n_in; ++k) shapes.push_back(in(oi, r, k).gshape);
+  for (int k = 0; k < op.n_in; ++k)
+    if (std::int64_t e = index_extent(op.kind, k, shapes); e >= 0) note_range(ins[static_cast<std::size_t>(k)], e);
 }
 
 std::int64_t Runner::as_index(const Num& xn, std::int64_t limit, const char* what) {

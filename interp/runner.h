@@ -28,6 +28,12 @@ constexpr char kExcluded = '!';
 // routing). The kernels note their ranges by it (Runner::int_range), and the value check learns an integer input's
 // range from the types with it instead of a pre-run (equiv/equiv.cpp).
 std::int64_t index_extent(OpKind kind, int k, const std::vector<Shape>& ins);
+// Narrows the range of name n (`ranges[n]`, -1: none yet) to `limit`: an integer input takes the smallest extent any
+// of its readers indexes.
+inline void narrow_range(std::vector<std::int64_t>& ranges, NameId n, std::int64_t limit) {
+  auto& r = ranges[static_cast<std::size_t>(n)];
+  r = r < 0 ? limit : std::min(r, limit);
+}
 
 // A value on one rank: its local data and the layout a runtime tracks for it.
 struct Val {
